@@ -1,0 +1,94 @@
+// Fluxon configuration: one YAML format for every role.
+//
+// Validation rules (each rejection names the offending key):
+// - sizes and timeouts must be positive; claim_hard_timeout_ms > claim_soft_timeout_ms;
+// - expected_capacity.value_len must be in (0, 512 MiB]; the grants it prewarms must fit in
+//   owner.segment.size;
+// - ratios must lie strictly inside (0, 1);
+// - owner-only keys (the `owner` section, expected capacity) are rejected on master and client
+//   configs; unknown keys are rejected everywhere (a typo must not silently fall back to a
+//   default).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+
+namespace fluxon {
+
+enum class Role { kEmbedded, kMaster, kOwner, kRemoteCache, kClient };
+const char* RoleName(Role role);
+inline bool RoleHasOwner(Role r) {
+  return r == Role::kEmbedded || r == Role::kOwner || r == Role::kRemoteCache;
+}
+inline bool RoleHasMaster(Role r) { return r == Role::kEmbedded || r == Role::kMaster; }
+
+struct SegmentConfig {
+  uint64_t size_bytes = 4ull << 30;
+  bool huge_pages = false;
+  int numa_node = -1;
+  std::string path;  // empty: memfd shared by fd passing
+};
+
+struct ExpectedCapacityConfig {
+  uint64_t value_len = 0;
+  uint64_t payload_capacity_bytes = 0;
+};
+
+struct LocalReserveConfig {
+  std::optional<ExpectedCapacityConfig> expected_capacity;
+  std::chrono::milliseconds claim_soft_timeout{10};
+  std::chrono::milliseconds claim_hard_timeout{30'000};
+  std::chrono::milliseconds shrink_idle{5'000};
+};
+
+struct OwnerConfig {
+  SegmentConfig segment;
+  LocalReserveConfig local_reserve;
+  double hot_capacity_ratio = 0.95;
+  std::string socket_path = "/tmp/fluxon/owner.sock";
+  std::string socket_group;  // empty: owner's uid only
+  std::string master_address;  // owner / remote_cache roles: where the master listens
+};
+
+struct MasterConfig {
+  std::string listen_address = "127.0.0.1:50151";
+  double replica_cache_capacity_ratio = 0.95;
+  std::chrono::milliseconds inflight_ttl{60'000};
+};
+
+struct ClientConfig {
+  std::string socket_path = "/tmp/fluxon/owner.sock";
+};
+
+struct AdminConfig {
+  std::string listen_address = "127.0.0.1:50152";
+  int metrics_port = 9464;  // 0 disables the metrics endpoint
+};
+
+struct Config {
+  Role role = Role::kEmbedded;
+  uint32_t node_id = 0;
+  std::string log_level = "info";
+  std::optional<MasterConfig> master;
+  std::optional<OwnerConfig> owner;
+  std::optional<ClientConfig> client;
+  AdminConfig admin;
+};
+
+// The documented built-in config `fluxond` runs with no arguments (also configs/single-node.yaml).
+Config DefaultEmbeddedConfig();
+
+absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text);
+absl::StatusOr<Config> LoadConfigFile(const std::string& path);
+// The resolved config (defaults filled in) as YAML that ParseConfig accepts.
+std::string DumpConfig(const Config& config);
+
+// "4GiB", "512MiB", "1.5GB", "4096" -> bytes.
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
+
+}  // namespace fluxon

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian and PyPI package that building and testing Fluxon needs.
+# Idempotent: packages already present are left alone. Run as root (or with sudo).
+set -euo pipefail
+
+DEBIAN_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git clang clang-format libclang-rt-14-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libboost1.81-dev libabsl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
+  libibverbs-dev rdma-core libnuma-dev
+  libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
+  curl procps
+)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${DEBIAN_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[install-deps] apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PYTHON="${PYTHON:-python3}"
+PY_PACKAGES=(pytest pybind11 scikit-build-core numpy pyyaml)
+if ! "$PYTHON" -c "import pytest, pybind11, scikit_build_core, numpy, yaml" 2>/dev/null; then
+  echo "[install-deps] pip install ${PY_PACKAGES[*]}"
+  "$PYTHON" -m pip install -q "${PY_PACKAGES[@]}"
+fi
+echo "[install-deps] done"

@@ -1,0 +1,393 @@
+#include "fluxon/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "fluxon/status.h"
+#include "fluxon/units.h"
+
+namespace fluxon {
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kEmbedded:
+      return "embedded";
+    case Role::kMaster:
+      return "master";
+    case Role::kOwner:
+      return "owner";
+    case Role::kRemoteCache:
+      return "remote_cache";
+    case Role::kClient:
+      return "client";
+  }
+  return "unknown";
+}
+
+Config DefaultEmbeddedConfig() {
+  Config c;
+  c.role = Role::kEmbedded;
+  c.master = MasterConfig{};
+  c.owner = OwnerConfig{};
+  return c;
+}
+
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
+  std::string s(absl::StripAsciiWhitespace(text));
+  static const std::pair<const char*, double> kUnits[] = {
+      {"TiB", 1024.0 * 1024 * 1024 * 1024}, {"GiB", 1024.0 * 1024 * 1024}, {"MiB", 1024.0 * 1024},
+      {"KiB", 1024.0}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1.0}};
+  double mult = 1.0;
+  for (const auto& [suffix, m] : kUnits) {
+    const std::string suf(suffix);
+    if (s.size() > suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0) {
+      s = std::string(absl::StripAsciiWhitespace(s.substr(0, s.size() - suf.size())));
+      mult = m;
+      break;
+    }
+  }
+  double value = 0;
+  if (s.empty() || !absl::SimpleAtod(s, &value) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is not a byte size", text));
+  }
+  const double bytes = value * mult;
+  if (bytes < 0 || bytes > 1.8e19 || std::floor(bytes) != bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is not a whole number of bytes", text));
+  }
+  return static_cast<uint64_t>(bytes);
+}
+
+namespace {
+
+// Reads one mapping, remembering which keys were consumed so leftovers can be reported.
+class Section {
+ public:
+  Section(const YAML::Node& node, std::string path) : node_(node), path_(std::move(path)) {}
+
+  std::string Key(const std::string& k) const { return path_.empty() ? k : path_ + "." + k; }
+  bool Has(const std::string& k) {
+    seen_.insert(k);
+    return node_[k].IsDefined() && !node_[k].IsNull();
+  }
+  YAML::Node Get(const std::string& k) {
+    seen_.insert(k);
+    return node_[k];
+  }
+
+  absl::Status Str(const std::string& k, std::string* out) {
+    if (!Has(k)) return absl::OkStatus();
+    const YAML::Node n = Get(k);
+    if (!n.IsScalar()) return Bad(k, "must be a string");
+    *out = n.Scalar();
+    return absl::OkStatus();
+  }
+  absl::Status Bool(const std::string& k, bool* out) {
+    if (!Has(k)) return absl::OkStatus();
+    try {
+      *out = Get(k).as<bool>();
+    } catch (const YAML::Exception&) {
+      return Bad(k, "must be true or false");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Int(const std::string& k, int64_t* out) {
+    if (!Has(k)) return absl::OkStatus();
+    const YAML::Node n = Get(k);
+    if (!n.IsScalar() || !absl::SimpleAtoi(n.Scalar(), out)) return Bad(k, "must be an integer");
+    return absl::OkStatus();
+  }
+  absl::Status PositiveMs(const std::string& k, std::chrono::milliseconds* out) {
+    if (!Has(k)) return absl::OkStatus();
+    int64_t v = 0;
+    FLUXON_RETURN_IF_ERROR(Int(k, &v));
+    if (v <= 0) return Bad(k, absl::StrFormat("must be > 0 ms, got %d", v));
+    *out = std::chrono::milliseconds(v);
+    return absl::OkStatus();
+  }
+  absl::Status PositiveBytes(const std::string& k, uint64_t* out) {
+    if (!Has(k)) return absl::OkStatus();
+    const YAML::Node n = Get(k);
+    if (!n.IsScalar()) return Bad(k, "must be a byte size");
+    const std::string& s = n.Scalar();
+    if (!s.empty() && s[0] == '-') return Bad(k, "must be > 0, got " + s);
+    absl::StatusOr<uint64_t> v = ParseByteSize(s);
+    if (!v.ok()) return Bad(k, std::string(v.status().message()));
+    if (*v == 0) return Bad(k, "must be > 0");
+    *out = *v;
+    return absl::OkStatus();
+  }
+  absl::Status Ratio(const std::string& k, double* out) {
+    if (!Has(k)) return absl::OkStatus();
+    const YAML::Node n = Get(k);
+    double v = 0;
+    if (!n.IsScalar() || !absl::SimpleAtod(n.Scalar(), &v)) return Bad(k, "must be a number");
+    if (!(v > 0.0 && v < 1.0)) return Bad(k, absl::StrFormat("must lie in (0, 1), got %g", v));
+    *out = v;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Section> Child(const std::string& k) {
+    const YAML::Node n = Get(k);
+    if (!n.IsMap()) return Bad(k, "must be a mapping");
+    return Section(n, Key(k));
+  }
+  // Rejects keys that no reader asked for.
+  absl::Status Finish() const {
+    for (const auto& kv : node_) {
+      const std::string k = kv.first.Scalar();
+      if (!seen_.contains(k)) {
+        return absl::InvalidArgumentError(absl::StrFormat("%s: unknown key", Key(k)));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Bad(const std::string& k, const std::string& why) const {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: %s", Key(k), why));
+  }
+
+ private:
+  YAML::Node node_;
+  std::string path_;
+  std::set<std::string> seen_;
+};
+
+absl::StatusOr<Role> ParseRole(const std::string& s) {
+  for (Role r : {Role::kEmbedded, Role::kMaster, Role::kOwner, Role::kRemoteCache, Role::kClient}) {
+    if (s == RoleName(r)) return r;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "role: '%s' is not one of embedded, master, owner, remote_cache, client", s));
+}
+
+absl::Status ParseOwner(Section& sec, OwnerConfig* o) {
+  if (sec.Has("segment")) {
+    FLUXON_ASSIGN_OR_RETURN(Section seg, sec.Child("segment"));
+    FLUXON_RETURN_IF_ERROR(seg.PositiveBytes("size", &o->segment.size_bytes));
+    FLUXON_RETURN_IF_ERROR(seg.Bool("huge_pages", &o->segment.huge_pages));
+    int64_t node = o->segment.numa_node;
+    FLUXON_RETURN_IF_ERROR(seg.Int("numa_node", &node));
+    if (node < -1 || node > 1023) return seg.Bad("numa_node", "must be -1 (none) or a node id");
+    o->segment.numa_node = static_cast<int>(node);
+    FLUXON_RETURN_IF_ERROR(seg.Str("path", &o->segment.path));
+    FLUXON_RETURN_IF_ERROR(seg.Finish());
+  }
+  if (sec.Has("local_reserve")) {
+    FLUXON_ASSIGN_OR_RETURN(Section lr, sec.Child("local_reserve"));
+    LocalReserveConfig& l = o->local_reserve;
+    if (lr.Has("expected_capacity")) {
+      FLUXON_ASSIGN_OR_RETURN(Section ec, lr.Child("expected_capacity"));
+      ExpectedCapacityConfig e;
+      if (!ec.Has("value_len")) return ec.Bad("value_len", "is required");
+      if (!ec.Has("payload_capacity_bytes")) return ec.Bad("payload_capacity_bytes", "is required");
+      FLUXON_RETURN_IF_ERROR(ec.PositiveBytes("value_len", &e.value_len));
+      FLUXON_RETURN_IF_ERROR(ec.PositiveBytes("payload_capacity_bytes", &e.payload_capacity_bytes));
+      if (e.value_len > kMaxValueBytes) {
+        return ec.Bad("value_len", absl::StrFormat("%d bytes exceeds the 512 MiB slot limit",
+                                                   e.value_len));
+      }
+      FLUXON_RETURN_IF_ERROR(ec.Finish());
+      l.expected_capacity = e;
+    }
+    FLUXON_RETURN_IF_ERROR(lr.PositiveMs("claim_soft_timeout_ms", &l.claim_soft_timeout));
+    FLUXON_RETURN_IF_ERROR(lr.PositiveMs("claim_hard_timeout_ms", &l.claim_hard_timeout));
+    FLUXON_RETURN_IF_ERROR(lr.PositiveMs("shrink_idle_ms", &l.shrink_idle));
+    if (l.claim_hard_timeout <= l.claim_soft_timeout) {
+      return lr.Bad("claim_hard_timeout_ms",
+                    absl::StrFormat("must be greater than claim_soft_timeout_ms (%d), got %d",
+                                    l.claim_soft_timeout.count(), l.claim_hard_timeout.count()));
+    }
+    FLUXON_RETURN_IF_ERROR(lr.Finish());
+  }
+  FLUXON_RETURN_IF_ERROR(sec.Ratio("hot_capacity_ratio", &o->hot_capacity_ratio));
+  FLUXON_RETURN_IF_ERROR(sec.Str("socket_path", &o->socket_path));
+  FLUXON_RETURN_IF_ERROR(sec.Str("socket_group", &o->socket_group));
+  FLUXON_RETURN_IF_ERROR(sec.Str("master_address", &o->master_address));
+  if (o->socket_path.empty()) return sec.Bad("socket_path", "must not be empty");
+  FLUXON_RETURN_IF_ERROR(sec.Finish());
+
+  if (o->local_reserve.expected_capacity) {
+    const auto& e = *o->local_reserve.expected_capacity;
+    const uint64_t grants = ExpectedGrants(e.value_len, e.payload_capacity_bytes);
+    const uint64_t positions = o->segment.size_bytes / kGrantBytes;
+    if (grants > positions) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: prewarm needs %d grants (%d bytes) but owner.segment.size is %d bytes (%d grants)",
+          sec.Key("local_reserve.expected_capacity"), grants, grants * kGrantBytes,
+          o->segment.size_bytes, positions));
+    }
+  }
+  if (o->segment.size_bytes < kGrantBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d bytes is smaller than one 512 MiB grant", sec.Key("segment.size"),
+        o->segment.size_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseMaster(Section& sec, MasterConfig* m) {
+  FLUXON_RETURN_IF_ERROR(sec.Str("listen_address", &m->listen_address));
+  FLUXON_RETURN_IF_ERROR(sec.Ratio("replica_cache_capacity_ratio", &m->replica_cache_capacity_ratio));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("inflight_ttl_ms", &m->inflight_ttl));
+  return sec.Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml_text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrFormat("config is not valid YAML: %s", e.what()));
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) return absl::InvalidArgumentError("config must be a YAML mapping");
+  Section top(root, "");
+  Config c;
+  std::string role = "embedded";
+  FLUXON_RETURN_IF_ERROR(top.Str("role", &role));
+  FLUXON_ASSIGN_OR_RETURN(c.role, ParseRole(role));
+  int64_t node_id = 0;
+  FLUXON_RETURN_IF_ERROR(top.Int("node_id", &node_id));
+  if (node_id < 0 || node_id > 0xFFFFFFFFll) return top.Bad("node_id", "must be in [0, 2^32)");
+  c.node_id = static_cast<uint32_t>(node_id);
+  FLUXON_RETURN_IF_ERROR(top.Str("log_level", &c.log_level));
+  static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error", "off"};
+  if (!kLevels.contains(c.log_level)) {
+    return top.Bad("log_level", "must be one of trace, debug, info, warn, error, off");
+  }
+
+  if (top.Has("owner")) {
+    if (!RoleHasOwner(c.role)) {
+      return top.Bad("owner", absl::StrFormat("owner-only section is not allowed for role=%s",
+                                              RoleName(c.role)));
+    }
+  }
+  if (RoleHasOwner(c.role)) {
+    c.owner = OwnerConfig{};
+    if (top.Has("owner")) {
+      FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("owner"));
+      FLUXON_RETURN_IF_ERROR(ParseOwner(sec, &*c.owner));
+    }
+    if ((c.role == Role::kOwner || c.role == Role::kRemoteCache) && c.owner->master_address.empty()) {
+      return top.Bad("owner.master_address", "is required for role=" + std::string(RoleName(c.role)));
+    }
+  }
+  if (top.Has("master")) {
+    if (!RoleHasMaster(c.role)) {
+      return top.Bad("master", absl::StrFormat("master section is not allowed for role=%s",
+                                               RoleName(c.role)));
+    }
+  }
+  if (RoleHasMaster(c.role)) {
+    c.master = MasterConfig{};
+    if (top.Has("master")) {
+      FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("master"));
+      FLUXON_RETURN_IF_ERROR(ParseMaster(sec, &*c.master));
+    }
+  }
+  if (top.Has("client")) {
+    if (c.role != Role::kClient) {
+      return top.Bad("client", "client section is only allowed for role=client");
+    }
+    FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("client"));
+    c.client = ClientConfig{};
+    FLUXON_RETURN_IF_ERROR(sec.Str("socket_path", &c.client->socket_path));
+    FLUXON_RETURN_IF_ERROR(sec.Finish());
+  } else if (c.role == Role::kClient) {
+    c.client = ClientConfig{};
+  }
+  if (top.Has("admin")) {
+    FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("admin"));
+    FLUXON_RETURN_IF_ERROR(sec.Str("listen_address", &c.admin.listen_address));
+    int64_t port = c.admin.metrics_port;
+    FLUXON_RETURN_IF_ERROR(sec.Int("metrics_port", &port));
+    if (port < 0 || port > 65535) return sec.Bad("metrics_port", "must be in [0, 65535]");
+    c.admin.metrics_port = static_cast<int>(port);
+    FLUXON_RETURN_IF_ERROR(sec.Finish());
+  }
+  FLUXON_RETURN_IF_ERROR(top.Finish());
+  return c;
+}
+
+absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot read config file %s", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::StatusOr<Config> c = ParseConfig(ss.str());
+  if (!c.ok()) {
+    return absl::Status(c.status().code(), absl::StrFormat("%s: %s", path, c.status().message()));
+  }
+  return c;
+}
+
+std::string DumpConfig(const Config& c) {
+  YAML::Emitter out;
+  out.SetDoublePrecision(12);
+  out << YAML::BeginMap;
+  out << YAML::Key << "role" << YAML::Value << RoleName(c.role);
+  out << YAML::Key << "node_id" << YAML::Value << c.node_id;
+  out << YAML::Key << "log_level" << YAML::Value << c.log_level;
+  if (c.master) {
+    out << YAML::Key << "master" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "listen_address" << YAML::Value << c.master->listen_address;
+    out << YAML::Key << "replica_cache_capacity_ratio" << YAML::Value
+        << c.master->replica_cache_capacity_ratio;
+    out << YAML::Key << "inflight_ttl_ms" << YAML::Value << c.master->inflight_ttl.count();
+    out << YAML::EndMap;
+  }
+  if (c.owner) {
+    const OwnerConfig& o = *c.owner;
+    out << YAML::Key << "owner" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "segment" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "size" << YAML::Value << o.segment.size_bytes;
+    out << YAML::Key << "huge_pages" << YAML::Value << o.segment.huge_pages;
+    out << YAML::Key << "numa_node" << YAML::Value << o.segment.numa_node;
+    out << YAML::Key << "path" << YAML::Value << o.segment.path;
+    out << YAML::EndMap;
+    out << YAML::Key << "local_reserve" << YAML::Value << YAML::BeginMap;
+    if (o.local_reserve.expected_capacity) {
+      const auto& e = *o.local_reserve.expected_capacity;
+      out << YAML::Key << "expected_capacity" << YAML::Value << YAML::BeginMap;
+      out << YAML::Key << "value_len" << YAML::Value << e.value_len;
+      out << YAML::Key << "payload_capacity_bytes" << YAML::Value << e.payload_capacity_bytes;
+      out << YAML::EndMap;
+      out << YAML::Comment(absl::StrFormat(
+          "prewarms %d grants", ExpectedGrants(e.value_len, e.payload_capacity_bytes)));
+    }
+    out << YAML::Key << "claim_soft_timeout_ms" << YAML::Value
+        << o.local_reserve.claim_soft_timeout.count();
+    out << YAML::Key << "claim_hard_timeout_ms" << YAML::Value
+        << o.local_reserve.claim_hard_timeout.count();
+    out << YAML::Key << "shrink_idle_ms" << YAML::Value << o.local_reserve.shrink_idle.count();
+    out << YAML::EndMap;
+    out << YAML::Key << "hot_capacity_ratio" << YAML::Value << o.hot_capacity_ratio;
+    out << YAML::Key << "socket_path" << YAML::Value << o.socket_path;
+    out << YAML::Key << "socket_group" << YAML::Value << o.socket_group;
+    if (!o.master_address.empty()) {
+      out << YAML::Key << "master_address" << YAML::Value << o.master_address;
+    }
+    out << YAML::EndMap;
+  }
+  if (c.client) {
+    out << YAML::Key << "client" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "socket_path" << YAML::Value << c.client->socket_path;
+    out << YAML::EndMap;
+  }
+  out << YAML::Key << "admin" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "listen_address" << YAML::Value << c.admin.listen_address;
+  out << YAML::Key << "metrics_port" << YAML::Value << c.admin.metrics_port;
+  out << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace fluxon

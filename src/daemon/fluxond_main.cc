@@ -1,0 +1,108 @@
+// fluxond: the Fluxon daemon. The role (embedded master+owner, master, owner, remote_cache) comes
+// from the config; with no arguments it runs the built-in embedded single-node config.
+#include <algorithm>
+#include <csignal>
+#include <string>
+#include <vector>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "daemon/owner_memory.h"
+#include "fluxon/config.h"
+#include "fluxon/version.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, config, "", "config file (YAML); empty: the built-in embedded config");
+ABSL_FLAG(std::string, check_config, "", "validate FILE, print the resolved config and exit");
+ABSL_FLAG(bool, version, false, "print the version and exit");
+ABSL_FLAG(bool, once, false, "start, print status and exit (smoke test)");
+
+namespace {
+
+int RunDaemon(const fluxon::Config& config, bool once) {
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  spdlog::info("fluxond {} starting, role={} node_id={}", FLUXON_VERSION_STRING,
+               fluxon::RoleName(config.role), config.node_id);
+  std::unique_ptr<fluxon::OwnerMemory> memory;
+  if (config.owner) {
+    auto m = fluxon::OwnerMemory::Create(*config.owner, config.node_id);
+    if (!m.ok()) {
+      spdlog::error("owner memory setup failed: {}", m.status().ToString());
+      return 1;
+    }
+    memory = std::move(*m);
+  }
+  std::cout << "fluxond " << FLUXON_VERSION_STRING << " role=" << fluxon::RoleName(config.role)
+            << " node_id=" << config.node_id << "\n";
+  if (memory) std::cout << memory->StatusText();
+  std::cout.flush();
+  if (once) return 0;
+
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  int sig = 0;
+  sigwait(&set, &sig);
+  spdlog::info("fluxond stopping on signal {}", sig);
+  return 0;
+}
+
+
+// Accepts --check-config as well as --check_config: flag names use '-' on our command lines.
+std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>* storage) {
+  storage->reserve(argc);
+  std::vector<char*> out;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) == 0) {
+      const size_t end = std::min(arg.find('='), arg.size());
+      std::replace(arg.begin() + 2, arg.begin() + end, '-', '_');
+    }
+    storage->push_back(std::move(arg));
+    out.push_back(storage->back().data());
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("fluxond [--config FILE] | --check-config FILE | --version");
+  std::vector<std::string> storage;
+  std::vector<char*> args = NormalizeFlagNames(argc, argv, &storage);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (absl::GetFlag(FLAGS_version)) {
+    std::cout << "fluxond " << FLUXON_VERSION_STRING << " (" << FLUXON_GIT_REVISION << ")\n";
+    return 0;
+  }
+  if (const std::string file = absl::GetFlag(FLAGS_check_config); !file.empty()) {
+    absl::StatusOr<fluxon::Config> c = fluxon::LoadConfigFile(file);
+    if (!c.ok()) {
+      std::cerr << "invalid config: " << c.status().message() << "\n";
+      return 2;
+    }
+    std::cout << fluxon::DumpConfig(*c);
+    return 0;
+  }
+  fluxon::Config config = fluxon::DefaultEmbeddedConfig();
+  if (const std::string file = absl::GetFlag(FLAGS_config); !file.empty()) {
+    absl::StatusOr<fluxon::Config> c = fluxon::LoadConfigFile(file);
+    if (!c.ok()) {
+      std::cerr << "invalid config: " << c.status().message() << "\n";
+      return 2;
+    }
+    config = *c;
+  }
+  if (config.role == fluxon::Role::kClient) {
+    std::cerr << "role=client configs are for the client library, not fluxond\n";
+    return 2;
+  }
+  return RunDaemon(config, absl::GetFlag(FLAGS_once));
+}

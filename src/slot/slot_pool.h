@@ -1,0 +1,201 @@
+// SlotPool: the owner's local-reserve pool. 512 MiB grants carved from the segment, cut into
+// exact-fit slots, one value per slot.
+//
+// Slot lifecycle (states are SlotState):
+//   Free -> Prepared                 Claim (local_fast_put_start, or a remote-get target)
+//   Prepared -> Free                 Abort (put_abort)
+//   Prepared -> PendingLocalVisible  CommitLocalVisible: local reads may pin it at once (V1)
+//   Prepared -> Pending              CommitHidden: remote-get target, invisible until published
+//   PendingLocalVisible|Pending -> Committed   PublishRoute: the master route is live (V3)
+//   Committed -> Releasing           ReleaseRoute while holders remain
+//   Committed|Releasing|Pending* -> Free        last reference gone
+//
+// Invariants:
+// - S2: a slot returns to Free only when its route is not live (state != Committed) and its
+//   holder_ref_count is 0. Route release and holder release each happen exactly once, in either
+//   order; the thread whose compare-and-swap makes the slot free, and only it, pushes the slot on
+//   the free list, so a slot is never on a free list twice.
+// - S1: eviction and reuse are per slot. A grant is only a container: it is shrunk (dynamic mode)
+//   only when every one of its slots is Free and has been for `shrink_idle`.
+// - Every SlotRef carries the slot's epoch (bumped on every claim) and the grant's carve id; an
+//   operation with a stale ref fails instead of touching a reused or re-carved slot.
+// - Expected-capacity mode: `expected_grants` grants are carved at Prewarm and that count is a hard
+//   cap on grants (S5: pressure triggers reclaim through on_pressure, never growth). Dynamic mode
+//   grows on demand, bounded by the segment, and shrinks idle grants down to the floor
+//   max(expected, ceil((used + pending demand) / slots_per_grant)).
+// - Claims are served first-come first-served per size class. A claim that cannot be served within
+//   the hard timeout fails with ResourceExhausted carrying the stage (claim_turn or refill); after
+//   the soft timeout it reports pressure once. A claim larger than the class can ever hold fails at
+//   once. A failed claim reserves nothing.
+// - Locks: one short mutex per size class guards free lists and waiters; one allocator mutex guards
+//   grant positions. Neither is held while the other is taken, nor while memory is touched.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
+#include "absl/status/statusor.h"
+#include "common/mutex.h"
+#include "slot/segment.h"
+
+namespace fluxon {
+
+enum class SlotState : uint8_t {
+  kFree = 0,
+  kPrepared = 1,
+  kPendingLocalVisible = 2,
+  kPending = 3,
+  kCommitted = 4,
+  kReleasing = 5,
+};
+inline constexpr int kNumSlotStates = 6;
+const char* SlotStateName(SlotState state);
+
+struct SlotRef {
+  uint32_t grant = 0;  // grant position in the segment
+  uint32_t index = 0;  // slot index inside the grant
+  uint32_t epoch = 0;  // claim epoch of the slot
+  uint32_t carve = 0;  // which carving of the grant position (positions are re-carved after shrink)
+  friend bool operator==(const SlotRef&, const SlotRef&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const SlotRef& r) {
+    return H::combine(std::move(h), r.grant, r.index, r.epoch, r.carve);
+  }
+};
+
+struct ExpectedCapacity {
+  uint64_t value_len = 0;
+  uint64_t payload_capacity_bytes = 0;
+};
+
+struct PressureEvent {
+  uint64_t slot_size;
+  uint64_t deficit_slots;  // slots the oldest waiting claim still lacks
+};
+
+struct SlotPoolOptions {
+  std::optional<ExpectedCapacity> expected_capacity;
+  std::chrono::milliseconds claim_soft_timeout{10};
+  std::chrono::milliseconds claim_hard_timeout{30'000};
+  std::chrono::milliseconds shrink_idle{5'000};
+  bool populate_grants = true;  // allocate (and NUMA-place) grant memory when carved
+  // Called (outside every pool lock) once per claim that waited past the soft timeout.
+  std::function<void(const PressureEvent&)> on_pressure;
+};
+
+struct SizeClassStats {
+  uint64_t slot_size = 0;
+  uint64_t slots_per_grant = 0;
+  uint64_t grants = 0;
+  uint64_t free_slots = 0;
+  uint64_t waiting_claims = 0;
+  uint64_t pending_demand_slots = 0;
+};
+
+struct SlotPoolStats {
+  std::array<int64_t, kNumSlotStates> slots_by_state{};
+  uint64_t grants = 0;
+  uint64_t grant_capacity = 0;  // positions in the segment (or the expected-capacity cap)
+  uint64_t claims = 0;
+  uint64_t claim_timeouts = 0;
+  uint64_t grants_shrunk = 0;
+  std::vector<SizeClassStats> classes;
+};
+
+class SlotPool {
+ public:
+  static absl::StatusOr<std::unique_ptr<SlotPool>> Create(Segment* segment,
+                                                          SlotPoolOptions options);
+  ~SlotPool();
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
+
+  // Carves the expected-capacity grants (no-op in dynamic mode).
+  absl::Status Prewarm();
+
+  // Claims `count` slots for values of `value_len` bytes, all or nothing (Free -> Prepared).
+  absl::StatusOr<std::vector<SlotRef>> Claim(
+      uint64_t value_len, size_t count,
+      std::optional<std::chrono::milliseconds> hard_timeout = std::nullopt);
+  absl::Status Abort(const SlotRef& ref);
+
+  // Prepared -> PendingLocalVisible / Pending, taking the first holder reference.
+  absl::Status CommitLocalVisible(const SlotRef& ref);
+  absl::Status CommitHidden(const SlotRef& ref);
+  // PendingLocalVisible|Pending -> Committed (route live).
+  absl::Status PublishRoute(const SlotRef& ref);
+  // Committed -> Releasing, or -> Free when no holder remains. Exactly once per publish.
+  absl::Status ReleaseRoute(const SlotRef& ref);
+  // Holder references: one per MemoryInfo bound to the slot (pins copy a holder, not this count).
+  absl::Status AcquireHolder(const SlotRef& ref);
+  absl::Status ReleaseHolder(const SlotRef& ref);
+
+  // Returns grants that have been wholly free for shrink_idle (dynamic mode only).
+  size_t ShrinkIdleGrants();
+
+  absl::StatusOr<SlotState> StateOf(const SlotRef& ref) const;
+  uint32_t HolderCountOf(const SlotRef& ref) const;
+  uint64_t OffsetOf(const SlotRef& ref) const;
+  uint64_t SlotSizeOf(const SlotRef& ref) const;
+  uint8_t* AddressOf(const SlotRef& ref) const { return segment_->base() + OffsetOf(ref); }
+  Segment* segment() const { return segment_; }
+  const SlotPoolOptions& options() const { return options_; }
+  uint64_t expected_grants() const { return expected_grants_; }
+
+  SlotPoolStats Stats() const;
+  // Walks every grant and checks free lists against slot words: no slot twice on a free list,
+  // every listed slot Free, counts consistent. For tests and `fluxonctl slots --check`.
+  absl::Status CheckConsistency() const;
+
+ private:
+  struct SizeClass;
+  struct Grant;
+  struct Waiter;
+
+  SlotPool(Segment* segment, SlotPoolOptions options, uint64_t positions, uint64_t expected_grants);
+
+  SizeClass* ClassFor(uint64_t slot_size);
+  uint64_t MaxSlotsReachable(const SizeClass& cls) const;
+  absl::Status AddGrant(SizeClass* cls);
+  absl::StatusOr<std::atomic<uint64_t>*> WordFor(const SlotRef& ref) const;
+  // Applies `next(old_state, old_holders)` atomically; pushes the slot to its free list when the
+  // transition produced Free.
+  template <typename Next>
+  absl::Status Transition(const SlotRef& ref, const char* op, Next next);
+  void PushFree(const SlotRef& ref);
+  void CountTransition(SlotState from, SlotState to);
+  void CountTransitionBatch(size_t claimed);
+
+  Segment* const segment_;
+  const SlotPoolOptions options_;
+  const uint64_t positions_;        // grant positions the segment holds
+  const uint64_t expected_grants_;  // 0 in dynamic mode
+
+  mutable Mutex classes_mu_;
+  absl::btree_map<uint64_t, std::unique_ptr<SizeClass>> classes_ ABSL_GUARDED_BY(classes_mu_);
+
+  mutable Mutex alloc_mu_;
+  absl::btree_set<uint32_t> free_positions_ ABSL_GUARDED_BY(alloc_mu_);
+  uint64_t carved_grants_ ABSL_GUARDED_BY(alloc_mu_) = 0;
+  uint32_t next_carve_ ABSL_GUARDED_BY(alloc_mu_) = 1;
+  // Grant metadata per (position, slot size); immutable once published and kept until the pool
+  // dies, so a stale SlotRef reads Free words, never freed memory.
+  std::vector<std::unique_ptr<Grant>> retired_ ABSL_GUARDED_BY(alloc_mu_);
+  std::unique_ptr<std::atomic<Grant*>[]> grants_;
+
+  std::array<std::atomic<int64_t>, kNumSlotStates> state_counts_{};
+  std::atomic<uint64_t> claims_{0};
+  std::atomic<uint64_t> claim_timeouts_{0};
+  std::atomic<uint64_t> grants_shrunk_{0};
+};
+
+}  // namespace fluxon
