@@ -51,7 +51,7 @@ struct OwnerConfig {
   LocalReserveConfig local_reserve;
   double hot_capacity_ratio = 0.95;
   std::string socket_path = "/tmp/fluxon/owner.sock";
-  std::string socket_group;  // empty: owner's uid only
+  std::string socket_group;    // empty: owner's uid only
   std::string master_address;  // owner / remote_cache roles: where the master listens
 };
 

@@ -8,8 +8,8 @@
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
-#include "absl/strings/cord.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 
 namespace fluxon {
 
@@ -17,7 +17,8 @@ namespace fluxon {
 // behind earlier claims) or "refill" (our turn, but no free slot appeared in time).
 inline constexpr absl::string_view kClaimStagePayload = "type.fluxon.io/claim_stage";
 
-inline absl::Status WithPayload(absl::Status status, absl::string_view url, absl::string_view value) {
+inline absl::Status WithPayload(absl::Status status, absl::string_view url,
+                                absl::string_view value) {
   status.SetPayload(url, absl::Cord(value));
   return status;
 }

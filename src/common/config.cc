@@ -42,9 +42,15 @@ Config DefaultEmbeddedConfig() {
 
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   std::string s(absl::StripAsciiWhitespace(text));
-  static const std::pair<const char*, double> kUnits[] = {
-      {"TiB", 1024.0 * 1024 * 1024 * 1024}, {"GiB", 1024.0 * 1024 * 1024}, {"MiB", 1024.0 * 1024},
-      {"KiB", 1024.0}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1.0}};
+  static const std::pair<const char*, double> kUnits[] = {{"TiB", 1024.0 * 1024 * 1024 * 1024},
+                                                          {"GiB", 1024.0 * 1024 * 1024},
+                                                          {"MiB", 1024.0 * 1024},
+                                                          {"KiB", 1024.0},
+                                                          {"TB", 1e12},
+                                                          {"GB", 1e9},
+                                                          {"MB", 1e6},
+                                                          {"KB", 1e3},
+                                                          {"B", 1.0}};
   double mult = 1.0;
   for (const auto& [suffix, m] : kUnits) {
     const std::string suf(suffix);
@@ -162,8 +168,8 @@ absl::StatusOr<Role> ParseRole(const std::string& s) {
   for (Role r : {Role::kEmbedded, Role::kMaster, Role::kOwner, Role::kRemoteCache, Role::kClient}) {
     if (s == RoleName(r)) return r;
   }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "role: '%s' is not one of embedded, master, owner, remote_cache, client", s));
+  return absl::InvalidArgumentError(
+      absl::StrFormat("role: '%s' is not one of embedded, master, owner, remote_cache, client", s));
 }
 
 absl::Status ParseOwner(Section& sec, OwnerConfig* o) {
@@ -189,8 +195,8 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o) {
       FLUXON_RETURN_IF_ERROR(ec.PositiveBytes("value_len", &e.value_len));
       FLUXON_RETURN_IF_ERROR(ec.PositiveBytes("payload_capacity_bytes", &e.payload_capacity_bytes));
       if (e.value_len > kMaxValueBytes) {
-        return ec.Bad("value_len", absl::StrFormat("%d bytes exceeds the 512 MiB slot limit",
-                                                   e.value_len));
+        return ec.Bad("value_len",
+                      absl::StrFormat("%d bytes exceeds the 512 MiB slot limit", e.value_len));
       }
       FLUXON_RETURN_IF_ERROR(ec.Finish());
       l.expected_capacity = e;
@@ -224,16 +230,17 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o) {
     }
   }
   if (o->segment.size_bytes < kGrantBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %d bytes is smaller than one 512 MiB grant", sec.Key("segment.size"),
-        o->segment.size_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %d bytes is smaller than one 512 MiB grant", sec.Key("segment.size"),
+                        o->segment.size_bytes));
   }
   return absl::OkStatus();
 }
 
 absl::Status ParseMaster(Section& sec, MasterConfig* m) {
   FLUXON_RETURN_IF_ERROR(sec.Str("listen_address", &m->listen_address));
-  FLUXON_RETURN_IF_ERROR(sec.Ratio("replica_cache_capacity_ratio", &m->replica_cache_capacity_ratio));
+  FLUXON_RETURN_IF_ERROR(
+      sec.Ratio("replica_cache_capacity_ratio", &m->replica_cache_capacity_ratio));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("inflight_ttl_ms", &m->inflight_ttl));
   return sec.Finish();
 }
@@ -276,14 +283,16 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
       FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("owner"));
       FLUXON_RETURN_IF_ERROR(ParseOwner(sec, &*c.owner));
     }
-    if ((c.role == Role::kOwner || c.role == Role::kRemoteCache) && c.owner->master_address.empty()) {
-      return top.Bad("owner.master_address", "is required for role=" + std::string(RoleName(c.role)));
+    if ((c.role == Role::kOwner || c.role == Role::kRemoteCache) &&
+        c.owner->master_address.empty()) {
+      return top.Bad("owner.master_address",
+                     "is required for role=" + std::string(RoleName(c.role)));
     }
   }
   if (top.Has("master")) {
     if (!RoleHasMaster(c.role)) {
-      return top.Bad("master", absl::StrFormat("master section is not allowed for role=%s",
-                                               RoleName(c.role)));
+      return top.Bad(
+          "master", absl::StrFormat("master section is not allowed for role=%s", RoleName(c.role)));
     }
   }
   if (RoleHasMaster(c.role)) {
@@ -360,8 +369,8 @@ std::string DumpConfig(const Config& c) {
       out << YAML::Key << "value_len" << YAML::Value << e.value_len;
       out << YAML::Key << "payload_capacity_bytes" << YAML::Value << e.payload_capacity_bytes;
       out << YAML::EndMap;
-      out << YAML::Comment(absl::StrFormat(
-          "prewarms %d grants", ExpectedGrants(e.value_len, e.payload_capacity_bytes)));
+      out << YAML::Comment(absl::StrFormat("prewarms %d grants",
+                                           ExpectedGrants(e.value_len, e.payload_capacity_bytes)));
     }
     out << YAML::Key << "claim_soft_timeout_ms" << YAML::Value
         << o.local_reserve.claim_soft_timeout.count();

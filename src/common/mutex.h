@@ -43,32 +43,22 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   Mutex* const mu_;
 };
 
-// Releases a held mutex for a scope (e.g. to run a callback or touch memory) and re-acquires it.
-class ABSL_SCOPED_LOCKABLE MutexUnlock {
- public:
-  explicit MutexUnlock(Mutex* mu) ABSL_UNLOCK_FUNCTION(mu) : mu_(mu) { mu_->Unlock(); }
-  ~MutexUnlock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_->Lock(); }
-  MutexUnlock(const MutexUnlock&) = delete;
-  MutexUnlock& operator=(const MutexUnlock&) = delete;
-
- private:
-  Mutex* const mu_;
-};
-
+// Waits name the mutex (as absl::CondVar does) so the analysis can check it is held.
 class CondVar {
  public:
-  explicit CondVar(Mutex* mu) : mu_(mu) {}
+  CondVar() = default;
   CondVar(const CondVar&) = delete;
   CondVar& operator=(const CondVar&) = delete;
 
-  void Wait() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
+  void Wait(Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     cv_.wait(lock);
     lock.release();
   }
   // Returns false when the deadline passed.
-  bool WaitUntil(std::chrono::steady_clock::time_point deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
+  bool WaitUntil(Mutex* mu, std::chrono::steady_clock::time_point deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     const bool signalled = cv_.wait_until(lock, deadline) == std::cv_status::no_timeout;
     lock.release();
     return signalled;
@@ -77,7 +67,6 @@ class CondVar {
   void SignalAll() { cv_.notify_all(); }
 
  private:
-  Mutex* const mu_;
   std::condition_variable cv_;
 };
 

@@ -141,9 +141,9 @@ class PlanRegistry::Impl {
           plan_ptr));
     }
     if (expected.has_value() && *expected != b->kind) {
-      return absl::InvalidArgumentError(absl::StrFormat("plan 0x%x is a %s plan, expected a %s plan",
-                                                        plan_ptr, PlanKindName(b->kind),
-                                                        PlanKindName(*expected)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("plan 0x%x is a %s plan, expected a %s plan", plan_ptr,
+                          PlanKindName(b->kind), PlanKindName(*expected)));
     }
     const auto* header = reinterpret_cast<const PlanBlobHeader*>(plan_ptr);
     if (header->magic != kPlanBlobMagic || header->count != b->count) {

@@ -2,11 +2,11 @@
 // from the config; with no arguments it runs the built-in embedded single-node config.
 #include <algorithm>
 #include <csignal>
-#include <string>
-#include <vector>
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -53,7 +53,6 @@ int RunDaemon(const fluxon::Config& config, bool once) {
   spdlog::info("fluxond stopping on signal {}", sig);
   return 0;
 }
-
 
 // Accepts --check-config as well as --check_config: flag names use '-' on our command lines.
 std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>* storage) {

@@ -18,8 +18,9 @@ absl::StatusOr<std::unique_ptr<OwnerMemory>> OwnerMemory::Create(const OwnerConf
   FLUXON_ASSIGN_OR_RETURN(m->segment_, Segment::Create(seg));
   SlotPoolOptions po;
   if (config.local_reserve.expected_capacity) {
-    po.expected_capacity = ExpectedCapacity{config.local_reserve.expected_capacity->value_len,
-                                            config.local_reserve.expected_capacity->payload_capacity_bytes};
+    po.expected_capacity =
+        ExpectedCapacity{config.local_reserve.expected_capacity->value_len,
+                         config.local_reserve.expected_capacity->payload_capacity_bytes};
   }
   po.claim_soft_timeout = config.local_reserve.claim_soft_timeout;
   po.claim_hard_timeout = config.local_reserve.claim_hard_timeout;
@@ -32,10 +33,10 @@ absl::StatusOr<std::unique_ptr<OwnerMemory>> OwnerMemory::Create(const OwnerConf
 
 std::string OwnerMemory::StatusText() const {
   const SlotPoolStats s = pool_->Stats();
-  std::string out = absl::StrFormat(
-      "segment: %d bytes (%s), generation %d, grant positions %d\n",
-      segment_->data_bytes(), segment_->path().empty() ? "memfd" : segment_->path(),
-      segment_->generation(), segment_->data_bytes() / kGrantBytes);
+  std::string out =
+      absl::StrFormat("segment: %d bytes (%s), generation %d, grant positions %d\n",
+                      segment_->data_bytes(), segment_->path().empty() ? "memfd" : segment_->path(),
+                      segment_->generation(), segment_->data_bytes() / kGrantBytes);
   out += absl::StrFormat("local reserve: %s, grants %d/%d\n",
                          pool_->expected_grants() ? "expected-capacity (hard cap)" : "dynamic",
                          s.grants, s.grant_capacity);

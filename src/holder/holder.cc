@@ -27,9 +27,8 @@ HolderRef HolderRef::Adopt(SlotPool* pool, const SlotRef& slot, std::string key,
 namespace {
 absl::Status CheckLen(SlotPool* pool, const SlotRef& slot, uint64_t len) {
   if (len == 0 || len > pool->SlotSizeOf(slot)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("value length %d does not fit the %d-byte slot", len,
-                        pool->SlotSizeOf(slot)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "value length %d does not fit the %d-byte slot", len, pool->SlotSizeOf(slot)));
   }
   return absl::OkStatus();
 }
@@ -45,8 +44,7 @@ absl::StatusOr<HolderRef> HolderRef::CommitLocalVisible(SlotPool* pool, const Sl
 }
 
 absl::StatusOr<HolderRef> HolderRef::CommitHidden(SlotPool* pool, const SlotRef& slot,
-                                                  std::string key, uint64_t put_id,
-                                                  uint64_t len) {
+                                                  std::string key, uint64_t put_id, uint64_t len) {
   FLUXON_RETURN_IF_ERROR(pool->StateOf(slot).status());
   FLUXON_RETURN_IF_ERROR(CheckLen(pool, slot, len));
   FLUXON_RETURN_IF_ERROR(pool->CommitHidden(slot));
@@ -75,9 +73,9 @@ absl::StatusOr<HolderRef> HolderRegistry::Get(uint64_t id) const {
 
 absl::Status HolderRegistry::Release(uint64_t id, uint64_t generation) {
   if (generation != generation_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "holder %d names owner generation %d; this owner is generation %d", id, generation,
-        generation_));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("holder %d names owner generation %d; this owner is generation %d", id,
+                        generation, generation_));
   }
   if (id == 0) return absl::InvalidArgumentError("holder id 0 is never issued");
   std::optional<HolderRef> h = table_.Take(id);

@@ -71,8 +71,8 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& o
       return absl::FailedPreconditionError("NUMA placement requested but NUMA is unavailable");
     }
     if (options.numa_node > numa_max_node()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "numa_node %d does not exist (max node %d)", options.numa_node, numa_max_node()));
+      return absl::InvalidArgumentError(absl::StrFormat("numa_node %d does not exist (max node %d)",
+                                                        options.numa_node, numa_max_node()));
     }
   }
   const uint64_t page = options.huge_pages ? kHugePage : kSmallPage;
@@ -83,7 +83,8 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& o
   if (options.path.empty()) {
     unsigned flags = MFD_CLOEXEC | (options.huge_pages ? MFD_HUGETLB : 0u);
     fd = memfd_create(options.name.c_str(), flags);
-    if (fd < 0) return ErrnoError("memfd_create" + std::string(options.huge_pages ? " (MFD_HUGETLB)" : ""));
+    if (fd < 0)
+      return ErrnoError("memfd_create" + std::string(options.huge_pages ? " (MFD_HUGETLB)" : ""));
   } else {
     fd = open(options.path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return ErrnoError("open " + options.path);
@@ -132,8 +133,8 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& o
                                               options.path, desc, page, options.numa_node));
 }
 
-absl::StatusOr<std::unique_ptr<Segment>> Segment::MapAndValidate(int fd, std::string path,
-                                                                 const SegmentDescriptor& expected) {
+absl::StatusOr<std::unique_ptr<Segment>> Segment::MapAndValidate(
+    int fd, std::string path, const SegmentDescriptor& expected) {
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     absl::Status s = ErrnoError("fstat segment");
@@ -142,9 +143,8 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::MapAndValidate(int fd, std::st
   }
   if (expected.total_bytes == 0 || static_cast<uint64_t>(st.st_size) != expected.total_bytes) {
     close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrFormat("segment size is %d bytes, owner advertised %d", st.st_size,
-                        expected.total_bytes));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "segment size is %d bytes, owner advertised %d", st.st_size, expected.total_bytes));
   }
   void* addr = mmap(nullptr, expected.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (addr == MAP_FAILED) {
@@ -189,11 +189,10 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::AttachPath(const std::string& 
 }
 
 absl::StatusOr<uint8_t*> Segment::Resolve(uint64_t offset, uint64_t len) const {
-  if (offset < desc_.data_offset || len > desc_.total_bytes ||
-      offset > desc_.total_bytes - len) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "range [%d, +%d) is outside the segment's grant area [%d, %d)", offset, len,
-        desc_.data_offset, desc_.total_bytes));
+  if (offset < desc_.data_offset || len > desc_.total_bytes || offset > desc_.total_bytes - len) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("range [%d, +%d) is outside the segment's grant area [%d, %d)", offset, len,
+                        desc_.data_offset, desc_.total_bytes));
   }
   return base_ + offset;
 }
@@ -211,8 +210,8 @@ absl::Status Segment::PopulateRange(uint64_t offset, uint64_t len) {
     }
     if (madvise(addr, len, MADV_POPULATE_WRITE) == 0) return;
     if (errno != EINVAL) {
-      result = absl::ResourceExhaustedError(absl::StrFormat(
-          "populating %d segment bytes failed: %s", len, std::strerror(errno)));
+      result = absl::ResourceExhaustedError(
+          absl::StrFormat("populating %d segment bytes failed: %s", len, std::strerror(errno)));
       return;
     }
     // Kernels before 5.14 lack MADV_POPULATE_WRITE: touch one byte per page instead.

@@ -24,8 +24,8 @@ namespace fluxon {
 struct SegmentOptions {
   uint64_t size_bytes = 0;  // grant area; the header page is added on top
   bool huge_pages = false;
-  int numa_node = -1;        // -1: no placement
-  std::string path;          // empty: anonymous memfd
+  int numa_node = -1;  // -1: no placement
+  std::string path;    // empty: anonymous memfd
   std::string name = "fluxon-segment";
   uint32_t node_id = 0;
 };
@@ -43,7 +43,8 @@ class Segment {
   // Owner side: creates and maps a new segment with a fresh generation.
   static absl::StatusOr<std::unique_ptr<Segment>> Create(const SegmentOptions& options);
   // Client side: maps the segment behind `fd` (the call dups it) and validates it.
-  static absl::StatusOr<std::unique_ptr<Segment>> AttachFd(int fd, const SegmentDescriptor& expected);
+  static absl::StatusOr<std::unique_ptr<Segment>> AttachFd(int fd,
+                                                           const SegmentDescriptor& expected);
   // Client side: opens and maps a path-backed segment and validates it.
   static absl::StatusOr<std::unique_ptr<Segment>> AttachPath(const std::string& path,
                                                              const SegmentDescriptor& expected);

@@ -80,7 +80,7 @@ struct SlotPool::SizeClass {
   const uint64_t slot_size;
   const uint64_t slots_per_grant;
   Mutex mu;
-  CondVar cv{&mu};
+  CondVar cv;
   absl::btree_map<uint32_t, FreeList> grants ABSL_GUARDED_BY(mu);
   // Positions of grants with at least one free slot; claims take the lowest so high grants drain
   // and can be shrunk.
@@ -113,9 +113,9 @@ absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(Segment* segment,
     }
     expected = ExpectedGrants(ec.value_len, ec.payload_capacity_bytes);
     if (expected > positions) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "expected capacity needs %d grants of 512 MiB but the segment holds %d", expected,
-          positions));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("expected capacity needs %d grants of 512 MiB but the segment holds %d",
+                          expected, positions));
     }
   }
   if (positions == 0) {
@@ -174,8 +174,8 @@ absl::Status SlotPool::AddGrant(SizeClass* cls) {
   {
     MutexLock lock(&alloc_mu_);
     if (expected_grants_ > 0 && carved_grants_ >= expected_grants_) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "expected-capacity cap of %d grants reached", expected_grants_));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("expected-capacity cap of %d grants reached", expected_grants_));
     }
     if (free_positions_.empty()) {
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -251,8 +251,8 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
   const uint64_t reachable = MaxSlotsReachable(*cls);
   if (count > reachable) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "claim of %d slots of %d bytes can never be served: the pool can hold at most %d",
-        count, cls->slot_size, reachable));
+        "claim of %d slots of %d bytes can never be served: the pool can hold at most %d", count,
+        cls->slot_size, reachable));
   }
   claims_.fetch_add(1, std::memory_order_relaxed);
   const auto start = Clock::now();
@@ -299,11 +299,9 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
       stage = "refill";
       if (!cls->refilling) {
         cls->refilling = true;
-        absl::Status grown;
-        {
-          MutexUnlock unlock(&cls->mu);
-          grown = AddGrant(cls);
-        }
+        cls->mu.Unlock();
+        absl::Status grown = AddGrant(cls);
+        cls->mu.Lock();
         cls->refilling = false;
         if (grown.ok()) continue;
       }
@@ -318,12 +316,13 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
         const uint64_t front_need = cls->waiters.front()->count;
         PressureEvent ev{cls->slot_size,
                          front_need > cls->free_slots ? front_need - cls->free_slots : 0};
-        MutexUnlock unlock(&cls->mu);
+        cls->mu.Unlock();
         options_.on_pressure(ev);
+        cls->mu.Lock();
       }
       continue;
     }
-    cls->cv.WaitUntil(pressure_reported ? deadline : std::min(deadline, soft_deadline));
+    cls->cv.WaitUntil(&cls->mu, pressure_reported ? deadline : std::min(deadline, soft_deadline));
   }
   // Timed out: leave the queue without reserving anything and let the next claim try.
   cls->waiters.erase(std::find(cls->waiters.begin(), cls->waiters.end(), &me));
@@ -343,8 +342,7 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
 
 void SlotPool::CountTransitionBatch(size_t count) {
   state_counts_[static_cast<int>(SlotState::kFree)].fetch_sub(count, std::memory_order_relaxed);
-  state_counts_[static_cast<int>(SlotState::kPrepared)].fetch_add(count,
-                                                                  std::memory_order_relaxed);
+  state_counts_[static_cast<int>(SlotState::kPrepared)].fetch_add(count, std::memory_order_relaxed);
 }
 
 void SlotPool::CountTransition(SlotState from, SlotState to) {
@@ -355,8 +353,8 @@ void SlotPool::CountTransition(SlotState from, SlotState to) {
 
 absl::StatusOr<std::atomic<uint64_t>*> SlotPool::WordFor(const SlotRef& ref) const {
   if (ref.grant >= positions_) {
-    return absl::InvalidArgumentError(absl::StrFormat("slot ref names grant %d of %d", ref.grant,
-                                                      positions_));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("slot ref names grant %d of %d", ref.grant, positions_));
   }
   Grant* g = grants_[ref.grant].load(std::memory_order_acquire);
   if (g == nullptr || ref.index >= g->slot_count) {
@@ -364,22 +362,22 @@ absl::StatusOr<std::atomic<uint64_t>*> SlotPool::WordFor(const SlotRef& ref) con
         absl::StrFormat("slot ref (grant %d, slot %d) names no carved slot", ref.grant, ref.index));
   }
   if (g->carve != ref.carve) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "stale slot ref: grant %d was re-carved (carve %d, ref has %d)", ref.grant, g->carve,
-        ref.carve));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("stale slot ref: grant %d was re-carved (carve %d, ref has %d)", ref.grant,
+                        g->carve, ref.carve));
   }
   return &g->words[ref.index];
 }
 
 template <typename Next>
 absl::Status SlotPool::Transition(const SlotRef& ref, const char* op, Next next) {
-  FLUXON_ASSIGN_OR_RETURN(std::atomic<uint64_t>* word, WordFor(ref));
+  FLUXON_ASSIGN_OR_RETURN(std::atomic<uint64_t> * word, WordFor(ref));
   uint64_t old = word->load(std::memory_order_acquire);
   for (;;) {
     if (EpochBits(old) != ref.epoch) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s: stale slot ref (grant %d, slot %d, epoch %d; slot is at epoch %d)", op, ref.grant,
-          ref.index, ref.epoch, EpochBits(old)));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s: stale slot ref (grant %d, slot %d, epoch %d; slot is at epoch %d)",
+                          op, ref.grant, ref.index, ref.epoch, EpochBits(old)));
     }
     const SlotState from = StateBits(old);
     absl::StatusOr<NextWord> n = next(from, HolderBits(old));
@@ -511,7 +509,7 @@ size_t SlotPool::ShrinkIdleGrants() {
 }
 
 absl::StatusOr<SlotState> SlotPool::StateOf(const SlotRef& ref) const {
-  FLUXON_ASSIGN_OR_RETURN(std::atomic<uint64_t>* word, WordFor(ref));
+  FLUXON_ASSIGN_OR_RETURN(std::atomic<uint64_t> * word, WordFor(ref));
   const uint64_t w = word->load(std::memory_order_acquire);
   if (EpochBits(w) != ref.epoch) return absl::FailedPreconditionError("stale slot ref");
   return StateBits(w);
@@ -546,8 +544,7 @@ SlotPoolStats SlotPool::Stats() const {
   for (const auto& [size, cls] : classes_) {
     MutexLock cl(&cls->mu);
     s.classes.push_back(SizeClassStats{size, cls->slots_per_grant, cls->grants.size(),
-                                       cls->free_slots, cls->waiters.size(),
-                                       cls->pending_demand});
+                                       cls->free_slots, cls->waiters.size(), cls->pending_demand});
   }
   return s;
 }
@@ -581,8 +578,8 @@ absl::Status SlotPool::CheckConsistency() const {
         if (StateBits(g->words[i].load()) == SlotState::kFree) ++free_words;
       }
       if (free_words != fl.stack.size()) {
-        return absl::InternalError(absl::StrFormat(
-            "grant %d: %d slots are Free but %d are listed", pos, free_words, fl.stack.size()));
+        return absl::InternalError(absl::StrFormat("grant %d: %d slots are Free but %d are listed",
+                                                   pos, free_words, fl.stack.size()));
       }
       if ((fl.stack.empty()) == cls->with_free.contains(pos)) {
         return absl::InternalError(absl::StrFormat("grant %d: free-grant index is stale", pos));
@@ -591,8 +588,8 @@ absl::Status SlotPool::CheckConsistency() const {
       free_words_total += static_cast<int64_t>(free_words);
     }
     if (listed != cls->free_slots) {
-      return absl::InternalError(absl::StrFormat("class %d: free_slots %d but %d listed", size,
-                                                 cls->free_slots, listed));
+      return absl::InternalError(
+          absl::StrFormat("class %d: free_slots %d but %d listed", size, cls->free_slots, listed));
     }
   }
   if (free_words_total != state_counts_[0].load()) {

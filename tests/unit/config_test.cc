@@ -117,8 +117,7 @@ TEST(ConfigRejects, OwnerOnlyKeysOnMasterAndClient) {
   EXPECT_THAT(Reject("role: client\nowner: {local_reserve: {expected_capacity: "
                      "{value_len: 4096, payload_capacity_bytes: 1GiB}}}"),
               HasSubstr("role=client"));
-  EXPECT_THAT(Reject("role: owner\nowner: {master_address: a:1}\nmaster: {}"),
-              HasSubstr("master"));
+  EXPECT_THAT(Reject("role: owner\nowner: {master_address: a:1}\nmaster: {}"), HasSubstr("master"));
   EXPECT_THAT(Reject("role: embedded\nclient: {socket_path: /x}"), HasSubstr("client"));
 }
 

@@ -44,9 +44,11 @@ TEST(ShardedTable, EraseIfComparesIdentity) {
 
 TEST(ShardedTable, UpdateAndUpsert) {
   KeyControlTable<int> t;
-  int r = t.Upsert("x", [] { return 10; }, [](int& v, bool inserted) { return inserted ? v : -1; });
+  int r = t.Upsert(
+      "x", [] { return 10; }, [](int& v, bool inserted) { return inserted ? v : -1; });
   EXPECT_EQ(r, 10);
-  r = t.Upsert("x", [] { return 99; }, [](int& v, bool inserted) { return inserted ? -1 : ++v; });
+  r = t.Upsert(
+      "x", [] { return 99; }, [](int& v, bool inserted) { return inserted ? -1 : ++v; });
   EXPECT_EQ(r, 11);
   bool had = t.Update("x", [](int* v, bool* erase) {
     *erase = v != nullptr;

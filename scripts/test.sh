@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test that needs no GPU:
+#   1. installs the Debian/PyPI packages (scripts/install-deps.sh),
+#   2. builds everything (CUDA kernels too when nvcc exists) and runs ctest,
+#   3. builds the memory core under ThreadSanitizer (clang, which also checks the lock
+#      annotations) and AddressSanitizer+UBSan and runs its unit and stress tests,
+#   4. runs the Python tests.
+# Usage: scripts/test.sh [--skip-deps] [--skip-sanitizers]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+JOBS=${JOBS:-$(nproc)}
+SKIP_DEPS=0
+SKIP_SAN=0
+for a in "$@"; do
+  case $a in
+    --skip-deps) SKIP_DEPS=1 ;;
+    --skip-sanitizers) SKIP_SAN=1 ;;
+    *) echo "unknown option $a" >&2; exit 2 ;;
+  esac
+done
+
+[ $SKIP_DEPS = 1 ] || bash scripts/install-deps.sh
+
+step() { echo; echo "=== $* ==="; }
+
+step "build (RelWithDebInfo)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j "$JOBS"
+
+step "ctest"
+(cd build && ctest --output-on-failure -j "$JOBS")
+
+if [ $SKIP_SAN = 0 ]; then
+  step "core under ThreadSanitizer (clang, -Wthread-safety)"
+  CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DFLUXON_CORE_ONLY=ON -DFLUXON_SANITIZER=thread >/dev/null
+  cmake --build build-tsan -j "$JOBS"
+  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    ctest --output-on-failure -j "$JOBS")
+
+  step "core under AddressSanitizer + UBSan"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DFLUXON_CORE_ONLY=ON -DFLUXON_SANITIZER=address >/dev/null
+  cmake --build build-asan -j "$JOBS"
+  (cd build-asan && ASAN_OPTIONS="detect_leaks=1" ctest --output-on-failure -j "$JOBS")
+fi
+
+echo
+echo "all tests passed"
