@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
@@ -53,6 +54,18 @@ struct OwnerConfig {
   std::string socket_path = "/tmp/fluxon/owner.sock";
   std::string socket_group;    // empty: owner's uid only
   std::string master_address;  // owner / remote_cache roles: where the master listens
+  // Capacity eviction: at most this many bytes per round, rounds at least this far apart.
+  uint64_t eviction_max_bytes_per_round = 256ull << 20;
+  std::chrono::milliseconds eviction_interval{200};
+  std::chrono::milliseconds handle_ttl{30'000};  // unconsumed get_start handles expire
+  int io_threads = 4;                             // client socket server threads
+};
+
+struct FaultConfig {
+  std::string point;
+  std::string action;  // delay | drop | duplicate | fail
+  std::chrono::milliseconds delay{0};
+  int count = -1;
 };
 
 struct MasterConfig {
@@ -78,6 +91,7 @@ struct Config {
   std::optional<OwnerConfig> owner;
   std::optional<ClientConfig> client;
   AdminConfig admin;
+  std::vector<FaultConfig> faults;
 };
 
 // The documented built-in config `fluxond` runs with no arguments (also configs/single-node.yaml).

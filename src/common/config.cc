@@ -215,6 +215,13 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o) {
   FLUXON_RETURN_IF_ERROR(sec.Str("socket_path", &o->socket_path));
   FLUXON_RETURN_IF_ERROR(sec.Str("socket_group", &o->socket_group));
   FLUXON_RETURN_IF_ERROR(sec.Str("master_address", &o->master_address));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveBytes("eviction_max_bytes_per_round", &o->eviction_max_bytes_per_round));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("eviction_interval_ms", &o->eviction_interval));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("handle_ttl_ms", &o->handle_ttl));
+  int64_t io_threads = o->io_threads;
+  FLUXON_RETURN_IF_ERROR(sec.Int("io_threads", &io_threads));
+  if (io_threads < 1 || io_threads > 256) return sec.Bad("io_threads", "must be in [1, 256]");
+  o->io_threads = static_cast<int>(io_threads);
   if (o->socket_path.empty()) return sec.Bad("socket_path", "must not be empty");
   FLUXON_RETURN_IF_ERROR(sec.Finish());
 
@@ -322,6 +329,31 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
     c.admin.metrics_port = static_cast<int>(port);
     FLUXON_RETURN_IF_ERROR(sec.Finish());
   }
+  if (top.Has("faults")) {
+    const YAML::Node list = top.Get("faults");
+    if (!list.IsSequence()) return top.Bad("faults", "must be a list");
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].IsMap()) return top.Bad("faults", "entries must be mappings");
+      Section f(list[i], absl::StrFormat("faults[%d]", i));
+      FaultConfig fc;
+      FLUXON_RETURN_IF_ERROR(f.Str("point", &fc.point));
+      FLUXON_RETURN_IF_ERROR(f.Str("action", &fc.action));
+      if (fc.point.empty()) return f.Bad("point", "is required");
+      static const std::set<std::string> kActions = {"delay", "drop", "duplicate", "fail"};
+      if (!kActions.contains(fc.action)) {
+        return f.Bad("action", "must be one of delay, drop, duplicate, fail");
+      }
+      int64_t delay = 0, count = -1;
+      FLUXON_RETURN_IF_ERROR(f.Int("delay_ms", &delay));
+      FLUXON_RETURN_IF_ERROR(f.Int("count", &count));
+      if (delay < 0) return f.Bad("delay_ms", "must be >= 0");
+      if (count == 0 || count < -1) return f.Bad("count", "must be positive or -1 (until cleared)");
+      fc.delay = std::chrono::milliseconds(delay);
+      fc.count = static_cast<int>(count);
+      FLUXON_RETURN_IF_ERROR(f.Finish());
+      c.faults.push_back(fc);
+    }
+  }
   FLUXON_RETURN_IF_ERROR(top.Finish());
   return c;
 }
@@ -381,6 +413,11 @@ std::string DumpConfig(const Config& c) {
     out << YAML::Key << "hot_capacity_ratio" << YAML::Value << o.hot_capacity_ratio;
     out << YAML::Key << "socket_path" << YAML::Value << o.socket_path;
     out << YAML::Key << "socket_group" << YAML::Value << o.socket_group;
+    out << YAML::Key << "eviction_max_bytes_per_round" << YAML::Value
+        << o.eviction_max_bytes_per_round;
+    out << YAML::Key << "eviction_interval_ms" << YAML::Value << o.eviction_interval.count();
+    out << YAML::Key << "handle_ttl_ms" << YAML::Value << o.handle_ttl.count();
+    out << YAML::Key << "io_threads" << YAML::Value << o.io_threads;
     if (!o.master_address.empty()) {
       out << YAML::Key << "master_address" << YAML::Value << o.master_address;
     }
@@ -395,6 +432,18 @@ std::string DumpConfig(const Config& c) {
   out << YAML::Key << "listen_address" << YAML::Value << c.admin.listen_address;
   out << YAML::Key << "metrics_port" << YAML::Value << c.admin.metrics_port;
   out << YAML::EndMap;
+  if (!c.faults.empty()) {
+    out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;
+    for (const FaultConfig& f : c.faults) {
+      out << YAML::BeginMap;
+      out << YAML::Key << "point" << YAML::Value << f.point;
+      out << YAML::Key << "action" << YAML::Value << f.action;
+      out << YAML::Key << "delay_ms" << YAML::Value << f.delay.count();
+      out << YAML::Key << "count" << YAML::Value << f.count;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq;
+  }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -12,7 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
-#include "daemon/owner_memory.h"
+#include "daemon/node.h"
 #include "fluxon/config.h"
 #include "fluxon/version.h"
 #include "spdlog/spdlog.h"
@@ -28,29 +28,28 @@ int RunDaemon(const fluxon::Config& config, bool once) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   spdlog::info("fluxond {} starting, role={} node_id={}", FLUXON_VERSION_STRING,
                fluxon::RoleName(config.role), config.node_id);
-  std::unique_ptr<fluxon::OwnerMemory> memory;
-  if (config.owner) {
-    auto m = fluxon::OwnerMemory::Create(*config.owner, config.node_id);
-    if (!m.ok()) {
-      spdlog::error("owner memory setup failed: {}", m.status().ToString());
-      return 1;
-    }
-    memory = std::move(*m);
-  }
-  std::cout << "fluxond " << FLUXON_VERSION_STRING << " role=" << fluxon::RoleName(config.role)
-            << " node_id=" << config.node_id << "\n";
-  if (memory) std::cout << memory->StatusText();
-  std::cout.flush();
-  if (once) return 0;
-
+  // Signals are handled by sigwait below; block them before any thread starts.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  int sig = 0;
-  sigwait(&set, &sig);
-  spdlog::info("fluxond stopping on signal {}", sig);
+  absl::StatusOr<std::unique_ptr<fluxon::FluxonNode>> node = fluxon::FluxonNode::Start(config);
+  if (!node.ok()) {
+    spdlog::error("fluxond failed to start: {}", node.status().ToString());
+    std::cerr << "fluxond failed to start: " << node.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "fluxond " << FLUXON_VERSION_STRING << " ready\n" << (*node)->StatusText();
+  std::cout.flush();
+  if (!once) {
+    int sig = 0;
+    sigwait(&set, &sig);
+    spdlog::info("fluxond stopping on signal {}", sig);
+  }
+  (*node)->Stop();
+  node->reset();
+  spdlog::info("fluxond stopped");
   return 0;
 }
 

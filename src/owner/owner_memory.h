@@ -4,6 +4,7 @@
 // pool, the pool before the segment.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -17,8 +18,10 @@ namespace fluxon {
 
 class OwnerMemory {
  public:
-  static absl::StatusOr<std::unique_ptr<OwnerMemory>> Create(const OwnerConfig& config,
-                                                             uint32_t node_id);
+  // `on_pressure` is called when a slot claim waits past the soft timeout (outside pool locks).
+  static absl::StatusOr<std::unique_ptr<OwnerMemory>> Create(
+      const OwnerConfig& config, uint32_t node_id,
+      std::function<void(const PressureEvent&)> on_pressure = nullptr);
 
   Segment& segment() { return *segment_; }
   SlotPool& pool() { return *pool_; }

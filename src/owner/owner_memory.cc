@@ -1,4 +1,4 @@
-#include "daemon/owner_memory.h"
+#include "owner/owner_memory.h"
 
 #include "absl/strings/str_format.h"
 #include "fluxon/status.h"
@@ -6,8 +6,9 @@
 
 namespace fluxon {
 
-absl::StatusOr<std::unique_ptr<OwnerMemory>> OwnerMemory::Create(const OwnerConfig& config,
-                                                                 uint32_t node_id) {
+absl::StatusOr<std::unique_ptr<OwnerMemory>> OwnerMemory::Create(
+    const OwnerConfig& config, uint32_t node_id,
+    std::function<void(const PressureEvent&)> on_pressure) {
   std::unique_ptr<OwnerMemory> m(new OwnerMemory());
   SegmentOptions seg;
   seg.size_bytes = config.segment.size_bytes;
@@ -25,6 +26,7 @@ absl::StatusOr<std::unique_ptr<OwnerMemory>> OwnerMemory::Create(const OwnerConf
   po.claim_soft_timeout = config.local_reserve.claim_soft_timeout;
   po.claim_hard_timeout = config.local_reserve.claim_hard_timeout;
   po.shrink_idle = config.local_reserve.shrink_idle;
+  po.on_pressure = std::move(on_pressure);
   FLUXON_ASSIGN_OR_RETURN(m->pool_, SlotPool::Create(m->segment_.get(), po));
   FLUXON_RETURN_IF_ERROR(m->pool_->Prewarm());
   m->holders_ = std::make_unique<HolderRegistry>(m->segment_->generation());

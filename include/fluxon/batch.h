@@ -1,0 +1,44 @@
+// Batch arguments shared by the client library and the owner: validation of keys, atomic groups
+// and replica masks, and the prefix arithmetic of get_start.
+//
+// Invariants:
+// - Validation is total and side-effect free; both the client (before any RPC) and the owner
+//   (before any reservation) run it, so a bad call reserves nothing anywhere.
+// - atomic_group_lens, when given, are positive and sum to the number of keys; absent means every
+//   key is its own group. A replica mask has one entry per key and is uniform inside a group.
+// - G4: the prefix is computed over the keys in their original order; transferable_len is the raw
+//   hit prefix rounded down to a whole group, so a group is never split.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace fluxon {
+
+absl::Status ValidateKeys(std::span<const std::string> keys);
+absl::Status ValidateValueLen(int64_t value_len);
+absl::Status ValidateGroups(std::span<const uint32_t> group_lens, size_t num_keys);
+absl::Status ValidateReplicaMask(const std::vector<bool>& mask, std::span<const uint32_t> group_lens,
+                                 size_t num_keys);
+
+struct PrefixResult {
+  uint32_t raw_prefix_hit_len = 0;
+  uint32_t transferable_len = 0;
+  uint32_t prefix_hit_groups = 0;
+  std::optional<uint32_t> first_miss_index;
+  std::optional<uint32_t> first_miss_group_index;
+  bool all_hit() const { return !first_miss_index.has_value(); }
+};
+
+// `hits[i]` says whether key i is available; `group_lens` may be empty (one key per group).
+PrefixResult ComputePrefix(const std::vector<bool>& hits, std::span<const uint32_t> group_lens);
+
+// Whether `len` ends on a group boundary (0 and the total count as boundaries).
+bool IsGroupBoundary(uint32_t len, std::span<const uint32_t> group_lens);
+
+}  // namespace fluxon

@@ -1,0 +1,130 @@
+// libfluxon_client: the C++ client an inference process links to reach its machine's owner.
+//
+// Contract (mirrors the design's public contract and the Python package `fluxon`):
+// - Connect attaches to the owner's segment (fd passed over the socket) and maps it once;
+//   WaitLocalSegmentsReady lists that mapping for CUDA registration.
+// - LocalFastPutStart validates everything before any RPC, reserves keys and slots, and returns a
+//   put plan (plan blob address); a conflict fails with AlreadyExists and the conflicting indices,
+//   with nothing reserved. LocalFastPutCommit consumes the plan and returns a KvFuture that
+//   completes when the owner's master route is published; PutAbort consumes it and releases all.
+// - GetStart plans a batch and pins its transferable prefix; GetTransfer consumes the handle
+//   (optionally a shorter whole-group prefix) into a get plan; CancelGetTransfer drops the handle;
+//   ReleaseViews consumes the get plan after the restore kernel is done.
+// - A plan is valid once, in this process; using one of the wrong kind or twice fails fast.
+// - All methods are thread-safe. Errors are absl::Status; no exception escapes.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fluxon/batch.h"
+
+namespace fluxon {
+
+struct SegmentMapping {
+  std::string segment_label;  // "external_owner:0"
+  uint64_t write_ptr = 0;
+  uint64_t read_ptr = 0;
+  uint64_t len = 0;
+  uint64_t generation = 0;
+  uint32_t node_id = 0;
+};
+
+struct PutOptions {
+  bool reject_if_inflight_same_key = true;
+  bool reject_if_exist_same_key = true;
+  bool write_through = false;
+  bool make_replica_task = false;
+  std::vector<bool> make_replica_task_mask;  // empty: broadcast make_replica_task
+  std::vector<uint32_t> atomic_group_lens;   // empty: one key per group
+  std::string lease_id;
+};
+
+// Completes when the batch's route is published (or definitively not).
+class KvFuture {
+ public:
+  bool done() const;
+  // Waits up to `timeout` (forever when unset); DeadlineExceeded if it did not complete.
+  absl::Status Wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt) const;
+  // The outcome once done (OkStatus while pending).
+  absl::Status status() const;
+
+  struct State;
+  explicit KvFuture(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+struct GetStartResult {
+  uint32_t raw_prefix_hit_len = 0;
+  uint32_t transferable_len = 0;
+  uint32_t prefix_hit_groups = 0;
+  std::optional<uint32_t> first_miss_index;
+  std::optional<uint32_t> first_miss_group_index;
+  bool all_hit = false;
+  uint32_t local_pinned = 0;
+  uint32_t inflight_joined = 0;
+  uint32_t leader_started = 0;
+};
+
+// Returned by GetStart; consumed by GetTransfer or CancelGetTransfer (once).
+struct GetStartHandle {
+  uint64_t id = 0;  // client-side handle id
+  GetStartResult result;
+};
+
+struct ClientOptions {
+  std::string socket_path = "/tmp/fluxon/owner.sock";
+  std::string client_name = "fluxon-client";
+  size_t plan_arena_bytes = 16 << 20;
+};
+
+class KvClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvClient>> Connect(const ClientOptions& options);
+  ~KvClient();
+  KvClient(const KvClient&) = delete;
+  KvClient& operator=(const KvClient&) = delete;
+
+  std::vector<SegmentMapping> WaitLocalSegmentsReady() const;
+  // The plan-blob arena (register it with CUDA so kernels can read plans).
+  std::pair<uint64_t, uint64_t> PlanArena() const;
+
+  absl::StatusOr<uint64_t> LocalFastPutStart(const std::vector<std::string>& keys,
+                                             int64_t value_len, const PutOptions& options,
+                                             std::vector<uint32_t>* conflict_indices = nullptr);
+  absl::StatusOr<KvFuture> LocalFastPutCommit(uint64_t plan_ptr);
+  absl::Status PutAbort(uint64_t plan_ptr);
+
+  absl::StatusOr<GetStartHandle> GetStart(const std::vector<std::string>& keys,
+                                          bool prefix_best_effort = true,
+                                          const std::vector<uint32_t>& atomic_group_lens = {});
+  absl::StatusOr<uint64_t> GetTransfer(const GetStartHandle& handle,
+                                       std::optional<uint32_t> consume_prefix_len = std::nullopt);
+  absl::Status CancelGetTransfer(const GetStartHandle& handle);
+  absl::Status ReleaseViews(uint64_t plan_ptr);
+
+  // Owner counters plus this client's own (active plans and handles).
+  absl::StatusOr<std::map<std::string, int64_t>> Stats();
+
+  class Impl;
+
+ private:
+  explicit KvClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Copies `count` values of `value_len` bytes between a contiguous host buffer and the values of a
+// plan, on `threads` threads (a stand-in for the GPU kernels in CPU-only workloads and tests).
+enum class CopyDirection { kToValues, kFromValues };
+absl::Status CopyPlanValues(uint64_t plan_ptr, uint8_t* host, uint64_t value_len,
+                            CopyDirection direction, int threads = 4);
+
+}  // namespace fluxon

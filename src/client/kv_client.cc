@@ -1,0 +1,507 @@
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "common/mutex.h"
+#include "fluxon/client.h"
+#include "fluxon/plan_blob.h"
+#include "fluxon/status.h"
+#include "fluxon/v1/client.pb.h"
+#include "rpc/frame.h"
+#include "slot/segment.h"
+
+namespace fluxon {
+
+struct KvFuture::State {
+  mutable Mutex mu;
+  mutable CondVar cv;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+
+  void Complete(absl::Status s) {
+    MutexLock lock(&mu);
+    if (done) return;
+    done = true;
+    status = std::move(s);
+    cv.SignalAll();
+  }
+};
+
+bool KvFuture::done() const {
+  MutexLock lock(&state_->mu);
+  return state_->done;
+}
+
+absl::Status KvFuture::Wait(std::optional<std::chrono::milliseconds> timeout) const {
+  MutexLock lock(&state_->mu);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        timeout.value_or(std::chrono::hours(24 * 365));
+  while (!state_->done) {
+    if (!state_->cv.WaitUntil(&state_->mu, deadline) && !state_->done) {
+      return absl::DeadlineExceededError("put is not published yet");
+    }
+  }
+  return state_->status;
+}
+
+absl::Status KvFuture::status() const {
+  MutexLock lock(&state_->mu);
+  return state_->status;
+}
+
+namespace {
+
+absl::StatusOr<int> ConnectUnix(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(std::strerror(errno));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) {
+    close(fd);
+    return absl::InvalidArgumentError("socket path too long: " + path);
+  }
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot reach the Fluxon owner at %s: %s (is fluxond running?)", path, std::strerror(err)));
+  }
+  return fd;
+}
+
+absl::Status StatusOf(const v1::OwnerMessage& m) {
+  return absl::Status(static_cast<absl::StatusCode>(m.code()), m.message());
+}
+
+// One blocking request/response socket; one request at a time.
+class Connection {
+ public:
+  explicit Connection(int fd) : fd_(fd) {}
+  ~Connection() { close(fd_); }
+  absl::StatusOr<v1::OwnerMessage> Call(v1::ClientRequest& req, int* received_fd = nullptr) {
+    req.set_id(++next_id_);
+    FLUXON_RETURN_IF_ERROR(WriteFrame(fd_, req));
+    v1::OwnerMessage resp;
+    FLUXON_RETURN_IF_ERROR(ReadFrame(fd_, &resp, received_fd));
+    if (resp.id() != req.id()) return absl::DataLossError("owner answered another request");
+    return resp;
+  }
+  int fd() const { return fd_; }
+
+ private:
+  const int fd_;
+  uint64_t next_id_ = 0;
+};
+
+struct PutPlan : PlanPayload {
+  uint64_t put_id;
+};
+struct GetPlan : PlanPayload {
+  uint64_t owner_handle;
+};
+
+struct HandleState {
+  uint64_t owner_handle = 0;
+  std::vector<uint64_t> offsets;
+  std::vector<uint32_t> group_lens;  // the caller's groups
+  uint32_t transferable = 0;
+};
+
+}  // namespace
+
+class KvClient::Impl {
+ public:
+  ClientOptions options;
+  uint64_t client_id = 0;
+  std::unique_ptr<Segment> segment;
+  std::string segment_label;
+  std::unique_ptr<PlanRegistry> plans;
+
+  Mutex pool_mu;
+  std::vector<std::unique_ptr<Connection>> idle ABSL_GUARDED_BY(pool_mu);
+
+  int events_fd = -1;
+  std::thread events_thread;
+  Mutex futures_mu;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<KvFuture::State>> futures ABSL_GUARDED_BY(futures_mu);
+  bool events_closed ABSL_GUARDED_BY(futures_mu) = false;
+
+  Mutex handles_mu;
+  absl::flat_hash_map<uint64_t, HandleState> handles ABSL_GUARDED_BY(handles_mu);
+  std::atomic<uint64_t> next_handle{1};
+
+  ~Impl() {
+    if (events_fd >= 0) shutdown(events_fd, SHUT_RDWR);
+    if (events_thread.joinable()) events_thread.join();
+    if (events_fd >= 0) close(events_fd);
+  }
+
+  absl::StatusOr<std::unique_ptr<Connection>> Acquire() {
+    {
+      MutexLock lock(&pool_mu);
+      if (!idle.empty()) {
+        auto c = std::move(idle.back());
+        idle.pop_back();
+        return c;
+      }
+    }
+    FLUXON_ASSIGN_OR_RETURN(int fd, ConnectUnix(options.socket_path));
+    auto c = std::make_unique<Connection>(fd);
+    v1::ClientRequest req;
+    v1::Hello* h = req.mutable_hello();
+    h->set_protocol_version(kProtocolVersion);
+    h->set_client_name(options.client_name);
+    int passed = -1;
+    FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, c->Call(req, &passed));
+    if (passed >= 0) close(passed);  // only the first connection's fd is kept (see Connect)
+    FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+    return c;
+  }
+  void Return(std::unique_ptr<Connection> c) {
+    MutexLock lock(&pool_mu);
+    if (idle.size() < 16) idle.push_back(std::move(c));
+  }
+  // One request on a pooled connection; a broken connection is dropped, not returned.
+  absl::StatusOr<v1::OwnerMessage> Call(v1::ClientRequest& req) {
+    FLUXON_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, Acquire());
+    absl::StatusOr<v1::OwnerMessage> resp = c->Call(req);
+    if (resp.ok()) Return(std::move(c));
+    return resp;
+  }
+
+  void EventsLoop() {
+    for (;;) {
+      v1::OwnerMessage m;
+      if (!ReadFrame(events_fd, &m).ok()) break;
+      if (!m.has_put_done()) continue;
+      std::shared_ptr<KvFuture::State> st;
+      {
+        MutexLock lock(&futures_mu);
+        auto it = futures.find(m.put_done().put_id());
+        if (it == futures.end()) continue;
+        st = std::move(it->second);
+        futures.erase(it);
+      }
+      st->Complete(absl::Status(static_cast<absl::StatusCode>(m.put_done().code()),
+                                m.put_done().message()));
+    }
+    absl::flat_hash_map<uint64_t, std::shared_ptr<KvFuture::State>> orphaned;
+    {
+      MutexLock lock(&futures_mu);
+      events_closed = true;
+      orphaned.swap(futures);
+    }
+    for (auto& [id, st] : orphaned) {
+      st->Complete(absl::UnavailableError("connection to the owner was lost before publish"));
+    }
+  }
+};
+
+absl::StatusOr<std::unique_ptr<KvClient>> KvClient::Connect(const ClientOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  FLUXON_ASSIGN_OR_RETURN(impl->plans, PlanRegistry::Create({options.plan_arena_bytes}));
+  // The first control connection's Hello carries the session id and the segment fd.
+  FLUXON_ASSIGN_OR_RETURN(int fd, ConnectUnix(options.socket_path));
+  auto conn = std::make_unique<Connection>(fd);
+  v1::ClientRequest req;
+  v1::Hello* h = req.mutable_hello();
+  h->set_protocol_version(kProtocolVersion);
+  h->set_client_name(options.client_name);
+  int seg_fd = -1;
+  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, conn->Call(req, &seg_fd));
+  FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+  if (seg_fd < 0) return absl::DataLossError("owner did not pass its segment descriptor");
+  const v1::SegmentInfo& si = resp.hello().segment();
+  SegmentDescriptor desc{si.generation(), si.total_bytes(), si.data_offset(), si.node_id()};
+  absl::StatusOr<std::unique_ptr<Segment>> seg = Segment::AttachFd(seg_fd, desc);
+  close(seg_fd);
+  if (!seg.ok()) return seg.status();
+  impl->segment = std::move(*seg);
+  impl->segment_label = si.segment_label();
+  impl->client_id = resp.hello().client_id();
+  impl->Return(std::move(conn));
+
+  FLUXON_ASSIGN_OR_RETURN(impl->events_fd, ConnectUnix(options.socket_path));
+  v1::ClientRequest ev;
+  v1::Hello* eh = ev.mutable_hello();
+  eh->set_protocol_version(kProtocolVersion);
+  eh->set_client_name(options.client_name);
+  eh->set_events(true);
+  eh->set_client_id(impl->client_id);
+  ev.set_id(1);
+  FLUXON_RETURN_IF_ERROR(WriteFrame(impl->events_fd, ev));
+  v1::OwnerMessage ack;
+  FLUXON_RETURN_IF_ERROR(ReadFrame(impl->events_fd, &ack));
+  FLUXON_RETURN_IF_ERROR(StatusOf(ack));
+  Impl* raw = impl.get();
+  impl->events_thread = std::thread([raw] { raw->EventsLoop(); });
+  return std::unique_ptr<KvClient>(new KvClient(std::move(impl)));
+}
+
+KvClient::KvClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvClient::~KvClient() = default;
+
+std::vector<SegmentMapping> KvClient::WaitLocalSegmentsReady() const {
+  const Segment& s = *impl_->segment;
+  SegmentMapping m;
+  m.segment_label = impl_->segment_label;
+  m.write_ptr = reinterpret_cast<uint64_t>(s.base());
+  m.read_ptr = m.write_ptr;
+  m.len = s.total_bytes();
+  m.generation = s.generation();
+  m.node_id = s.node_id();
+  return {m};
+}
+
+std::pair<uint64_t, uint64_t> KvClient::PlanArena() const {
+  return {reinterpret_cast<uint64_t>(impl_->plans->arena_base()), impl_->plans->arena_bytes()};
+}
+
+absl::StatusOr<uint64_t> KvClient::LocalFastPutStart(const std::vector<std::string>& keys,
+                                                     int64_t value_len, const PutOptions& o,
+                                                     std::vector<uint32_t>* conflict_indices) {
+  FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
+  FLUXON_RETURN_IF_ERROR(ValidateValueLen(value_len));
+  FLUXON_RETURN_IF_ERROR(ValidateGroups(o.atomic_group_lens, keys.size()));
+  FLUXON_RETURN_IF_ERROR(ValidateReplicaMask(o.make_replica_task_mask, o.atomic_group_lens, keys.size()));
+  v1::ClientRequest req;
+  v1::PutStartRequest* p = req.mutable_put_start();
+  for (const std::string& k : keys) p->add_keys(k);
+  p->set_value_len(static_cast<uint64_t>(value_len));
+  p->set_reject_if_inflight_same_key(o.reject_if_inflight_same_key);
+  p->set_reject_if_exist_same_key(o.reject_if_exist_same_key);
+  p->set_write_through(o.write_through);
+  p->set_make_replica_task(o.make_replica_task);
+  for (bool b : o.make_replica_task_mask) p->add_make_replica_task_mask(b);
+  for (uint32_t g : o.atomic_group_lens) p->add_atomic_group_lens(g);
+  p->set_lease_id(o.lease_id);
+  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
+  absl::Status st = StatusOf(resp);
+  if (!st.ok()) {
+    if (conflict_indices != nullptr) {
+      conflict_indices->assign(resp.put_start().conflict_indices().begin(),
+                               resp.put_start().conflict_indices().end());
+    }
+    return st;
+  }
+  const v1::PutStartReply& r = resp.put_start();
+  std::vector<uint64_t> ptrs;
+  ptrs.reserve(r.offsets_size());
+  const uint64_t base = reinterpret_cast<uint64_t>(impl_->segment->base());
+  for (uint64_t off : r.offsets()) ptrs.push_back(base + off);
+  auto payload = std::make_unique<PutPlan>();
+  payload->put_id = r.put_id();
+  absl::StatusOr<uint64_t> plan = impl_->plans->Issue(PlanKind::kPut, ptrs, std::move(payload));
+  if (!plan.ok()) {
+    v1::ClientRequest abort;
+    abort.mutable_put_abort()->set_put_id(r.put_id());
+    (void)impl_->Call(abort);
+  }
+  return plan;
+}
+
+absl::StatusOr<KvFuture> KvClient::LocalFastPutCommit(uint64_t plan_ptr) {
+  FLUXON_ASSIGN_OR_RETURN(std::unique_ptr<PlanPayload> payload,
+                          impl_->plans->Consume(plan_ptr, PlanKind::kPut));
+  const uint64_t put_id = static_cast<PutPlan*>(payload.get())->put_id;
+  auto state = std::make_shared<KvFuture::State>();
+  {
+    MutexLock lock(&impl_->futures_mu);
+    if (impl_->events_closed) return absl::UnavailableError("connection to the owner was lost");
+    impl_->futures[put_id] = state;  // before the commit: the event may beat the response
+  }
+  v1::ClientRequest req;
+  req.mutable_put_commit()->set_put_id(put_id);
+  absl::StatusOr<v1::OwnerMessage> resp = impl_->Call(req);
+  absl::Status st = resp.ok() ? StatusOf(*resp) : resp.status();
+  if (!st.ok()) {
+    MutexLock lock(&impl_->futures_mu);
+    impl_->futures.erase(put_id);
+    return st;
+  }
+  return KvFuture(state);
+}
+
+absl::Status KvClient::PutAbort(uint64_t plan_ptr) {
+  FLUXON_ASSIGN_OR_RETURN(std::unique_ptr<PlanPayload> payload,
+                          impl_->plans->Consume(plan_ptr, PlanKind::kPut));
+  v1::ClientRequest req;
+  req.mutable_put_abort()->set_put_id(static_cast<PutPlan*>(payload.get())->put_id);
+  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
+  return StatusOf(resp);
+}
+
+absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>& keys,
+                                                  bool prefix_best_effort,
+                                                  const std::vector<uint32_t>& groups) {
+  FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
+  FLUXON_RETURN_IF_ERROR(ValidateGroups(groups, keys.size()));
+  v1::ClientRequest req;
+  v1::GetStartRequest* g = req.mutable_get_start();
+  for (const std::string& k : keys) g->add_keys(k);
+  g->set_prefix_best_effort(prefix_best_effort);
+  for (uint32_t n : groups) g->add_atomic_group_lens(n);
+  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
+  FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+  const v1::GetStartReply& r = resp.get_start();
+  GetStartHandle h;
+  h.id = impl_->next_handle.fetch_add(1);
+  GetStartResult& res = h.result;
+  res.raw_prefix_hit_len = r.raw_prefix_hit_len();
+  res.transferable_len = r.transferable_len();
+  res.prefix_hit_groups = r.prefix_hit_groups();
+  if (r.first_miss_index() >= 0) res.first_miss_index = r.first_miss_index();
+  if (r.first_miss_group_index() >= 0) res.first_miss_group_index = r.first_miss_group_index();
+  res.all_hit = res.transferable_len == keys.size();
+  res.local_pinned = r.local_pinned();
+  res.inflight_joined = r.inflight_joined();
+  res.leader_started = r.leader_started();
+  HandleState hs;
+  hs.owner_handle = r.handle_id();
+  hs.offsets.assign(r.offsets().begin(), r.offsets().end());
+  hs.group_lens = groups;
+  hs.transferable = r.transferable_len();
+  MutexLock lock(&impl_->handles_mu);
+  impl_->handles.emplace(h.id, std::move(hs));
+  return h;
+}
+
+absl::StatusOr<uint64_t> KvClient::GetTransfer(const GetStartHandle& handle,
+                                               std::optional<uint32_t> consume_prefix_len) {
+  HandleState hs;
+  {
+    MutexLock lock(&impl_->handles_mu);
+    auto it = impl_->handles.find(handle.id);
+    if (it == impl_->handles.end()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "get handle %d is unknown or was already consumed or cancelled", handle.id));
+    }
+    const uint32_t t = it->second.transferable;
+    if (consume_prefix_len.has_value()) {
+      const uint32_t c = *consume_prefix_len;
+      if (c == 0 || c > t) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "consume_prefix_len must be in [1, transferable_len=%d], got %d", t, c));
+      }
+      if (!IsGroupBoundary(c, it->second.group_lens)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "consume_prefix_len %d is not on an atomic group boundary", c));
+      }
+    }
+    if (t == 0) {
+      return absl::FailedPreconditionError(
+          "nothing to transfer (transferable_len is 0): call cancel_get_transfer");
+    }
+    hs = std::move(it->second);
+    impl_->handles.erase(it);
+  }
+  const uint32_t consume = consume_prefix_len.value_or(hs.transferable);
+  v1::ClientRequest req;
+  req.mutable_get_transfer()->set_handle_id(hs.owner_handle);
+  req.mutable_get_transfer()->set_consume_prefix_len(consume);
+  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
+  FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+  std::vector<uint64_t> ptrs(consume);
+  const uint64_t base = reinterpret_cast<uint64_t>(impl_->segment->base());
+  for (uint32_t i = 0; i < consume; ++i) ptrs[i] = base + hs.offsets[i];
+  auto payload = std::make_unique<GetPlan>();
+  payload->owner_handle = hs.owner_handle;
+  absl::StatusOr<uint64_t> plan = impl_->plans->Issue(PlanKind::kGet, ptrs, std::move(payload));
+  if (!plan.ok()) {
+    v1::ClientRequest rel;
+    rel.mutable_release_views()->set_handle_id(hs.owner_handle);
+    (void)impl_->Call(rel);
+  }
+  return plan;
+}
+
+absl::Status KvClient::CancelGetTransfer(const GetStartHandle& handle) {
+  HandleState hs;
+  {
+    MutexLock lock(&impl_->handles_mu);
+    auto it = impl_->handles.find(handle.id);
+    if (it == impl_->handles.end()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "get handle %d is unknown or was already consumed or cancelled", handle.id));
+    }
+    hs = std::move(it->second);
+    impl_->handles.erase(it);
+  }
+  if (hs.owner_handle == 0) return absl::OkStatus();  // nothing was pinned
+  v1::ClientRequest req;
+  req.mutable_cancel_get()->set_handle_id(hs.owner_handle);
+  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
+  return StatusOf(resp);
+}
+
+absl::Status KvClient::ReleaseViews(uint64_t plan_ptr) {
+  FLUXON_ASSIGN_OR_RETURN(std::unique_ptr<PlanPayload> payload,
+                          impl_->plans->Consume(plan_ptr, PlanKind::kGet));
+  v1::ClientRequest req;
+  req.mutable_release_views()->set_handle_id(static_cast<GetPlan*>(payload.get())->owner_handle);
+  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
+  return StatusOf(resp);
+}
+
+absl::StatusOr<std::map<std::string, int64_t>> KvClient::Stats() {
+  v1::ClientRequest req;
+  req.mutable_stats();
+  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
+  FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+  std::map<std::string, int64_t> out(resp.stats().counters().begin(), resp.stats().counters().end());
+  out["client_active_plans"] = static_cast<int64_t>(impl_->plans->live_plans());
+  {
+    MutexLock lock(&impl_->handles_mu);
+    out["client_handles"] = static_cast<int64_t>(impl_->handles.size());
+  }
+  {
+    MutexLock lock(&impl_->futures_mu);
+    out["client_pending_futures"] = static_cast<int64_t>(impl_->futures.size());
+  }
+  return out;
+}
+
+absl::Status CopyPlanValues(uint64_t plan_ptr, uint8_t* host, uint64_t value_len,
+                            CopyDirection direction, int threads) {
+  if (plan_ptr == 0 || host == nullptr) return absl::InvalidArgumentError("null plan or buffer");
+  const auto* header = reinterpret_cast<const PlanBlobHeader*>(plan_ptr);
+  if (header->magic != kPlanBlobMagic) {
+    return absl::InvalidArgumentError("not a live Fluxon plan (bad magic)");
+  }
+  const uint64_t count = header->count;
+  const uint64_t* ptrs = PlanValuePtrs(reinterpret_cast<const void*>(plan_ptr));
+  auto work = [&](uint64_t begin, uint64_t end) {
+    for (uint64_t i = begin; i < end; ++i) {
+      auto* value = reinterpret_cast<uint8_t*>(ptrs[i]);
+      uint8_t* h = host + i * value_len;
+      if (direction == CopyDirection::kToValues) {
+        std::memcpy(value, h, value_len);
+      } else {
+        std::memcpy(h, value, value_len);
+      }
+    }
+  };
+  const uint64_t n_threads = std::max<uint64_t>(1, std::min<uint64_t>(threads, count));
+  if (n_threads == 1) {
+    work(0, count);
+    return absl::OkStatus();
+  }
+  std::vector<std::thread> pool;
+  const uint64_t per = (count + n_threads - 1) / n_threads;
+  for (uint64_t t = 0; t < n_threads; ++t) {
+    const uint64_t b = t * per, e = std::min(count, b + per);
+    if (b < e) pool.emplace_back(work, b, e);
+  }
+  for (auto& th : pool) th.join();
+  return absl::OkStatus();
+}
+
+}  // namespace fluxon

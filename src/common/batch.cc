@@ -1,0 +1,111 @@
+#include "fluxon/batch.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
+#include "fluxon/units.h"
+
+namespace fluxon {
+
+absl::Status ValidateKeys(std::span<const std::string> keys) {
+  if (keys.empty()) return absl::InvalidArgumentError("keys must not be empty");
+  absl::flat_hash_set<absl::string_view> seen;
+  seen.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat("keys[%d] is an empty string", i));
+    }
+    if (!seen.insert(keys[i]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("keys[%d] ('%s') appears twice in one batch", i, keys[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateValueLen(int64_t value_len) {
+  if (value_len <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("value_len must be > 0, got %d", value_len));
+  }
+  if (static_cast<uint64_t>(value_len) > kMaxValueBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("value_len %d exceeds the 512 MiB value limit", value_len));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGroups(std::span<const uint32_t> group_lens, size_t num_keys) {
+  if (group_lens.empty()) return absl::OkStatus();
+  uint64_t sum = 0;
+  for (size_t i = 0; i < group_lens.size(); ++i) {
+    if (group_lens[i] == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("atomic_group_lens[%d] must be positive", i));
+    }
+    sum += group_lens[i];
+  }
+  if (sum != num_keys) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "atomic_group_lens sum to %d but there are %d keys", sum, num_keys));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateReplicaMask(const std::vector<bool>& mask, std::span<const uint32_t> group_lens,
+                                 size_t num_keys) {
+  if (mask.empty()) return absl::OkStatus();
+  if (mask.size() != num_keys) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "make_replica_task_mask has %d entries but there are %d keys", mask.size(), num_keys));
+  }
+  size_t start = 0;
+  for (size_t g = 0; g < group_lens.size(); ++g) {
+    for (size_t i = start + 1; i < start + group_lens[g]; ++i) {
+      if (mask[i] != mask[start]) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "make_replica_task_mask mixes values inside atomic group %d (keys %d..%d)", g, start,
+            start + group_lens[g] - 1));
+      }
+    }
+    start += group_lens[g];
+  }
+  return absl::OkStatus();
+}
+
+PrefixResult ComputePrefix(const std::vector<bool>& hits, std::span<const uint32_t> group_lens) {
+  PrefixResult r;
+  const uint32_t n = static_cast<uint32_t>(hits.size());
+  while (r.raw_prefix_hit_len < n && hits[r.raw_prefix_hit_len]) ++r.raw_prefix_hit_len;
+  if (r.raw_prefix_hit_len < n) r.first_miss_index = r.raw_prefix_hit_len;
+  if (group_lens.empty()) {
+    r.transferable_len = r.raw_prefix_hit_len;
+    r.prefix_hit_groups = r.raw_prefix_hit_len;
+    r.first_miss_group_index = r.first_miss_index;
+    return r;
+  }
+  uint32_t end = 0;
+  for (uint32_t g = 0; g < group_lens.size(); ++g) {
+    const uint32_t next = end + group_lens[g];
+    if (next > r.raw_prefix_hit_len) {
+      if (r.first_miss_index) r.first_miss_group_index = g;
+      break;
+    }
+    end = next;
+    ++r.prefix_hit_groups;
+  }
+  r.transferable_len = end;
+  return r;
+}
+
+bool IsGroupBoundary(uint32_t len, std::span<const uint32_t> group_lens) {
+  if (group_lens.empty()) return true;
+  uint32_t end = 0;
+  if (len == 0) return true;
+  for (uint32_t g : group_lens) {
+    end += g;
+    if (end == len) return true;
+    if (end > len) return false;
+  }
+  return false;
+}
+
+}  // namespace fluxon

@@ -1,0 +1,70 @@
+#include "common/fault_injector.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+
+namespace fluxon {
+
+const char* FaultActionName(FaultAction a) {
+  switch (a) {
+    case FaultAction::kDelay:
+      return "delay";
+    case FaultAction::kDrop:
+      return "drop";
+    case FaultAction::kDuplicate:
+      return "duplicate";
+    case FaultAction::kFail:
+      return "fail";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<FaultAction> ParseFaultAction(absl::string_view name) {
+  for (FaultAction a :
+       {FaultAction::kDelay, FaultAction::kDrop, FaultAction::kDuplicate, FaultAction::kFail}) {
+    if (name == FaultActionName(a)) return a;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("fault action '%s' is not one of delay, drop, duplicate, fail", name));
+}
+
+void FaultInjector::Set(FaultRule rule) {
+  MutexLock lock(&mu_);
+  auto it = std::find_if(rules_.begin(), rules_.end(),
+                         [&](const FaultRule& r) { return r.point == rule.point; });
+  if (it != rules_.end()) {
+    *it = std::move(rule);
+  } else {
+    rules_.push_back(std::move(rule));
+  }
+}
+
+void FaultInjector::Clear(absl::string_view point) {
+  MutexLock lock(&mu_);
+  if (point.empty()) {
+    rules_.clear();
+    return;
+  }
+  rules_.erase(std::remove_if(rules_.begin(), rules_.end(),
+                              [&](const FaultRule& r) { return r.point == point; }),
+               rules_.end());
+}
+
+std::vector<FaultRule> FaultInjector::List() const {
+  MutexLock lock(&mu_);
+  return rules_;
+}
+
+std::optional<FaultRule> FaultInjector::Take(absl::string_view point) {
+  MutexLock lock(&mu_);
+  for (auto it = rules_.begin(); it != rules_.end(); ++it) {
+    if (it->point != point) continue;
+    FaultRule fired = *it;
+    if (it->count > 0 && --it->count == 0) rules_.erase(it);
+    return fired;
+  }
+  return std::nullopt;
+}
+
+}  // namespace fluxon

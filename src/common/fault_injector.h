@@ -1,0 +1,46 @@
+// FaultInjector: named fault points (an RPC such as "master.PublishBatch" or an internal step)
+// whose next calls can be delayed, dropped (applied but the response lost), duplicated (applied
+// twice) or failed (never applied). Set from the config's `faults:` list or at run time through
+// the admin service; used by the tests of A1/A2, T1 and V1.
+//
+// Invariants: a rule with count N fires exactly N times (count -1: until cleared); rules are
+// looked up under one short lock, never held while the fault acts.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/mutex.h"
+
+namespace fluxon {
+
+enum class FaultAction { kDelay, kDrop, kDuplicate, kFail };
+
+struct FaultRule {
+  std::string point;
+  FaultAction action = FaultAction::kDelay;
+  std::chrono::milliseconds delay{0};
+  int count = -1;
+};
+
+const char* FaultActionName(FaultAction a);
+absl::StatusOr<FaultAction> ParseFaultAction(absl::string_view name);
+
+class FaultInjector {
+ public:
+  void Set(FaultRule rule);
+  void Clear(absl::string_view point);  // empty: every rule
+  std::vector<FaultRule> List() const;
+  // Consumes one firing of the rule at `point`, if any.
+  std::optional<FaultRule> Take(absl::string_view point);
+
+ private:
+  mutable Mutex mu_;
+  std::vector<FaultRule> rules_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fluxon

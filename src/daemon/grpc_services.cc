@@ -1,0 +1,268 @@
+#include "daemon/grpc_services.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "absl/strings/str_format.h"
+#include "daemon/node.h"
+#include "fluxon/v1/admin.grpc.pb.h"
+#include "fluxon/v1/master.grpc.pb.h"
+#include "fluxon/version.h"
+#include "spdlog/spdlog.h"
+
+namespace fluxon {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+template <typename Reply>
+grpc::Status Answer(const absl::StatusOr<Reply>& r, Reply* out) {
+  if (!r.ok()) return ToGrpc(r.status());
+  *out = *r;
+  return grpc::Status::OK;
+}
+
+class GrpcMasterClient final : public MasterApi {
+ public:
+  explicit GrpcMasterClient(std::shared_ptr<grpc::Channel> channel)
+      : stub_(v1::MasterService::NewStub(channel)) {}
+
+#define FLUXON_GRPC_CALL(Method, Req, Reply)                                          \
+  absl::StatusOr<v1::Reply> Method(const v1::Req& r) override {                      \
+    grpc::ClientContext ctx;                                                          \
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));     \
+    v1::Reply reply;                                                                  \
+    grpc::Status s = stub_->Method(&ctx, r, &reply);                                  \
+    if (!s.ok()) return FromGrpc(s);                                                  \
+    return reply;                                                                     \
+  }
+  FLUXON_GRPC_CALL(RegisterOwner, RegisterOwnerRequest, RegisterOwnerReply)
+  FLUXON_GRPC_CALL(PublishBatch, PublishBatchRequest, PublishBatchReply)
+  FLUXON_GRPC_CALL(Lookup, LookupRequest, LookupReply)
+  FLUXON_GRPC_CALL(RemoveRoutes, RemoveRoutesRequest, RemoveRoutesReply)
+  FLUXON_GRPC_CALL(ListOwners, ListOwnersRequest, ListOwnersReply)
+  FLUXON_GRPC_CALL(ListKeys, ListKeysRequest, ListKeysReply)
+#undef FLUXON_GRPC_CALL
+
+ private:
+  std::unique_ptr<v1::MasterService::Stub> stub_;
+};
+
+class MasterServiceImpl final : public v1::MasterService::Service {
+ public:
+  explicit MasterServiceImpl(MasterApi* master) : master_(master) {}
+  grpc::Status RegisterOwner(grpc::ServerContext*, const v1::RegisterOwnerRequest* r,
+                             v1::RegisterOwnerReply* out) override {
+    return Answer(master_->RegisterOwner(*r), out);
+  }
+  grpc::Status PublishBatch(grpc::ServerContext*, const v1::PublishBatchRequest* r,
+                            v1::PublishBatchReply* out) override {
+    return Answer(master_->PublishBatch(*r), out);
+  }
+  grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest* r,
+                      v1::LookupReply* out) override {
+    return Answer(master_->Lookup(*r), out);
+  }
+  grpc::Status RemoveRoutes(grpc::ServerContext*, const v1::RemoveRoutesRequest* r,
+                            v1::RemoveRoutesReply* out) override {
+    return Answer(master_->RemoveRoutes(*r), out);
+  }
+  grpc::Status ListOwners(grpc::ServerContext*, const v1::ListOwnersRequest* r,
+                          v1::ListOwnersReply* out) override {
+    return Answer(master_->ListOwners(*r), out);
+  }
+  grpc::Status ListKeys(grpc::ServerContext*, const v1::ListKeysRequest* r,
+                        v1::ListKeysReply* out) override {
+    return Answer(master_->ListKeys(*r), out);
+  }
+
+ private:
+  MasterApi* const master_;
+};
+
+class AdminServiceImpl final : public v1::AdminService::Service {
+ public:
+  AdminServiceImpl(FluxonNode* node, MasterApi* master) : node_(node), master_(master) {}
+
+  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply* out) override {
+    out->set_version(FLUXON_VERSION_STRING);
+    out->set_role(RoleName(node_->config().role));
+    out->set_node_id(node_->config().node_id);
+    out->set_uptime_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - node_->started_at())
+                           .count());
+    if (OwnerCore* o = node_->owner()) {
+      const SlotPoolStats s = o->memory().pool().Stats();
+      out->set_generation(o->generation());
+      out->set_segment_bytes(o->memory().segment().data_bytes());
+      out->set_grants(s.grants);
+      out->set_grant_capacity(s.grant_capacity);
+      out->set_keys(o->Stats()["keys"]);
+      out->set_clients(node_->client_sessions());
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status Owners(grpc::ServerContext*, const v1::ListOwnersRequest* r,
+                      v1::ListOwnersReply* out) override {
+    if (master_ == nullptr) return NoMaster();
+    return Answer(master_->ListOwners(*r), out);
+  }
+  grpc::Status Slots(grpc::ServerContext*, const v1::SlotsRequest*, v1::SlotsReply* out) override {
+    OwnerCore* o = node_->owner();
+    if (o == nullptr) return grpc::Status(grpc::FAILED_PRECONDITION, "this node has no owner");
+    const SlotPoolStats s = o->memory().pool().Stats();
+    for (int i = 0; i < kNumSlotStates; ++i) {
+      (*out->mutable_by_state())[SlotStateName(static_cast<SlotState>(i))] = s.slots_by_state[i];
+    }
+    for (const SizeClassStats& c : s.classes) {
+      v1::SlotClass* sc = out->add_classes();
+      sc->set_slot_size(c.slot_size);
+      sc->set_slots_per_grant(c.slots_per_grant);
+      sc->set_grants(c.grants);
+      sc->set_free(c.free_slots);
+      sc->set_waiting_claims(c.waiting_claims);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest2*, v1::CountersReply* out) override {
+    auto* m = out->mutable_counters();
+    if (OwnerCore* o = node_->owner()) {
+      for (const auto& [k, v] : o->Stats()) (*m)["owner_" + k] = v;
+      (*m)["owner_client_sessions"] = static_cast<int64_t>(node_->client_sessions());
+    }
+    if (MasterCore* mc = node_->master()) {
+      const MasterCounters& c = mc->counters();
+      (*m)["master_routes"] = static_cast<int64_t>(mc->route_count());
+      (*m)["master_publish_batches"] = c.publish_batches.load();
+      (*m)["master_published_items"] = c.published_items.load();
+      (*m)["master_republished_items"] = c.republished_items.load();
+      (*m)["master_superseded_items"] = c.superseded_items.load();
+      (*m)["master_lookup_batches"] = c.lookup_batches.load();
+      (*m)["master_lookup_keys"] = c.lookup_keys.load();
+      (*m)["master_removed_routes"] = c.removed_routes.load();
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status GetRoute(grpc::ServerContext*, const v1::RouteRequest* r, v1::RouteReply* out) override {
+    if (OwnerCore* o = node_->owner()) out->set_local_state(o->KeyState(r->key()));
+    if (master_ == nullptr) return grpc::Status::OK;
+    v1::LookupRequest lr;
+    lr.add_keys(r->key());
+    absl::StatusOr<v1::LookupReply> reply = master_->Lookup(lr);
+    if (!reply.ok()) return ToGrpc(reply.status());
+    out->set_found(reply->found(0));
+    if (reply->found(0)) *out->mutable_route() = reply->routes(0);
+    return grpc::Status::OK;
+  }
+  grpc::Status Keys(grpc::ServerContext*, const v1::ListKeysRequest* r, v1::ListKeysReply* out) override {
+    if (master_ == nullptr) return NoMaster();
+    return Answer(master_->ListKeys(*r), out);
+  }
+  grpc::Status SetFault(grpc::ServerContext*, const v1::SetFaultRequest* r, v1::Empty*) override {
+    absl::StatusOr<FaultAction> action = ParseFaultAction(r->rule().action());
+    if (!action.ok()) return ToGrpc(action.status());
+    if (r->rule().point().empty()) return grpc::Status(grpc::INVALID_ARGUMENT, "fault point is empty");
+    if (r->rule().count() == 0 || r->rule().count() < -1) {
+      return grpc::Status(grpc::INVALID_ARGUMENT, "count must be positive or -1");
+    }
+    node_->faults().Set(FaultRule{r->rule().point(), *action,
+                                  std::chrono::milliseconds(r->rule().delay_ms()), r->rule().count()});
+    spdlog::info("fault set: {} {} delay={}ms count={}", r->rule().point(), r->rule().action(),
+                 r->rule().delay_ms(), r->rule().count());
+    return grpc::Status::OK;
+  }
+  grpc::Status ClearFaults(grpc::ServerContext*, const v1::ClearFaultsRequest* r, v1::Empty*) override {
+    node_->faults().Clear(r->point());
+    return grpc::Status::OK;
+  }
+  grpc::Status ListFaults(grpc::ServerContext*, const v1::ListFaultsRequest*,
+                          v1::ListFaultsReply* out) override {
+    for (const FaultRule& f : node_->faults().List()) {
+      v1::FaultRule* r = out->add_rules();
+      r->set_point(f.point);
+      r->set_action(FaultActionName(f.action));
+      r->set_delay_ms(static_cast<uint32_t>(f.delay.count()));
+      r->set_count(f.count);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  static grpc::Status NoMaster() {
+    return grpc::Status(grpc::FAILED_PRECONDITION, "this node cannot reach a master");
+  }
+  FluxonNode* const node_;
+  MasterApi* const master_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(const std::string& address) {
+  if (address.empty()) return absl::InvalidArgumentError("master address is empty");
+  return std::make_unique<GrpcMasterClient>(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+class GrpcServers::Impl {
+ public:
+  std::unique_ptr<MasterServiceImpl> master_service;
+  std::unique_ptr<AdminServiceImpl> admin_service;
+  std::unique_ptr<grpc::Server> master_server;
+  std::unique_ptr<grpc::Server> admin_server;
+  std::unique_ptr<MasterApi> admin_master_client;  // admin on an owner: talks to its master
+};
+
+absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node) {
+  auto impl = std::make_unique<Impl>();
+  const Config& config = node->config();
+  MasterApi* admin_master = node->master();
+  if (admin_master == nullptr && config.owner && !config.owner->master_address.empty()) {
+    absl::StatusOr<std::unique_ptr<MasterApi>> c = MakeGrpcMasterClient(config.owner->master_address);
+    if (!c.ok()) return c.status();
+    impl->admin_master_client = std::move(*c);
+    admin_master = impl->admin_master_client.get();
+  }
+  if (node->master() != nullptr) {
+    impl->master_service = std::make_unique<MasterServiceImpl>(node->master());
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort(config.master->listen_address, grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(impl->master_service.get());
+    impl->master_server = b.BuildAndStart();
+    if (!impl->master_server || port == 0) {
+      return absl::UnavailableError(absl::StrFormat(
+          "cannot serve the master on %s (address in use?)", config.master->listen_address));
+    }
+    spdlog::info("master service on {}", config.master->listen_address);
+  }
+  impl->admin_service = std::make_unique<AdminServiceImpl>(node, admin_master);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort(config.admin.listen_address, grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(impl->admin_service.get());
+  impl->admin_server = b.BuildAndStart();
+  if (!impl->admin_server || port == 0) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot serve admin on %s (address in use?)", config.admin.listen_address));
+  }
+  spdlog::info("admin service on {}", config.admin.listen_address);
+  return std::unique_ptr<GrpcServers>(new GrpcServers(std::move(impl)));
+}
+
+GrpcServers::GrpcServers(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GrpcServers::~GrpcServers() { Stop(); }
+void GrpcServers::Stop() {
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(500);
+  if (impl_->admin_server) impl_->admin_server->Shutdown(deadline);
+  if (impl_->master_server) impl_->master_server->Shutdown(deadline);
+  impl_->admin_server.reset();
+  impl_->master_server.reset();
+}
+
+}  // namespace fluxon

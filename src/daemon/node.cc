@@ -1,0 +1,72 @@
+#include "daemon/node.h"
+
+#include "absl/strings/str_format.h"
+#include "daemon/grpc_services.h"
+#include "fluxon/status.h"
+#include "fluxon/units.h"
+#include "master/fault_injecting_master.h"
+#include "spdlog/spdlog.h"
+
+namespace fluxon {
+
+absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& config) {
+  std::unique_ptr<FluxonNode> node(new FluxonNode(config));
+  for (const FaultConfig& f : config.faults) {
+    FLUXON_ASSIGN_OR_RETURN(FaultAction action, ParseFaultAction(f.action));
+    node->faults_.Set(FaultRule{f.point, action, f.delay, f.count});
+  }
+  if (RoleHasMaster(config.role)) node->master_ = std::make_unique<MasterCore>();
+  if (RoleHasOwner(config.role)) {
+    MasterApi* master = node->master_.get();
+    if (master == nullptr) {
+      FLUXON_ASSIGN_OR_RETURN(node->remote_master_, MakeGrpcMasterClient(config.owner->master_address));
+      master = node->remote_master_.get();
+    }
+    node->master_for_owner_ = std::make_unique<FaultInjectingMaster>(master, &node->faults_);
+    OwnerOptions oo;
+    oo.node_id = config.node_id;
+    oo.role = RoleName(config.role);
+    oo.evict_max_bytes_per_round = config.owner->eviction_max_bytes_per_round;
+    oo.evict_min_interval = config.owner->eviction_interval;
+    oo.handle_ttl = config.owner->handle_ttl;
+    FLUXON_ASSIGN_OR_RETURN(node->owner_,
+                            OwnerCore::Create(*config.owner, node->master_for_owner_.get(), oo));
+  }
+  FLUXON_ASSIGN_OR_RETURN(node->grpc_, GrpcServers::Start(node.get()));
+  if (node->owner_) {
+    FLUXON_RETURN_IF_ERROR(node->owner_->Start());
+    if (config.role != Role::kRemoteCache) {
+      ClientServerOptions cs;
+      cs.socket_path = config.owner->socket_path;
+      cs.socket_group = config.owner->socket_group;
+      cs.io_threads = config.owner->io_threads;
+      FLUXON_ASSIGN_OR_RETURN(node->clients_, ClientServer::Start(node->owner_.get(), cs));
+    }
+  }
+  return node;
+}
+
+FluxonNode::FluxonNode(Config config) : config_(std::move(config)) {}
+FluxonNode::~FluxonNode() { Stop(); }
+
+void FluxonNode::Stop() {
+  if (clients_) clients_->Stop();
+  if (grpc_) grpc_->Stop();
+  if (owner_) owner_->Stop();
+}
+
+std::string FluxonNode::StatusText() const {
+  std::string out = absl::StrFormat("role=%s node_id=%d\n", RoleName(config_.role), config_.node_id);
+  if (master_) {
+    out += absl::StrFormat("master: %d routes, control on %s\n", master_->route_count(),
+                           config_.master->listen_address);
+  }
+  if (owner_) {
+    out += owner_->memory().StatusText();
+    if (clients_) out += absl::StrFormat("clients: socket %s\n", config_.owner->socket_path);
+  }
+  out += absl::StrFormat("admin: %s\n", config_.admin.listen_address);
+  return out;
+}
+
+}  // namespace fluxon

@@ -1,0 +1,55 @@
+// FluxonNode: one fluxond's components, assembled from its config by role.
+//   embedded:     MasterCore + OwnerCore (in-process master calls) + client socket + admin
+//   master:       MasterCore served over gRPC + admin
+//   owner:        OwnerCore with a gRPC master client + client socket + admin
+//   remote_cache: OwnerCore with a gRPC master client (no local clients) + admin
+// Every master call an owner makes passes through the fault injector (points "master.<Method>").
+//
+// Invariants: components start in dependency order and stop in reverse (sockets first, so no
+// request arrives at a stopped core; the owner before the master it publishes to).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/fault_injector.h"
+#include "fluxon/config.h"
+#include "master/master_core.h"
+#include "owner/client_server.h"
+#include "owner/owner_core.h"
+
+namespace fluxon {
+
+class GrpcServers;
+
+class FluxonNode {
+ public:
+  static absl::StatusOr<std::unique_ptr<FluxonNode>> Start(const Config& config);
+  ~FluxonNode();
+  void Stop();
+
+  const Config& config() const { return config_; }
+  MasterCore* master() { return master_.get(); }
+  OwnerCore* owner() { return owner_.get(); }
+  FaultInjector& faults() { return faults_; }
+  std::string StatusText() const;
+  std::chrono::steady_clock::time_point started_at() const { return started_at_; }
+  size_t client_sessions() const { return clients_ ? clients_->sessions() : 0; }
+
+ private:
+  explicit FluxonNode(Config config);
+
+  Config config_;
+  FaultInjector faults_;
+  std::unique_ptr<MasterCore> master_;
+  std::unique_ptr<MasterApi> remote_master_;
+  std::unique_ptr<MasterApi> master_for_owner_;
+  std::unique_ptr<OwnerCore> owner_;
+  std::unique_ptr<ClientServer> clients_;
+  std::unique_ptr<GrpcServers> grpc_;
+  std::chrono::steady_clock::time_point started_at_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace fluxon

@@ -1,0 +1,66 @@
+// FaultInjectingMaster: a MasterApi decorator that applies the FaultInjector's rules at the fault
+// points "master.<Method>". drop = the call is applied but its response is lost (Unavailable);
+// duplicate = applied twice; fail = never applied (Unavailable); delay = applied after a sleep.
+#pragma once
+
+#include <thread>
+
+#include "common/fault_injector.h"
+#include "master/master_api.h"
+
+namespace fluxon {
+
+class FaultInjectingMaster final : public MasterApi {
+ public:
+  FaultInjectingMaster(MasterApi* inner, FaultInjector* faults) : inner_(inner), faults_(faults) {}
+
+  absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(const v1::RegisterOwnerRequest& r) override {
+    return Apply("master.RegisterOwner", [&] { return inner_->RegisterOwner(r); });
+  }
+  absl::StatusOr<v1::PublishBatchReply> PublishBatch(const v1::PublishBatchRequest& r) override {
+    return Apply("master.PublishBatch", [&] { return inner_->PublishBatch(r); });
+  }
+  absl::StatusOr<v1::LookupReply> Lookup(const v1::LookupRequest& r) override {
+    return Apply("master.Lookup", [&] { return inner_->Lookup(r); });
+  }
+  absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) override {
+    return Apply("master.RemoveRoutes", [&] { return inner_->RemoveRoutes(r); });
+  }
+  absl::StatusOr<v1::ListOwnersReply> ListOwners(const v1::ListOwnersRequest& r) override {
+    return inner_->ListOwners(r);
+  }
+  absl::StatusOr<v1::ListKeysReply> ListKeys(const v1::ListKeysRequest& r) override {
+    return inner_->ListKeys(r);
+  }
+
+ private:
+  template <typename Call>
+  auto Apply(const char* point, Call call) -> decltype(call()) {
+    std::optional<FaultRule> rule = faults_->Take(point);
+    if (!rule) return call();
+    switch (rule->action) {
+      case FaultAction::kDelay:
+        std::this_thread::sleep_for(rule->delay);
+        return call();
+      case FaultAction::kDrop: {
+        auto applied = call();
+        (void)applied;
+        return absl::UnavailableError(std::string("injected fault: response of ") + point +
+                                      " dropped");
+      }
+      case FaultAction::kDuplicate: {
+        auto first = call();
+        (void)first;
+        return call();
+      }
+      case FaultAction::kFail:
+        return absl::UnavailableError(std::string("injected fault: ") + point + " not delivered");
+    }
+    return call();
+  }
+
+  MasterApi* const inner_;
+  FaultInjector* const faults_;
+};
+
+}  // namespace fluxon

@@ -1,0 +1,37 @@
+// MasterApi: the master's control operations as seen by an owner. Implemented in process by
+// MasterCore (embedded role), over gRPC by GrpcMasterClient (separate master), and wrapped by
+// FaultInjectingMaster for fault tests. Messages are the proto types of master.proto.
+//
+// Contract (every implementation):
+// - PublishBatch is idempotent by (node_id, generation, put_id): a retry of a batch that was
+//   already applied returns PUBLISHED for the same items and changes nothing (T1, A2).
+// - RemoveRoutes removes only routes that match key + put_id + the caller's node and generation.
+// - Calls from an owner whose generation is not the registered one fail with FailedPrecondition.
+// - An error of code Unavailable or DeadlineExceeded means "outcome unknown": the caller retries
+//   with the same identity, never assumes it failed.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "fluxon/v1/master.pb.h"
+
+namespace fluxon {
+
+namespace v1 = ::fluxon::v1;
+
+class MasterApi {
+ public:
+  virtual ~MasterApi() = default;
+  virtual absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(const v1::RegisterOwnerRequest& r) = 0;
+  virtual absl::StatusOr<v1::PublishBatchReply> PublishBatch(const v1::PublishBatchRequest& r) = 0;
+  virtual absl::StatusOr<v1::LookupReply> Lookup(const v1::LookupRequest& r) = 0;
+  virtual absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) = 0;
+  virtual absl::StatusOr<v1::ListOwnersReply> ListOwners(const v1::ListOwnersRequest& r) = 0;
+  virtual absl::StatusOr<v1::ListKeysReply> ListKeys(const v1::ListKeysRequest& r) = 0;
+};
+
+inline bool IsUncertain(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+}  // namespace fluxon
