@@ -424,6 +424,7 @@ void OwnerCore::PublishOne(PublishJob& job) {
     }
   }
   // Wake claims that may be waiting for eviction of now-evictable cohorts.
+  candidates_changed_.store(true, std::memory_order_relaxed);
   SignalPressure();
 }
 
@@ -571,7 +572,7 @@ absl::StatusOr<GetStartOutcome> OwnerCore::GetStart(uint64_t client_id,
   held.resize(t);
   handle->pins = std::move(held);
   out.handle_id = handle->id;
-  handles_.InsertIfAbsent(handle->id, std::move(handle));
+  handles_.InsertIfAbsent(out.handle_id, std::move(handle));
   counters_->live_handles.fetch_add(1, std::memory_order_relaxed);
   return out;
 }
@@ -620,7 +621,11 @@ absl::Status OwnerCore::GetTransfer(uint64_t client_id, uint64_t handle_id,
     counters_->live_handles.fetch_sub(1, std::memory_order_relaxed);
     counters_->live_views.fetch_add(1, std::memory_order_relaxed);
   }
-  return result;  // `tail` pins are dropped here, outside the shard lock
+  if (!tail.empty()) {
+    tail.clear();  // outside the shard lock
+    candidates_changed_.store(true, std::memory_order_relaxed);
+  }
+  return result;
 }
 
 absl::Status OwnerCore::CancelGet(uint64_t client_id, uint64_t handle_id) {
@@ -638,7 +643,7 @@ absl::Status OwnerCore::CancelGet(uint64_t client_id, uint64_t handle_id) {
         *erase = true;
         return absl::OkStatus();
       });
-  if (taken) counters_->live_handles.fetch_sub(1, std::memory_order_relaxed);
+  if (taken) DropHandle(std::move(taken));
   return result;
 }
 
@@ -657,11 +662,13 @@ absl::Status OwnerCore::ReleaseViews(uint64_t client_id, uint64_t handle_id) {
         *erase = true;
         return absl::OkStatus();
       });
-  if (taken) counters_->live_views.fetch_sub(1, std::memory_order_relaxed);
+  if (taken) DropHandle(std::move(taken));
   return result;
 }
 
 void OwnerCore::DropHandle(std::shared_ptr<GetHandle> handle) {
+  handle->pins.clear();
+  candidates_changed_.store(true, std::memory_order_relaxed);
   if (handle->consumed) {
     counters_->live_views.fetch_sub(1, std::memory_order_relaxed);
   } else {
@@ -844,6 +851,10 @@ void OwnerCore::MaintenanceLoop() {
     }
     ExpireHandles();
     memory_->pool().ShrinkIdleGrants();
+    if (candidates_changed_.exchange(false, std::memory_order_relaxed)) {
+      backoff = options_.evict_min_interval;
+      next_eviction = std::min(next_eviction, Clock::now());
+    }
     const uint64_t need = EvictionNeedBytes();
     if (need == 0 || Clock::now() < next_eviction) continue;
     const uint64_t evicted = EvictSome(std::min(need, options_.evict_max_bytes_per_round));

@@ -178,6 +178,9 @@ class OwnerCore {
   CondVar actor_cv_;
   bool stopping_ ABSL_GUARDED_BY(actor_mu_) = false;
   bool pressure_ ABSL_GUARDED_BY(actor_mu_) = false;
+  // Set when pins are dropped or cohorts admitted: candidates changed, so a backed-off eviction
+  // may try again at once.
+  std::atomic<bool> candidates_changed_{false};
 
   std::unique_ptr<Counters> counters_;
   std::vector<std::thread> threads_;

@@ -1,0 +1,103 @@
+#include <gtest/gtest.h>
+
+#include "master/master_core.h"
+
+namespace fluxon {
+namespace {
+
+v1::PublishBatchRequest Batch(uint32_t node, uint64_t gen, uint64_t put_id,
+                              std::vector<std::string> keys) {
+  v1::PublishBatchRequest r;
+  r.set_node_id(node);
+  r.set_generation(gen);
+  r.set_put_id(put_id);
+  uint64_t off = 4096;
+  for (auto& k : keys) {
+    v1::RouteItem* i = r.add_items();
+    i->set_key(k);
+    i->set_put_id(put_id);
+    i->set_offset(off += 4096);
+    i->set_len(100);
+  }
+  return r;
+}
+
+void Register(MasterCore& m, uint32_t node, uint64_t gen) {
+  v1::RegisterOwnerRequest r;
+  r.set_node_id(node);
+  r.set_generation(gen);
+  ASSERT_TRUE(m.RegisterOwner(r).ok());
+}
+
+TEST(MasterCore, PublishIsIdempotentByIdentity) {
+  MasterCore m;
+  Register(m, 1, 10);
+  auto r = m.PublishBatch(Batch(1, 10, 7, {"a", "b"}));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->outcomes(0), v1::PUBLISHED);
+  auto again = m.PublishBatch(Batch(1, 10, 7, {"a", "b"}));
+  EXPECT_EQ(again->outcomes(1), v1::PUBLISHED);
+  EXPECT_EQ(m.route_count(), 2u);
+  EXPECT_EQ(m.counters().published_items.load(), 2);
+  EXPECT_EQ(m.counters().republished_items.load(), 2);
+  auto other = m.PublishBatch(Batch(1, 10, 8, {"b", "c"}));
+  EXPECT_EQ(other->outcomes(0), v1::SUPERSEDED);
+  EXPECT_EQ(other->outcomes(1), v1::PUBLISHED);
+}
+
+TEST(MasterCore, RemoveIsExact) {
+  MasterCore m;
+  Register(m, 1, 10);
+  ASSERT_TRUE(m.PublishBatch(Batch(1, 10, 7, {"a"})).ok());
+  v1::RemoveRoutesRequest rr;
+  rr.set_node_id(1);
+  rr.set_generation(10);
+  auto* item = rr.add_items();
+  item->set_key("a");
+  item->set_put_id(6);  // another version: not removed
+  EXPECT_FALSE(m.RemoveRoutes(rr)->removed(0));
+  item->set_put_id(7);
+  EXPECT_TRUE(m.RemoveRoutes(rr)->removed(0));
+  EXPECT_FALSE(m.RemoveRoutes(rr)->removed(0));  // idempotent
+  EXPECT_EQ(m.route_count(), 0u);
+}
+
+TEST(MasterCore, StaleGenerationIsRejectedAndReRegistrationDropsRoutes) {
+  MasterCore m;
+  Register(m, 1, 10);
+  ASSERT_TRUE(m.PublishBatch(Batch(1, 10, 1, {"a", "b"})).ok());
+  Register(m, 2, 20);
+  ASSERT_TRUE(m.PublishBatch(Batch(2, 20, 1, {"c"})).ok());
+  Register(m, 1, 11);  // node 1 restarted
+  EXPECT_EQ(m.route_count(), 1u);
+  auto stale = m.PublishBatch(Batch(1, 10, 2, {"d"}));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m.PublishBatch(Batch(3, 1, 1, {"e"})).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // never registered
+  v1::LookupRequest lr;
+  lr.add_keys("a");
+  lr.add_keys("c");
+  auto l = m.Lookup(lr);
+  EXPECT_FALSE(l->found(0));
+  EXPECT_TRUE(l->found(1));
+  EXPECT_EQ(l->routes(1).node_id(), 2u);
+}
+
+TEST(MasterCore, ListKeysByPrefixSorted) {
+  MasterCore m;
+  Register(m, 1, 10);
+  ASSERT_TRUE(m.PublishBatch(Batch(1, 10, 1, {"p:b", "p:a", "q:z", "p:c"})).ok());
+  v1::ListKeysRequest r;
+  r.set_prefix("p:");
+  r.set_limit(2);
+  auto l = m.ListKeys(r);
+  ASSERT_EQ(l->routes_size(), 2);
+  EXPECT_EQ(l->routes(0).key(), "p:a");
+  EXPECT_EQ(l->routes(1).key(), "p:b");
+  auto owners = m.ListOwners({});
+  ASSERT_EQ(owners->owners_size(), 1);
+  EXPECT_EQ(owners->owners(0).routes(), 4u);
+}
+
+}  // namespace
+}  // namespace fluxon
