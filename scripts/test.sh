@@ -4,7 +4,7 @@
 #   2. builds everything (CUDA kernels too when nvcc exists) and runs ctest,
 #   3. builds the memory core under ThreadSanitizer (clang, which also checks the lock
 #      annotations) and AddressSanitizer+UBSan and runs its unit and stress tests,
-#   4. runs the Python tests.
+#   4. builds and installs the fluxon wheel in a venv and runs the Python tests against it.
 # Usage: scripts/test.sh [--skip-deps] [--skip-sanitizers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,11 +25,18 @@ done
 step() { echo; echo "=== $* ==="; }
 
 step "build (RelWithDebInfo)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUXON_PYTHON=ON \
+  -DPython_EXECUTABLE="$(command -v python3)" >/dev/null
 cmake --build build -j "$JOBS"
 
 step "ctest"
 (cd build && ctest --output-on-failure -j "$JOBS")
+
+step "python wheel (scikit-build-core) and pytest against the installed wheel"
+python3 -m venv --system-site-packages build/venv
+build/venv/bin/python -m pip install -q --no-deps --no-build-isolation --force-reinstall \
+  --config-settings=build-dir=build/wheel "$ROOT"
+(cd tests/python && FLUXOND="$ROOT/build/src/fluxond" "$ROOT/build/venv/bin/python" -m pytest -q -p no:cacheprovider)
 
 if [ $SKIP_SAN = 0 ]; then
   step "core under ThreadSanitizer (clang, -Wthread-safety)"

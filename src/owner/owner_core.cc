@@ -319,13 +319,17 @@ void OwnerCore::PublishLoop() {
       ++publish_in_flight_;
       publish_cv_.SignalAll();
     }
-    PublishOne(*job);
-    MutexLock lock(&publish_mu_);
-    --publish_in_flight_;
+    const absl::Status outcome = PublishOne(*job);
+    {
+      MutexLock lock(&publish_mu_);
+      --publish_in_flight_;
+    }
+    // After the batch left the queue's accounting, so a caller woken here sees it settled.
+    if (job->done) job->done(outcome);
   }
 }
 
-void OwnerCore::PublishOne(PublishJob& job) {
+absl::Status OwnerCore::PublishOne(PublishJob& job) {
   PutBatch& b = *job.batch;
   SlotPool& pool = memory_->pool();
   v1::PublishBatchRequest req;
@@ -351,8 +355,7 @@ void OwnerCore::PublishOne(PublishJob& job) {
     spdlog::warn("publish of put {} uncertain ({}); retrying in {} ms", b.put_id,
                  reply.status().ToString(), backoff.count());
     if (!SleepUnlessStopping(backoff)) {
-      if (job.done) job.done(absl::CancelledError("owner stopping before publish resolved"));
-      return;
+      return absl::CancelledError("owner stopping before publish resolved");
     }
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
@@ -412,20 +415,15 @@ void OwnerCore::PublishOne(PublishJob& job) {
     counters_->superseded.fetch_add(not_published, std::memory_order_relaxed);
     if (!reply.ok()) counters_->publish_failures.fetch_add(1, std::memory_order_relaxed);
   }
-  if (job.done) {
-    if (!reply.ok()) {
-      job.done(reply.status());
-    } else if (not_published > 0) {
-      job.done(absl::AlreadyExistsError(absl::StrFormat(
-          "%d of %d keys were already published by another writer", not_published,
-          b.keys.size())));
-    } else {
-      job.done(absl::OkStatus());
-    }
-  }
   // Wake claims that may be waiting for eviction of now-evictable cohorts.
   candidates_changed_.store(true, std::memory_order_relaxed);
   SignalPressure();
+  if (!reply.ok()) return reply.status();
+  if (not_published > 0) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "%d of %d keys were already published by another writer", not_published, b.keys.size()));
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -143,7 +143,7 @@ class OwnerCore {
 
   OwnerCore(MasterApi* master, OwnerOptions options);
   void PublishLoop();
-  void PublishOne(PublishJob& job);
+  absl::Status PublishOne(PublishJob& job);  // the batch's outcome for its PutDone
   void MaintenanceLoop();
   void SignalPressure();
   uint64_t EvictionNeedBytes() const;
