@@ -23,8 +23,8 @@ namespace fluxon {
 absl::Status ValidateKeys(std::span<const std::string> keys);
 absl::Status ValidateValueLen(int64_t value_len);
 absl::Status ValidateGroups(std::span<const uint32_t> group_lens, size_t num_keys);
-absl::Status ValidateReplicaMask(const std::vector<bool>& mask, std::span<const uint32_t> group_lens,
-                                 size_t num_keys);
+absl::Status ValidateReplicaMask(const std::vector<bool>& mask,
+                                 std::span<const uint32_t> group_lens, size_t num_keys);
 
 struct PrefixResult {
   uint32_t raw_prefix_hit_len = 0;

@@ -84,6 +84,8 @@ struct ClientOptions {
   std::string socket_path = "/tmp/fluxon/owner.sock";
   std::string client_name = "fluxon-client";
   size_t plan_arena_bytes = 16 << 20;
+  // After sending a request, poll for the answer this long before sleeping (0: always sleep).
+  int64_t busy_poll_us = 200;
 };
 
 class KvClient {

@@ -58,7 +58,7 @@ struct OwnerConfig {
   uint64_t eviction_max_bytes_per_round = 256ull << 20;
   std::chrono::milliseconds eviction_interval{200};
   std::chrono::milliseconds handle_ttl{30'000};  // unconsumed get_start handles expire
-  int io_threads = 4;                             // client socket server threads
+  int64_t busy_poll_us = 200;  // a client connection's thread polls this long before sleeping
 };
 
 struct FaultConfig {

@@ -242,7 +242,8 @@ PYBIND11_MODULE(_native, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const NativeError& e) {
-      py::object exc = py::reinterpret_borrow<py::object>(error.ptr())(e.code, e.message, py::cast(e.conflict_indices));
+      py::object exc = py::reinterpret_borrow<py::object>(error.ptr())(
+          e.code, e.message, py::cast(e.conflict_indices));
       PyErr_SetObject(error.ptr(), exc.ptr());
     }
   });

@@ -40,8 +40,8 @@ bool KvFuture::done() const {
 
 absl::Status KvFuture::Wait(std::optional<std::chrono::milliseconds> timeout) const {
   MutexLock lock(&state_->mu);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        timeout.value_or(std::chrono::hours(24 * 365));
+  const auto deadline =
+      std::chrono::steady_clock::now() + timeout.value_or(std::chrono::hours(24 * 365));
   while (!state_->done) {
     if (!state_->cv.WaitUntil(&state_->mu, deadline) && !state_->done) {
       return absl::DeadlineExceededError("put is not published yet");
@@ -83,11 +83,12 @@ absl::Status StatusOf(const v1::OwnerMessage& m) {
 // One blocking request/response socket; one request at a time.
 class Connection {
  public:
-  explicit Connection(int fd) : fd_(fd) {}
+  Connection(int fd, int64_t busy_poll_us) : fd_(fd), busy_poll_us_(busy_poll_us) {}
   ~Connection() { close(fd_); }
   absl::StatusOr<v1::OwnerMessage> Call(v1::ClientRequest& req, int* received_fd = nullptr) {
     req.set_id(++next_id_);
     FLUXON_RETURN_IF_ERROR(WriteFrame(fd_, req));
+    FLUXON_RETURN_IF_ERROR(WaitReadable(fd_, busy_poll_us_));
     v1::OwnerMessage resp;
     FLUXON_RETURN_IF_ERROR(ReadFrame(fd_, &resp, received_fd));
     if (resp.id() != req.id()) return absl::DataLossError("owner answered another request");
@@ -97,6 +98,7 @@ class Connection {
 
  private:
   const int fd_;
+  const int64_t busy_poll_us_;
   uint64_t next_id_ = 0;
 };
 
@@ -130,7 +132,8 @@ class KvClient::Impl {
   int events_fd = -1;
   std::thread events_thread;
   Mutex futures_mu;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<KvFuture::State>> futures ABSL_GUARDED_BY(futures_mu);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<KvFuture::State>> futures
+      ABSL_GUARDED_BY(futures_mu);
   bool events_closed ABSL_GUARDED_BY(futures_mu) = false;
 
   Mutex handles_mu;
@@ -153,7 +156,7 @@ class KvClient::Impl {
       }
     }
     FLUXON_ASSIGN_OR_RETURN(int fd, ConnectUnix(options.socket_path));
-    auto c = std::make_unique<Connection>(fd);
+    auto c = std::make_unique<Connection>(fd, options.busy_poll_us);
     v1::ClientRequest req;
     v1::Hello* h = req.mutable_hello();
     h->set_protocol_version(kProtocolVersion);
@@ -189,8 +192,8 @@ class KvClient::Impl {
         st = std::move(it->second);
         futures.erase(it);
       }
-      st->Complete(absl::Status(static_cast<absl::StatusCode>(m.put_done().code()),
-                                m.put_done().message()));
+      st->Complete(
+          absl::Status(static_cast<absl::StatusCode>(m.put_done().code()), m.put_done().message()));
     }
     absl::flat_hash_map<uint64_t, std::shared_ptr<KvFuture::State>> orphaned;
     {
@@ -210,7 +213,7 @@ absl::StatusOr<std::unique_ptr<KvClient>> KvClient::Connect(const ClientOptions&
   FLUXON_ASSIGN_OR_RETURN(impl->plans, PlanRegistry::Create({options.plan_arena_bytes}));
   // The first control connection's Hello carries the session id and the segment fd.
   FLUXON_ASSIGN_OR_RETURN(int fd, ConnectUnix(options.socket_path));
-  auto conn = std::make_unique<Connection>(fd);
+  auto conn = std::make_unique<Connection>(fd, options.busy_poll_us);
   v1::ClientRequest req;
   v1::Hello* h = req.mutable_hello();
   h->set_protocol_version(kProtocolVersion);
@@ -271,7 +274,8 @@ absl::StatusOr<uint64_t> KvClient::LocalFastPutStart(const std::vector<std::stri
   FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
   FLUXON_RETURN_IF_ERROR(ValidateValueLen(value_len));
   FLUXON_RETURN_IF_ERROR(ValidateGroups(o.atomic_group_lens, keys.size()));
-  FLUXON_RETURN_IF_ERROR(ValidateReplicaMask(o.make_replica_task_mask, o.atomic_group_lens, keys.size()));
+  FLUXON_RETURN_IF_ERROR(
+      ValidateReplicaMask(o.make_replica_task_mask, o.atomic_group_lens, keys.size()));
   v1::ClientRequest req;
   v1::PutStartRequest* p = req.mutable_put_start();
   for (const std::string& k : keys) p->add_keys(k);
@@ -392,8 +396,8 @@ absl::StatusOr<uint64_t> KvClient::GetTransfer(const GetStartHandle& handle,
             "consume_prefix_len must be in [1, transferable_len=%d], got %d", t, c));
       }
       if (!IsGroupBoundary(c, it->second.group_lens)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "consume_prefix_len %d is not on an atomic group boundary", c));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("consume_prefix_len %d is not on an atomic group boundary", c));
       }
     }
     if (t == 0) {
@@ -456,7 +460,8 @@ absl::StatusOr<std::map<std::string, int64_t>> KvClient::Stats() {
   req.mutable_stats();
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
   FLUXON_RETURN_IF_ERROR(StatusOf(resp));
-  std::map<std::string, int64_t> out(resp.stats().counters().begin(), resp.stats().counters().end());
+  std::map<std::string, int64_t> out(resp.stats().counters().begin(),
+                                     resp.stats().counters().end());
   out["client_active_plans"] = static_cast<int64_t>(impl_->plans->live_plans());
   {
     MutexLock lock(&impl_->handles_mu);

@@ -44,14 +44,14 @@ absl::Status ValidateGroups(std::span<const uint32_t> group_lens, size_t num_key
     sum += group_lens[i];
   }
   if (sum != num_keys) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "atomic_group_lens sum to %d but there are %d keys", sum, num_keys));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("atomic_group_lens sum to %d but there are %d keys", sum, num_keys));
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateReplicaMask(const std::vector<bool>& mask, std::span<const uint32_t> group_lens,
-                                 size_t num_keys) {
+absl::Status ValidateReplicaMask(const std::vector<bool>& mask,
+                                 std::span<const uint32_t> group_lens, size_t num_keys) {
   if (mask.empty()) return absl::OkStatus();
   if (mask.size() != num_keys) {
     return absl::InvalidArgumentError(absl::StrFormat(

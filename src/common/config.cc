@@ -215,13 +215,14 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o) {
   FLUXON_RETURN_IF_ERROR(sec.Str("socket_path", &o->socket_path));
   FLUXON_RETURN_IF_ERROR(sec.Str("socket_group", &o->socket_group));
   FLUXON_RETURN_IF_ERROR(sec.Str("master_address", &o->master_address));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveBytes("eviction_max_bytes_per_round", &o->eviction_max_bytes_per_round));
+  FLUXON_RETURN_IF_ERROR(
+      sec.PositiveBytes("eviction_max_bytes_per_round", &o->eviction_max_bytes_per_round));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("eviction_interval_ms", &o->eviction_interval));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("handle_ttl_ms", &o->handle_ttl));
-  int64_t io_threads = o->io_threads;
-  FLUXON_RETURN_IF_ERROR(sec.Int("io_threads", &io_threads));
-  if (io_threads < 1 || io_threads > 256) return sec.Bad("io_threads", "must be in [1, 256]");
-  o->io_threads = static_cast<int>(io_threads);
+  FLUXON_RETURN_IF_ERROR(sec.Int("busy_poll_us", &o->busy_poll_us));
+  if (o->busy_poll_us < 0 || o->busy_poll_us > 100'000) {
+    return sec.Bad("busy_poll_us", "must be in [0, 100000]");
+  }
   if (o->socket_path.empty()) return sec.Bad("socket_path", "must not be empty");
   FLUXON_RETURN_IF_ERROR(sec.Finish());
 
@@ -417,7 +418,7 @@ std::string DumpConfig(const Config& c) {
         << o.eviction_max_bytes_per_round;
     out << YAML::Key << "eviction_interval_ms" << YAML::Value << o.eviction_interval.count();
     out << YAML::Key << "handle_ttl_ms" << YAML::Value << o.handle_ttl.count();
-    out << YAML::Key << "io_threads" << YAML::Value << o.io_threads;
+    out << YAML::Key << "busy_poll_us" << YAML::Value << o.busy_poll_us;
     if (!o.master_address.empty()) {
       out << YAML::Key << "master_address" << YAML::Value << o.master_address;
     }

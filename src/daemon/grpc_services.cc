@@ -33,14 +33,14 @@ class GrpcMasterClient final : public MasterApi {
   explicit GrpcMasterClient(std::shared_ptr<grpc::Channel> channel)
       : stub_(v1::MasterService::NewStub(channel)) {}
 
-#define FLUXON_GRPC_CALL(Method, Req, Reply)                                          \
-  absl::StatusOr<v1::Reply> Method(const v1::Req& r) override {                      \
-    grpc::ClientContext ctx;                                                          \
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));     \
-    v1::Reply reply;                                                                  \
-    grpc::Status s = stub_->Method(&ctx, r, &reply);                                  \
-    if (!s.ok()) return FromGrpc(s);                                                  \
-    return reply;                                                                     \
+#define FLUXON_GRPC_CALL(Method, Req, Reply)                                      \
+  absl::StatusOr<v1::Reply> Method(const v1::Req& r) override {                   \
+    grpc::ClientContext ctx;                                                      \
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5)); \
+    v1::Reply reply;                                                              \
+    grpc::Status s = stub_->Method(&ctx, r, &reply);                              \
+    if (!s.ok()) return FromGrpc(s);                                              \
+    return reply;                                                                 \
   }
   FLUXON_GRPC_CALL(RegisterOwner, RegisterOwnerRequest, RegisterOwnerReply)
   FLUXON_GRPC_CALL(PublishBatch, PublishBatchRequest, PublishBatchReply)
@@ -90,7 +90,8 @@ class AdminServiceImpl final : public v1::AdminService::Service {
  public:
   AdminServiceImpl(FluxonNode* node, MasterApi* master) : node_(node), master_(master) {}
 
-  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply* out) override {
+  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*,
+                      v1::StatusReply* out) override {
     out->set_version(FLUXON_VERSION_STRING);
     out->set_role(RoleName(node_->config().role));
     out->set_node_id(node_->config().node_id);
@@ -130,7 +131,8 @@ class AdminServiceImpl final : public v1::AdminService::Service {
     }
     return grpc::Status::OK;
   }
-  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest2*, v1::CountersReply* out) override {
+  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest2*,
+                     v1::CountersReply* out) override {
     auto* m = out->mutable_counters();
     if (OwnerCore* o = node_->owner()) {
       for (const auto& [k, v] : o->Stats()) (*m)["owner_" + k] = v;
@@ -149,7 +151,8 @@ class AdminServiceImpl final : public v1::AdminService::Service {
     }
     return grpc::Status::OK;
   }
-  grpc::Status GetRoute(grpc::ServerContext*, const v1::RouteRequest* r, v1::RouteReply* out) override {
+  grpc::Status GetRoute(grpc::ServerContext*, const v1::RouteRequest* r,
+                        v1::RouteReply* out) override {
     if (OwnerCore* o = node_->owner()) out->set_local_state(o->KeyState(r->key()));
     if (master_ == nullptr) return grpc::Status::OK;
     v1::LookupRequest lr;
@@ -160,24 +163,28 @@ class AdminServiceImpl final : public v1::AdminService::Service {
     if (reply->found(0)) *out->mutable_route() = reply->routes(0);
     return grpc::Status::OK;
   }
-  grpc::Status Keys(grpc::ServerContext*, const v1::ListKeysRequest* r, v1::ListKeysReply* out) override {
+  grpc::Status Keys(grpc::ServerContext*, const v1::ListKeysRequest* r,
+                    v1::ListKeysReply* out) override {
     if (master_ == nullptr) return NoMaster();
     return Answer(master_->ListKeys(*r), out);
   }
   grpc::Status SetFault(grpc::ServerContext*, const v1::SetFaultRequest* r, v1::Empty*) override {
     absl::StatusOr<FaultAction> action = ParseFaultAction(r->rule().action());
     if (!action.ok()) return ToGrpc(action.status());
-    if (r->rule().point().empty()) return grpc::Status(grpc::INVALID_ARGUMENT, "fault point is empty");
+    if (r->rule().point().empty())
+      return grpc::Status(grpc::INVALID_ARGUMENT, "fault point is empty");
     if (r->rule().count() == 0 || r->rule().count() < -1) {
       return grpc::Status(grpc::INVALID_ARGUMENT, "count must be positive or -1");
     }
     node_->faults().Set(FaultRule{r->rule().point(), *action,
-                                  std::chrono::milliseconds(r->rule().delay_ms()), r->rule().count()});
+                                  std::chrono::milliseconds(r->rule().delay_ms()),
+                                  r->rule().count()});
     spdlog::info("fault set: {} {} delay={}ms count={}", r->rule().point(), r->rule().action(),
                  r->rule().delay_ms(), r->rule().count());
     return grpc::Status::OK;
   }
-  grpc::Status ClearFaults(grpc::ServerContext*, const v1::ClearFaultsRequest* r, v1::Empty*) override {
+  grpc::Status ClearFaults(grpc::ServerContext*, const v1::ClearFaultsRequest* r,
+                           v1::Empty*) override {
     node_->faults().Clear(r->point());
     return grpc::Status::OK;
   }
@@ -223,7 +230,8 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
   const Config& config = node->config();
   MasterApi* admin_master = node->master();
   if (admin_master == nullptr && config.owner && !config.owner->master_address.empty()) {
-    absl::StatusOr<std::unique_ptr<MasterApi>> c = MakeGrpcMasterClient(config.owner->master_address);
+    absl::StatusOr<std::unique_ptr<MasterApi>> c =
+        MakeGrpcMasterClient(config.owner->master_address);
     if (!c.ok()) return c.status();
     impl->admin_master_client = std::move(*c);
     admin_master = impl->admin_master_client.get();
@@ -248,8 +256,8 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
   b.RegisterService(impl->admin_service.get());
   impl->admin_server = b.BuildAndStart();
   if (!impl->admin_server || port == 0) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot serve admin on %s (address in use?)", config.admin.listen_address));
+    return absl::UnavailableError(
+        absl::StrFormat("cannot serve admin on %s (address in use?)", config.admin.listen_address));
   }
   spdlog::info("admin service on {}", config.admin.listen_address);
   return std::unique_ptr<GrpcServers>(new GrpcServers(std::move(impl)));

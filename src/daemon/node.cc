@@ -19,7 +19,8 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
   if (RoleHasOwner(config.role)) {
     MasterApi* master = node->master_.get();
     if (master == nullptr) {
-      FLUXON_ASSIGN_OR_RETURN(node->remote_master_, MakeGrpcMasterClient(config.owner->master_address));
+      FLUXON_ASSIGN_OR_RETURN(node->remote_master_,
+                              MakeGrpcMasterClient(config.owner->master_address));
       master = node->remote_master_.get();
     }
     node->master_for_owner_ = std::make_unique<FaultInjectingMaster>(master, &node->faults_);
@@ -39,7 +40,7 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
       ClientServerOptions cs;
       cs.socket_path = config.owner->socket_path;
       cs.socket_group = config.owner->socket_group;
-      cs.io_threads = config.owner->io_threads;
+      cs.busy_poll_us = config.owner->busy_poll_us;
       FLUXON_ASSIGN_OR_RETURN(node->clients_, ClientServer::Start(node->owner_.get(), cs));
     }
   }
@@ -56,7 +57,8 @@ void FluxonNode::Stop() {
 }
 
 std::string FluxonNode::StatusText() const {
-  std::string out = absl::StrFormat("role=%s node_id=%d\n", RoleName(config_.role), config_.node_id);
+  std::string out =
+      absl::StrFormat("role=%s node_id=%d\n", RoleName(config_.role), config_.node_id);
   if (master_) {
     out += absl::StrFormat("master: %d routes, control on %s\n", master_->route_count(),
                            config_.master->listen_address);

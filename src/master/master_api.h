@@ -21,7 +21,8 @@ namespace v1 = ::fluxon::v1;
 class MasterApi {
  public:
   virtual ~MasterApi() = default;
-  virtual absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(const v1::RegisterOwnerRequest& r) = 0;
+  virtual absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(
+      const v1::RegisterOwnerRequest& r) = 0;
   virtual absl::StatusOr<v1::PublishBatchReply> PublishBatch(const v1::PublishBatchRequest& r) = 0;
   virtual absl::StatusOr<v1::LookupReply> Lookup(const v1::LookupRequest& r) = 0;
   virtual absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) = 0;

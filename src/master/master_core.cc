@@ -16,9 +16,9 @@ absl::Status MasterCore::CheckGeneration(uint32_t node_id, uint64_t generation) 
         absl::StrFormat("owner node %d is not registered with the master", node_id));
   }
   if (it->second.generation() != generation) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "owner node %d generation %d is stale (registered generation %d)", node_id, generation,
-        it->second.generation()));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("owner node %d generation %d is stale (registered generation %d)", node_id,
+                        generation, it->second.generation()));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,8 @@
 #include "owner/client_server.h"
 
 #include <grp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -23,7 +25,6 @@ namespace fluxon {
 namespace {
 
 namespace asio = boost::asio;
-using Socket = asio::local::stream_protocol::socket;
 constexpr size_t kMaxQueuedEvents = 100'000;
 
 void SetStatus(v1::OwnerMessage* m, const absl::Status& s) {
@@ -35,148 +36,211 @@ void SetStatus(v1::OwnerMessage* m, const absl::Status& s) {
 
 class ClientServer::Impl {
  public:
-  class Connection;
+  // One accepted socket and the thread serving it.
+  struct Connection {
+    int fd = -1;
+    std::thread thread;
+    bool done = false;  // guarded by Impl::mu_
+    // Events connections only: frames waiting to be written, and an eventfd that wakes the thread.
+    Mutex mu;
+    std::deque<std::string> events ABSL_GUARDED_BY(mu);
+    int wake_fd = -1;
+  };
 
   Impl(OwnerCore* core, ClientServerOptions options)
       : core_(core), options_(std::move(options)), acceptor_(io_) {}
+  ~Impl() { Stop(); }
 
   absl::Status Listen();
   void Run() {
-    for (int i = 0; i < options_.io_threads; ++i) threads_.emplace_back([this] { io_.run(); });
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
-  void Stop() {
-    if (stopped_.exchange(true)) return;
-    asio::post(io_, [this] {
-      boost::system::error_code ec;
-      acceptor_.close(ec);
-    });
-    {
-      MutexLock lock(&mu_);
-      for (auto& [id, c] : all_) CloseConnection(c);
-    }
-    work_.reset();
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-    ::unlink(options_.socket_path.c_str());
-  }
+  void Stop();
   size_t sessions() const {
     MutexLock lock(&mu_);
-    return events_.size();
+    return sessions_.size();
   }
 
-  void Accept();
+ private:
+  void AcceptLoop();
   bool PeerAllowed(int fd);
-  void RegisterEvents(uint64_t client_id, std::shared_ptr<Connection> c) {
-    MutexLock lock(&mu_);
-    events_[client_id] = std::move(c);
-  }
-  void SendEvent(uint64_t client_id, v1::OwnerMessage msg);
-  void Closed(Connection* c);
-  void CloseConnection(const std::shared_ptr<Connection>& c);
+  void Serve(Connection* c);
+  void ServeEvents(Connection* c, uint64_t client_id);
+  // Handles one request; returns false when the connection must close.
+  bool Handle(Connection* c, const v1::ClientRequest& req, uint64_t* client_id, bool* events);
+  void SendEvent(uint64_t client_id, const v1::OwnerMessage& msg);
+  void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   OwnerCore* const core_;
   const ClientServerOptions options_;
   asio::io_context io_;
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_{io_.get_executor()};
   asio::local::stream_protocol::acceptor acceptor_;
-  std::vector<std::thread> threads_;
+  std::thread accept_thread_;
   std::atomic<bool> stopped_{false};
   gid_t allowed_gid_ = static_cast<gid_t>(-1);
   mutable Mutex mu_;
-  std::map<uint64_t, std::shared_ptr<Connection>> events_ ABSL_GUARDED_BY(mu_);
-  std::map<Connection*, std::shared_ptr<Connection>> all_ ABSL_GUARDED_BY(mu_);
+  std::map<Connection*, std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Connection*> sessions_ ABSL_GUARDED_BY(mu_);  // client_id -> events conn
 };
 
-class ClientServer::Impl::Connection : public std::enable_shared_from_this<Connection> {
- public:
-  Connection(Impl* server, Socket socket)
-      : server_(server), socket_(std::move(socket)), strand_(asio::make_strand(server->io_)) {}
-
-  void Start() { ReadHeader(); }
-  void Close() {
-    asio::post(strand_, [self = shared_from_this()] {
-      boost::system::error_code ec;
-      self->socket_.shutdown(asio::socket_base::shutdown_both, ec);
-      self->socket_.close(ec);
-    });
-  }
-  // Queues a frame; frames are written in order on the connection's strand.
-  void Send(std::string frame) {
-    asio::post(strand_, [self = shared_from_this(), frame = std::move(frame)]() mutable {
-      if (self->out_.size() >= kMaxQueuedEvents) {
-        spdlog::warn("client {} stopped reading its events; closing the session", self->client_id_);
-        boost::system::error_code ec;
-        self->socket_.close(ec);
-        return;
+void ClientServer::Impl::Stop() {
+  if (stopped_.exchange(true)) return;
+  boost::system::error_code ec;
+  ::shutdown(acceptor_.native_handle(), SHUT_RDWR);
+  acceptor_.close(ec);
+  if (accept_thread_.joinable()) accept_thread_.join();
+  std::vector<std::unique_ptr<Connection>> all;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [p, c] : connections_) {
+      ::shutdown(c->fd, SHUT_RDWR);
+      if (c->wake_fd >= 0) {
+        const uint64_t one = 1;
+        (void)!::write(c->wake_fd, &one, sizeof one);
       }
-      self->out_.push_back(std::move(frame));
-      if (self->out_.size() == 1) self->WriteNext();
-    });
+    }
   }
+  for (;;) {
+    std::unique_ptr<Connection> c;
+    {
+      MutexLock lock(&mu_);
+      if (connections_.empty()) break;
+      c = std::move(connections_.begin()->second);
+      connections_.erase(connections_.begin());
+    }
+    if (c->thread.joinable()) c->thread.join();
+    ::close(c->fd);
+    if (c->wake_fd >= 0) ::close(c->wake_fd);
+  }
+  ::unlink(options_.socket_path.c_str());
+}
 
- private:
-  void ReadHeader() {
-    asio::async_read(socket_, asio::buffer(&len_, 4),
-                     asio::bind_executor(strand_, [self = shared_from_this()](
-                                                      boost::system::error_code ec, size_t) {
-                       if (ec) return self->OnClose();
-                       if (self->len_ > kMaxFrameBytes) {
-                         spdlog::warn("client sent a {}-byte frame; closing", self->len_);
-                         return self->OnClose();
-                       }
-                       self->body_.resize(self->len_);
-                       self->ReadBody();
-                     }));
+void ClientServer::Impl::ReapFinished() {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if (it->second->done) {
+      it->second->thread.join();
+      ::close(it->second->fd);
+      if (it->second->wake_fd >= 0) ::close(it->second->wake_fd);
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
   }
-  void ReadBody() {
-    asio::async_read(socket_, asio::buffer(body_),
-                     asio::bind_executor(strand_, [self = shared_from_this()](
-                                                      boost::system::error_code ec, size_t) {
-                       if (ec) return self->OnClose();
-                       self->OnFrame();
-                     }));
-  }
-  void WriteNext() {
-    asio::async_write(socket_, asio::buffer(out_.front()),
-                      asio::bind_executor(strand_, [self = shared_from_this()](
-                                                       boost::system::error_code ec, size_t) {
-                        self->out_.pop_front();
-                        if (ec) return;
-                        if (!self->out_.empty()) self->WriteNext();
-                      }));
-  }
-  void OnClose() {
-    if (closed_) return;
-    closed_ = true;
-    if (is_events_ && client_id_ != 0) server_->core_->DisconnectClient(client_id_);
-    server_->Closed(this);
-  }
-  void OnFrame();
-  void Reply(v1::OwnerMessage& msg) {
-    out_.push_back(EncodeFrame(msg));
-    if (out_.size() == 1) WriteNext();
-  }
+}
 
-  Impl* const server_;
-  Socket socket_;
-  asio::strand<asio::io_context::executor_type> strand_;
-  uint32_t len_ = 0;
-  std::string body_;
-  std::deque<std::string> out_;
-  uint64_t client_id_ = 0;
-  bool is_events_ = false;
-  bool closed_ = false;
-};
+void ClientServer::Impl::AcceptLoop() {
+  for (;;) {
+    boost::system::error_code ec;
+    asio::local::stream_protocol::socket socket(io_);
+    acceptor_.accept(socket, ec);
+    if (stopped_) return;
+    if (ec) {
+      spdlog::warn("accept failed: {}", ec.message());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    const int fd = socket.release(ec);
+    if (ec || !PeerAllowed(fd)) {
+      ::close(fd);
+      continue;
+    }
+    MutexLock lock(&mu_);
+    ReapFinished();
+    if (connections_.size() >= options_.max_connections) {
+      spdlog::warn("refusing a client connection: {} connections open", connections_.size());
+      ::close(fd);
+      continue;
+    }
+    auto c = std::make_unique<Connection>();
+    c->fd = fd;
+    Connection* raw = c.get();
+    connections_[raw] = std::move(c);
+    raw->thread = std::thread([this, raw] { Serve(raw); });
+  }
+}
 
-void ClientServer::Impl::Connection::OnFrame() {
-  v1::ClientRequest req;
+void ClientServer::Impl::Serve(Connection* c) {
+  uint64_t client_id = 0;
+  bool events = false;
+  for (;;) {
+    if (!WaitReadable(c->fd, options_.busy_poll_us).ok()) break;
+    v1::ClientRequest req;
+    absl::Status st = ReadFrame(c->fd, &req);
+    if (!st.ok()) {
+      if (st.code() != absl::StatusCode::kUnavailable) {
+        spdlog::warn("client {}: {}; closing the connection", client_id, st.ToString());
+      }
+      break;
+    }
+    if (!Handle(c, req, &client_id, &events)) break;
+    if (events) {
+      ServeEvents(c, client_id);
+      break;
+    }
+  }
+  MutexLock lock(&mu_);
+  c->done = true;
+}
+
+// An events connection: writes queued PutDone frames and watches for the session's end.
+void ClientServer::Impl::ServeEvents(Connection* c, uint64_t client_id) {
+  pollfd fds[2] = {{c->fd, POLLIN, 0}, {c->wake_fd, POLLIN, 0}};
+  bool open = true;
+  while (open && !stopped_) {
+    fds[0].revents = fds[1].revents = 0;
+    if (poll(fds, 2, -1) < 0 && errno != EINTR) break;
+    if (fds[0].revents != 0) {
+      char buf[64];
+      const ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) open = false;
+    }
+    if (fds[1].revents != 0) {
+      uint64_t count;
+      (void)!::read(c->wake_fd, &count, sizeof count);
+    }
+    std::deque<std::string> out;
+    {
+      MutexLock lock(&c->mu);
+      out.swap(c->events);
+    }
+    for (const std::string& frame : out) {
+      if (!WriteAll(c->fd, frame.data(), frame.size()).ok()) {
+        open = false;
+        break;
+      }
+    }
+  }
+  {
+    MutexLock lock(&mu_);
+    auto it = sessions_.find(client_id);
+    if (it != sessions_.end() && it->second == c) sessions_.erase(it);
+  }
+  core_->DisconnectClient(client_id);
+}
+
+void ClientServer::Impl::SendEvent(uint64_t client_id, const v1::OwnerMessage& msg) {
+  std::string frame = EncodeFrame(msg);
+  MutexLock lock(&mu_);
+  auto it = sessions_.find(client_id);
+  if (it == sessions_.end()) return;  // the session is gone; nobody waits for this future
+  Connection* c = it->second;
+  {
+    MutexLock cl(&c->mu);
+    if (c->events.size() >= kMaxQueuedEvents) {
+      spdlog::warn("client {} stopped reading its events; closing the session", client_id);
+      ::shutdown(c->fd, SHUT_RDWR);
+    } else {
+      c->events.push_back(std::move(frame));
+    }
+  }
+  const uint64_t one = 1;
+  (void)!::write(c->wake_fd, &one, sizeof one);
+}
+
+bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uint64_t* client_id,
+                                bool* events) {
   v1::OwnerMessage resp;
-  if (!req.ParseFromString(body_)) {
-    spdlog::warn("malformed request frame; closing connection");
-    return OnClose();
-  }
   resp.set_id(req.id());
-  OwnerCore* core = server_->core_;
   absl::Status st;
   switch (req.body_case()) {
     case v1::ClientRequest::kHello: {
@@ -191,15 +255,23 @@ void ClientServer::Impl::Connection::OnFrame() {
           st = absl::InvalidArgumentError("events connection needs the session's client_id");
           break;
         }
-        is_events_ = true;
-        client_id_ = h.client_id();
-        server_->RegisterEvents(client_id_, shared_from_this());
+        c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (c->wake_fd < 0) {
+          st = absl::ResourceExhaustedError("eventfd for the events connection failed");
+          break;
+        }
+        *client_id = h.client_id();
+        *events = true;
+        {
+          MutexLock lock(&mu_);
+          sessions_[*client_id] = c;
+        }
         break;
       }
-      client_id_ = core->NewClientId();
-      const Segment& seg = core->memory().segment();
+      *client_id = core_->NewClientId();
+      const Segment& seg = core_->memory().segment();
       v1::HelloReply* hr = resp.mutable_hello();
-      hr->set_client_id(client_id_);
+      hr->set_client_id(*client_id);
       v1::SegmentInfo* si = hr->mutable_segment();
       si->set_segment_label("external_owner:0");
       si->set_generation(seg.generation());
@@ -209,9 +281,7 @@ void ClientServer::Impl::Connection::OnFrame() {
       si->set_path(seg.path());
       SetStatus(&resp, absl::OkStatus());
       // The segment fd rides on the reply frame.
-      absl::Status sent = SendFrameWithFd(socket_.native_handle(), EncodeFrame(resp), seg.fd());
-      if (!sent.ok()) return OnClose();
-      return ReadHeader();
+      return SendFrameWithFd(c->fd, EncodeFrame(resp), seg.fd()).ok();
     }
     case v1::ClientRequest::kPutStart: {
       const v1::PutStartRequest& p = req.put_start();
@@ -227,9 +297,9 @@ void ClientServer::Impl::Connection::OnFrame() {
       a.atomic_group_lens.assign(p.atomic_group_lens().begin(), p.atomic_group_lens().end());
       a.lease_id = p.lease_id();
       std::vector<uint32_t> conflicts;
-      absl::StatusOr<PutStartOutcome> r = core->PutStart(client_id_, a, &conflicts);
+      absl::StatusOr<PutStartOutcome> r = core_->PutStart(*client_id, a, &conflicts);
       v1::PutStartReply* pr = resp.mutable_put_start();
-      for (uint32_t c : conflicts) pr->add_conflict_indices(c);
+      for (uint32_t i : conflicts) pr->add_conflict_indices(i);
       if (r.ok()) {
         pr->set_put_id(r->put_id);
         for (uint64_t o : r->offsets) pr->add_offsets(o);
@@ -239,27 +309,26 @@ void ClientServer::Impl::Connection::OnFrame() {
     }
     case v1::ClientRequest::kPutCommit: {
       const uint64_t put_id = req.put_commit().put_id();
-      Impl* server = server_;
-      const uint64_t client = client_id_;
-      st = core->PutCommit(client_id_, put_id, [server, client, put_id](const absl::Status& s) {
+      const uint64_t client = *client_id;
+      st = core_->PutCommit(client, put_id, [this, client, put_id](const absl::Status& s) {
         v1::OwnerMessage ev;
         v1::PutDoneEvent* pd = ev.mutable_put_done();
         pd->set_put_id(put_id);
         pd->set_code(static_cast<int32_t>(s.code()));
         pd->set_message(std::string(s.message()));
-        server->SendEvent(client, std::move(ev));
+        SendEvent(client, ev);
       });
       break;
     }
     case v1::ClientRequest::kPutAbort:
-      st = core->PutAbort(client_id_, req.put_abort().put_id());
+      st = core_->PutAbort(*client_id, req.put_abort().put_id());
       break;
     case v1::ClientRequest::kGetStart: {
       const v1::GetStartRequest& g = req.get_start();
       std::vector<std::string> keys(g.keys().begin(), g.keys().end());
       std::vector<uint32_t> groups(g.atomic_group_lens().begin(), g.atomic_group_lens().end());
       absl::StatusOr<GetStartOutcome> r =
-          core->GetStart(client_id_, keys, groups, g.prefix_best_effort());
+          core_->GetStart(*client_id, keys, groups, g.prefix_best_effort());
       st = r.status();
       if (r.ok()) {
         v1::GetStartReply* gr = resp.mutable_get_start();
@@ -279,19 +348,19 @@ void ClientServer::Impl::Connection::OnFrame() {
       break;
     }
     case v1::ClientRequest::kGetTransfer:
-      st = core->GetTransfer(client_id_, req.get_transfer().handle_id(),
-                             req.get_transfer().consume_prefix_len());
+      st = core_->GetTransfer(*client_id, req.get_transfer().handle_id(),
+                              req.get_transfer().consume_prefix_len());
       break;
     case v1::ClientRequest::kCancelGet:
-      st = core->CancelGet(client_id_, req.cancel_get().handle_id());
+      st = core_->CancelGet(*client_id, req.cancel_get().handle_id());
       break;
     case v1::ClientRequest::kReleaseViews:
-      st = core->ReleaseViews(client_id_, req.release_views().handle_id());
+      st = core_->ReleaseViews(*client_id, req.release_views().handle_id());
       break;
     case v1::ClientRequest::kStats: {
       auto* counters = resp.mutable_stats()->mutable_counters();
-      for (const auto& [k, v] : core->Stats()) (*counters)[k] = v;
-      (*counters)["client_sessions"] = static_cast<int64_t>(server_->sessions());
+      for (const auto& [k, v] : core_->Stats()) (*counters)[k] = v;
+      (*counters)["client_sessions"] = static_cast<int64_t>(sessions());
       break;
     }
     case v1::ClientRequest::BODY_NOT_SET:
@@ -299,70 +368,18 @@ void ClientServer::Impl::Connection::OnFrame() {
       break;
   }
   SetStatus(&resp, st);
-  Reply(resp);
-  ReadHeader();
+  return WriteFrame(c->fd, resp).ok();
 }
-
-void ClientServer::Impl::SendEvent(uint64_t client_id, v1::OwnerMessage msg) {
-  std::shared_ptr<Connection> c;
-  {
-    MutexLock lock(&mu_);
-    auto it = events_.find(client_id);
-    if (it == events_.end()) return;  // the session is gone; nobody waits for this future
-    c = it->second;
-  }
-  c->Send(EncodeFrame(msg));
-}
-
-void ClientServer::Impl::Closed(Connection* c) {
-  std::shared_ptr<Connection> keep;
-  MutexLock lock(&mu_);
-  for (auto it = events_.begin(); it != events_.end(); ++it) {
-    if (it->second.get() == c) {
-      events_.erase(it);
-      break;
-    }
-  }
-  auto it = all_.find(c);
-  if (it != all_.end()) {
-    keep = std::move(it->second);
-    all_.erase(it);
-  }
-}
-
-void ClientServer::Impl::CloseConnection(const std::shared_ptr<Connection>& c) { c->Close(); }
 
 bool ClientServer::Impl::PeerAllowed(int fd) {
   ucred cred{};
   socklen_t len = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
   if (cred.uid == 0 || cred.uid == geteuid()) return true;
-  if (allowed_gid_ != static_cast<gid_t>(-1)) {
-    if (cred.gid == allowed_gid_) return true;
-    // Supplementary groups of the peer are not visible here; its primary group must match.
-  }
+  if (allowed_gid_ != static_cast<gid_t>(-1) && cred.gid == allowed_gid_) return true;
   spdlog::warn("refused a client connection from uid {} gid {} pid {}", cred.uid, cred.gid,
                cred.pid);
   return false;
-}
-
-void ClientServer::Impl::Accept() {
-  acceptor_.async_accept([this](boost::system::error_code ec, Socket socket) {
-    if (ec) {
-      if (!stopped_) spdlog::warn("accept failed: {}", ec.message());
-      if (ec == asio::error::operation_aborted || stopped_) return;
-      return Accept();
-    }
-    if (PeerAllowed(socket.native_handle())) {
-      auto c = std::make_shared<Connection>(this, std::move(socket));
-      {
-        MutexLock lock(&mu_);
-        all_[c.get()] = c;
-      }
-      c->Start();
-    }
-    Accept();
-  });
 }
 
 absl::Status ClientServer::Impl::Listen() {
@@ -405,8 +422,9 @@ absl::Status ClientServer::Impl::Listen() {
   if (allowed_gid_ != static_cast<gid_t>(-1)) {
     if (::chown(path.c_str(), static_cast<uid_t>(-1), allowed_gid_) != 0 ||
         ::chmod(path.c_str(), 0660) != 0) {
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "opening %s to group %s: %s", path.string(), options_.socket_group, std::strerror(errno)));
+      return absl::PermissionDeniedError(absl::StrFormat("opening %s to group %s: %s",
+                                                         path.string(), options_.socket_group,
+                                                         std::strerror(errno)));
     }
   }
   spdlog::info("owner listening for clients on {}", path.string());
@@ -418,7 +436,6 @@ absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(OwnerCore* cor
   auto impl = std::make_unique<Impl>(core, std::move(options));
   absl::Status st = impl->Listen();
   if (!st.ok()) return st;
-  impl->Accept();
   impl->Run();
   return std::unique_ptr<ClientServer>(new ClientServer(std::move(impl)));
 }

@@ -1,13 +1,17 @@
 // ClientServer: the owner's Unix-socket endpoint for inference processes (the hot path). Framed
-// protobuf over a stream socket, driven by Boost.Asio; the segment fd is passed on Hello.
+// protobuf over a stream socket (Boost.Asio accepts; each connection is served by its own thread
+// with blocking I/O); the segment fd is passed on Hello.
 //
 // Invariants:
 // - The socket file is created with mode 0600 (0660 and the configured group when socket_group
-//   is set) and every peer is checked with SO_PEERCRED: same uid, root, or a member of that group.
-// - A control connection carries one request at a time; responses are written in request order.
+//   is set) and every peer is checked with SO_PEERCRED: same uid, root, or that group.
+// - A control connection carries one request at a time; its thread answers in order. After an
+//   answer the thread polls for the next request for up to busy_poll_us before sleeping, so the
+//   several round trips of one batch (start, transfer, release) do not each pay a wake-up.
 // - A client session is its events connection: PutDone events for the session's puts are queued
-//   to it (bounded; an unread queue past the bound closes the session), and when it closes the
+//   to it (bounded; a session that stops reading past the bound is closed), and when it closes the
 //   owner aborts the session's prepared puts and releases its handles and views.
+// - Connections are bounded (max_connections); Stop closes every socket and joins every thread.
 #pragma once
 
 #include <memory>
@@ -21,7 +25,8 @@ namespace fluxon {
 struct ClientServerOptions {
   std::string socket_path;
   std::string socket_group;  // empty: owner's uid only
-  int io_threads = 4;
+  int64_t busy_poll_us = 200;
+  size_t max_connections = 1024;
 };
 
 class ClientServer {

@@ -73,8 +73,7 @@ struct OwnerCore::Counters {
       leader_started{0}, hits{0}, misses{0}, suffix_released{0}, handles_expired{0},
       evicted_cohorts{0}, evicted_pages{0}, evicted_bytes{0}, eviction_rounds{0},
       eviction_skipped_pinned{0}, route_remove_retries{0}, local_visible_entries{0},
-      committed_entries{0}, reserved_entries{0}, live_handles{0}, live_views{0},
-      disconnects{0};
+      committed_entries{0}, reserved_entries{0}, live_handles{0}, live_views{0}, disconnects{0};
 };
 
 absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& config,
@@ -84,9 +83,9 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   options.hot_capacity_ratio = config.hot_capacity_ratio;
   std::unique_ptr<OwnerCore> core(new OwnerCore(master, options));
   OwnerCore* raw = core.get();
-  FLUXON_ASSIGN_OR_RETURN(core->memory_,
-                          OwnerMemory::Create(config, options.node_id,
-                                              [raw](const PressureEvent&) { raw->SignalPressure(); }));
+  FLUXON_ASSIGN_OR_RETURN(
+      core->memory_, OwnerMemory::Create(config, options.node_id,
+                                         [raw](const PressureEvent&) { raw->SignalPressure(); }));
   return core;
 }
 
@@ -97,10 +96,12 @@ OwnerCore::~OwnerCore() {
   Stop();
   // Holders must go before the pool they pin.
   std::vector<std::shared_ptr<KeyEntry>> entries;
-  keys_.ForEach([&](const std::string&, const std::shared_ptr<KeyEntry>& e) { entries.push_back(e); });
+  keys_.ForEach(
+      [&](const std::string&, const std::shared_ptr<KeyEntry>& e) { entries.push_back(e); });
   for (auto& e : entries) e->resident.reset();
   std::vector<std::shared_ptr<GetHandle>> handles;
-  handles_.ForEach([&](const uint64_t&, const std::shared_ptr<GetHandle>& h) { handles.push_back(h); });
+  handles_.ForEach(
+      [&](const uint64_t&, const std::shared_ptr<GetHandle>& h) { handles.push_back(h); });
   for (auto& h : handles) h->pins.clear();
 }
 
@@ -159,7 +160,8 @@ absl::StatusOr<PutStartOutcome> OwnerCore::PutStart(uint64_t client_id, const Pu
   FLUXON_RETURN_IF_ERROR(ValidateKeys(a.keys));
   FLUXON_RETURN_IF_ERROR(ValidateValueLen(a.value_len));
   FLUXON_RETURN_IF_ERROR(ValidateGroups(a.atomic_group_lens, a.keys.size()));
-  FLUXON_RETURN_IF_ERROR(ValidateReplicaMask(a.make_replica_task_mask, a.atomic_group_lens, a.keys.size()));
+  FLUXON_RETURN_IF_ERROR(
+      ValidateReplicaMask(a.make_replica_task_mask, a.atomic_group_lens, a.keys.size()));
   if (a.write_through) {
     return absl::UnimplementedError(
         "write_through needs a remote owner; this deployment has none (use write_through=False)");
@@ -188,9 +190,9 @@ absl::StatusOr<PutStartOutcome> OwnerCore::PutStart(uint64_t client_id, const Pu
     unreserve();
     counters_->put_conflicts.fetch_add(1, std::memory_order_relaxed);
     const size_t n = a.keys.size() - reserved.size();
-    return absl::AlreadyExistsError(absl::StrFormat(
-        "%d of %d keys are already stored or being written; nothing was reserved", n,
-        a.keys.size()));
+    return absl::AlreadyExistsError(
+        absl::StrFormat("%d of %d keys are already stored or being written; nothing was reserved",
+                        n, a.keys.size()));
   }
   counters_->reserved_entries.fetch_add(a.keys.size(), std::memory_order_relaxed);
   absl::StatusOr<std::vector<SlotRef>> slots =
@@ -235,7 +237,8 @@ absl::Status OwnerCore::PutAbort(uint64_t client_id, uint64_t put_id) {
   });
   if (wrong_client) return absl::PermissionDeniedError("put belongs to another client");
   if (!taken) {
-    return absl::NotFoundError(absl::StrFormat("put %d is not prepared (committed or aborted)", put_id));
+    return absl::NotFoundError(
+        absl::StrFormat("put %d is not prepared (committed or aborted)", put_id));
   }
   PutBatch& b = **taken;
   for (size_t i = 0; i < b.keys.size(); ++i) {
@@ -264,14 +267,15 @@ absl::Status OwnerCore::PutCommit(uint64_t client_id, uint64_t put_id, PutDoneCa
   });
   if (wrong_client) return absl::PermissionDeniedError("put belongs to another client");
   if (!taken) {
-    return absl::NotFoundError(absl::StrFormat("put %d is not prepared (committed or aborted)", put_id));
+    return absl::NotFoundError(
+        absl::StrFormat("put %d is not prepared (committed or aborted)", put_id));
   }
   std::shared_ptr<PutBatch> batch = std::move(*taken);
   SlotPool& pool = memory_->pool();
   // V1: every value is local-read-ready before this returns.
   for (size_t i = 0; i < batch->keys.size(); ++i) {
-    absl::StatusOr<HolderRef> h = HolderRef::CommitLocalVisible(&pool, batch->slots[i], batch->keys[i],
-                                                                put_id, batch->value_len);
+    absl::StatusOr<HolderRef> h = HolderRef::CommitLocalVisible(
+        &pool, batch->slots[i], batch->keys[i], put_id, batch->value_len);
     if (!h.ok()) {
       spdlog::error("commit of put {} key {}: {}", put_id, batch->keys[i], h.status().ToString());
       continue;
@@ -589,8 +593,8 @@ absl::StatusOr<std::shared_ptr<OwnerCore::GetHandle>> OwnerCore::FindHandle(uint
 absl::Status OwnerCore::GetTransfer(uint64_t client_id, uint64_t handle_id,
                                     uint32_t consume_prefix_len) {
   std::vector<HolderRef> tail;
-  absl::Status result = handles_.Update(
-      handle_id, [&](std::shared_ptr<GetHandle>* hp, bool*) -> absl::Status {
+  absl::Status result =
+      handles_.Update(handle_id, [&](std::shared_ptr<GetHandle>* hp, bool*) -> absl::Status {
         if (hp == nullptr || (*hp)->client_id != client_id) {
           return absl::NotFoundError(absl::StrFormat(
               "get handle %d is unknown (never issued, already released, or expired)", handle_id));
@@ -603,12 +607,12 @@ absl::Status OwnerCore::GetTransfer(uint64_t client_id, uint64_t handle_id,
         const uint32_t t = static_cast<uint32_t>(h.pins.size());
         const uint32_t consume = consume_prefix_len == 0 ? t : consume_prefix_len;
         if (consume > t) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "consume_prefix_len %d exceeds transferable_len %d", consume, t));
+          return absl::InvalidArgumentError(
+              absl::StrFormat("consume_prefix_len %d exceeds transferable_len %d", consume, t));
         }
         if (!IsGroupBoundary(consume, h.group_lens)) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "consume_prefix_len %d is not on an atomic group boundary", consume));
+          return absl::InvalidArgumentError(
+              absl::StrFormat("consume_prefix_len %d is not on an atomic group boundary", consume));
         }
         for (uint32_t i = consume; i < t; ++i) tail.push_back(std::move(h.pins[i]));
         h.pins.resize(consume);
@@ -628,8 +632,8 @@ absl::Status OwnerCore::GetTransfer(uint64_t client_id, uint64_t handle_id,
 
 absl::Status OwnerCore::CancelGet(uint64_t client_id, uint64_t handle_id) {
   std::shared_ptr<GetHandle> taken;
-  absl::Status result = handles_.Update(
-      handle_id, [&](std::shared_ptr<GetHandle>* hp, bool* erase) -> absl::Status {
+  absl::Status result =
+      handles_.Update(handle_id, [&](std::shared_ptr<GetHandle>* hp, bool* erase) -> absl::Status {
         if (hp == nullptr || (*hp)->client_id != client_id) {
           return absl::NotFoundError(absl::StrFormat("get handle %d is unknown", handle_id));
         }
@@ -647,8 +651,8 @@ absl::Status OwnerCore::CancelGet(uint64_t client_id, uint64_t handle_id) {
 
 absl::Status OwnerCore::ReleaseViews(uint64_t client_id, uint64_t handle_id) {
   std::shared_ptr<GetHandle> taken;
-  absl::Status result = handles_.Update(
-      handle_id, [&](std::shared_ptr<GetHandle>* hp, bool* erase) -> absl::Status {
+  absl::Status result =
+      handles_.Update(handle_id, [&](std::shared_ptr<GetHandle>* hp, bool* erase) -> absl::Status {
         if (hp == nullptr || (*hp)->client_id != client_id) {
           return absl::NotFoundError(absl::StrFormat("views of handle %d are unknown", handle_id));
         }
@@ -745,7 +749,8 @@ uint64_t OwnerCore::EvictionNeedBytes() const {
   // Watermark: keep used memory under hot_capacity_ratio of what the pool can ever hold.
   uint64_t capacity = 0;
   if (memory_->pool().expected_grants() > 0) {
-    for (const SizeClassStats& c : s.classes) capacity += c.grants * c.slots_per_grant * c.slot_size;
+    for (const SizeClassStats& c : s.classes)
+      capacity += c.grants * c.slots_per_grant * c.slot_size;
   } else {
     capacity = s.grant_capacity * kGrantBytes;
   }
@@ -780,7 +785,8 @@ uint64_t OwnerCore::EvictSome(uint64_t bytes) {
     if (pinned) {
       for (const std::string& key : marked) {
         keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool*) {
-          if (e != nullptr && (*e)->put_id == cohort.put_id) (*e)->state = KeyEntry::State::kCommitted;
+          if (e != nullptr && (*e)->put_id == cohort.put_id)
+            (*e)->state = KeyEntry::State::kCommitted;
           return 0;
         });
       }
@@ -803,8 +809,9 @@ uint64_t OwnerCore::EvictSome(uint64_t bytes) {
       absl::StatusOr<v1::RemoveRoutesReply> r = master_->RemoveRoutes(req);
       if (r.ok() || !IsUncertain(r.status())) {
         if (!r.ok()) {
-          spdlog::warn("removing routes of cohort {}: {} (routes are gone with the old master state)",
-                       cohort.id, r.status().ToString());
+          spdlog::warn(
+              "removing routes of cohort {}: {} (routes are gone with the old master state)",
+              cohort.id, r.status().ToString());
         }
         break;
       }

@@ -97,8 +97,7 @@ struct OwnerOptions {
 class OwnerCore {
  public:
   static absl::StatusOr<std::unique_ptr<OwnerCore>> Create(const OwnerConfig& config,
-                                                           MasterApi* master,
-                                                           OwnerOptions options);
+                                                           MasterApi* master, OwnerOptions options);
   ~OwnerCore();
   OwnerCore(const OwnerCore&) = delete;
   OwnerCore& operator=(const OwnerCore&) = delete;

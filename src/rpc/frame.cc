@@ -1,11 +1,13 @@
 #include "rpc/frame.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "absl/strings/str_format.h"
 
@@ -25,6 +27,29 @@ void WaitWritable(int fd) {
 }
 
 }  // namespace
+
+absl::Status WaitReadable(int fd, int64_t spin_us) {
+  pollfd p{fd, POLLIN, 0};
+  if (spin_us > 0) {
+    timespec start{}, now{};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+      const int n = poll(&p, 1, 0);
+      if (n > 0) return absl::OkStatus();
+      if (n < 0 && errno != EINTR) return IoError("poll");
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      const int64_t elapsed_us =
+          (now.tv_sec - start.tv_sec) * 1'000'000 + (now.tv_nsec - start.tv_nsec) / 1000;
+      if (elapsed_us >= spin_us) break;
+      sched_yield();  // lets a runnable thread (e.g. the publisher) have this core while we wait
+    }
+  }
+  for (;;) {
+    const int n = poll(&p, 1, -1);
+    if (n > 0) return absl::OkStatus();
+    if (n < 0 && errno != EINTR) return IoError("poll");
+  }
+}
 
 absl::Status WriteAll(int fd, const void* data, size_t len) {
   const char* p = static_cast<const char*>(data);
@@ -105,8 +130,8 @@ absl::Status ReadFrame(int fd, google::protobuf::MessageLite* msg, int* received
     if (!s.ok()) return s;
   }
   if (len > kMaxFrameBytes) {
-    return absl::DataLossError(absl::StrFormat("frame of %d bytes exceeds the %d-byte limit", len,
-                                               kMaxFrameBytes));
+    return absl::DataLossError(
+        absl::StrFormat("frame of %d bytes exceeds the %d-byte limit", len, kMaxFrameBytes));
   }
   std::string body(len, '\0');
   absl::Status s = ReadAll(fd, body.data(), len);

@@ -17,6 +17,11 @@ namespace fluxon {
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
 inline constexpr uint32_t kProtocolVersion = 1;
 
+// Waits until `fd` is readable (or closed): polls without sleeping for up to `spin_us`
+// microseconds, then blocks. Spinning first keeps back-to-back requests from paying a thread
+// wake-up each (tens of microseconds on virtual machines) at the cost of a little CPU.
+absl::Status WaitReadable(int fd, int64_t spin_us);
+
 absl::Status WriteAll(int fd, const void* data, size_t len);
 absl::Status ReadAll(int fd, void* data, size_t len);
 

@@ -18,8 +18,8 @@ namespace {
 using ::fluxon::testing::Connect;
 using ::fluxon::testing::StartNode;
 using ::fluxon::testing::TestConfig;
-using ::testing::ElementsAre;
 using std::chrono::milliseconds;
+using ::testing::ElementsAre;
 
 constexpr int64_t kValueLen = 64 * 1024;
 
@@ -168,7 +168,8 @@ TEST(OwnerSemantics, BadInputsFailAndLeaveNothingBehind) {
   auto node = StartNode(cfg);
   auto c = Connect(cfg);
   const auto code = [](const absl::Status& s) { return s.code(); };
-  EXPECT_EQ(code(c->LocalFastPutStart({}, kValueLen, {}).status()), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(c->LocalFastPutStart({}, kValueLen, {}).status()),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(c->LocalFastPutStart({"k"}, 0, {}).status()), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(c->LocalFastPutStart({"k"}, -4, {}).status()), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(c->LocalFastPutStart({"k", "k"}, kValueLen, {}).status()),
@@ -301,7 +302,7 @@ TEST(OwnerSemantics, DroppedAndDuplicatedPublishRollForwardOnce) {
   EXPECT_EQ(s["publish_retries"], 2);
   EXPECT_EQ(s["superseded"], 0);
   const MasterCounters& m = node->master()->counters();
-  EXPECT_EQ(m.published_items.load(), 5);   // applied once
+  EXPECT_EQ(m.published_items.load(), 5);     // applied once
   EXPECT_EQ(m.republished_items.load(), 10);  // two idempotent retries
   EXPECT_EQ(node->master()->route_count(), 5u);
   node->faults().Set({"master.PublishBatch", FaultAction::kDuplicate, milliseconds(0), 1});
@@ -331,8 +332,8 @@ TEST(OwnerSemantics, OverlappingGetsShareOneLeaderPerKey) {
   ASSERT_TRUE(r2.ok());
   EXPECT_EQ(r1->result.local_pinned, 1u);
   EXPECT_EQ(r1->result.leader_started, 3u);
-  EXPECT_EQ(r2->result.inflight_joined, 2u);  // s2, s3 joined r1's leaders
-  EXPECT_EQ(r2->result.leader_started, 1u);   // s4
+  EXPECT_EQ(r2->result.inflight_joined, 2u);                    // s2, s3 joined r1's leaders
+  EXPECT_EQ(r2->result.leader_started, 1u);                     // s4
   EXPECT_EQ(node->master()->counters().lookup_keys.load(), 4);  // s1, s2, s3, s4 once each
   EXPECT_EQ(node->master()->counters().lookup_batches.load(), 2);
   EXPECT_EQ(r1->result.transferable_len, 1u);
@@ -465,7 +466,8 @@ TEST(OwnerSemantics, AnotherProcessReadsCommittedValues) {
     if (!plan.ok()) _exit(3);
     auto ptrs = PlanPtrs(*plan);
     for (size_t i = 0; i < keys.size(); ++i) {
-      if (std::memcmp(reinterpret_cast<void*>(ptrs[i]), keys[i].data(), keys[i].size()) != 0) _exit(4);
+      if (std::memcmp(reinterpret_cast<void*>(ptrs[i]), keys[i].data(), keys[i].size()) != 0)
+        _exit(4);
     }
     // ...and writes a value the parent then reads.
     auto put = (*child)->LocalFastPutStart({"from-child"}, kValueLen, {});

@@ -1,0 +1,212 @@
+// Control-path cost of the hostless API through the real Unix-socket protocol (no data copy):
+//   get cycle = get_start + get_transfer + release_views on local hits,
+//   put cycle = local_fast_put_start + local_fast_put_commit,
+// for batches of 1, 32 and 128 pages, against an in-process embedded fluxond. Also the same
+// 128-key request as a gRPC unary call over a Unix socket (MasterService.Lookup) to show why the
+// client <-> owner hot path does not use gRPC.
+//
+//   build/bench/bench_client --benchmark_min_time=1
+#include <benchmark/benchmark.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "daemon/node.h"
+#include "fluxon/client.h"
+#include "fluxon/units.h"
+#include "fluxon/v1/master.grpc.pb.h"
+#include "master/master_core.h"
+
+namespace fluxon {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kValueLen = 4096;  // control-path cost does not depend on the value size
+
+// With FLUXON_SOCKET set the benchmarks use that running fluxond (another process, as in
+// production); otherwise they start an embedded node in this process.
+struct Env {
+  Env() {
+    if (const char* external = std::getenv("FLUXON_SOCKET"); external != nullptr) {
+      ClientOptions o;
+      o.socket_path = external;
+      client = std::move(*KvClient::Connect(o));
+      return;
+    }
+    Config c = DefaultEmbeddedConfig();
+    c.log_level = "error";
+    c.master->listen_address = "127.0.0.1:0";
+    c.admin.listen_address = "127.0.0.1:0";
+    c.admin.metrics_port = 0;
+    c.owner->socket_path = "/tmp/fluxon-bench-" + std::to_string(getpid()) + ".sock";
+    c.owner->segment.size_bytes = 4 * kGrantBytes;
+    node = std::move(*FluxonNode::Start(c));
+    ClientOptions o;
+    o.socket_path = c.owner->socket_path;
+    client = std::move(*KvClient::Connect(o));
+  }
+  std::unique_ptr<FluxonNode> node;
+  std::unique_ptr<KvClient> client;
+};
+
+Env& Shared() {
+  static Env* env = new Env();
+  return *env;
+}
+
+void ReportPercentiles(benchmark::State& state, std::vector<double>& us) {
+  if (us.empty()) return;
+  std::sort(us.begin(), us.end());
+  state.counters["p50_us"] = us[us.size() / 2];
+  state.counters["p99_us"] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+}
+
+std::vector<std::string> Keys(const std::string& prefix, int64_t n, int64_t from) {
+  std::vector<std::string> keys;
+  for (int64_t i = 0; i < n; ++i) keys.push_back(prefix + std::to_string(from + i));
+  return keys;
+}
+
+void BM_GetCycleLocalHit(benchmark::State& state) {
+  Env& env = Shared();
+  const int64_t n = state.range(0);
+  auto keys = Keys("hit" + std::to_string(n) + "-", n, 0);
+  if (auto probe = env.client->GetStart(keys); probe.ok()) {
+    const bool present = probe->result.all_hit;
+    (void)env.client->CancelGetTransfer(*probe);
+    if (!present) {
+      auto plan = env.client->LocalFastPutStart(keys, kValueLen, {});
+      (void)env.client->LocalFastPutCommit(*plan)->Wait();
+    }
+  }
+  std::vector<double> us;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    auto h = env.client->GetStart(keys);
+    auto plan = env.client->GetTransfer(*h);
+    absl::Status s = env.client->ReleaseViews(*plan);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    if (!s.ok() || !h->result.all_hit) state.SkipWithError("get cycle failed");
+  }
+  ReportPercentiles(state, us);
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_GetCycleLocalHit)->Arg(1)->Arg(32)->Arg(128)->UseRealTime();
+
+void BM_PutCycle(benchmark::State& state) {
+  Env& env = Shared();
+  const int64_t n = state.range(0);
+  static int64_t next = static_cast<int64_t>(getpid()) << 32;
+  std::vector<double> us;
+  std::vector<KvFuture> futures;
+  for (auto _ : state) {
+    auto keys = Keys("put-", n, next);
+    next += n;
+    const auto t0 = Clock::now();
+    auto plan = env.client->LocalFastPutStart(keys, kValueLen, {});
+    if (!plan.ok()) {
+      state.SkipWithError(std::string(plan.status().message()).c_str());
+      break;
+    }
+    auto fut = env.client->LocalFastPutCommit(*plan);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    if (!fut.ok()) state.SkipWithError("commit failed");
+    futures.push_back(*fut);
+  }
+  for (auto& f : futures) (void)f.Wait();
+  ReportPercentiles(state, us);
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_PutCycle)->Arg(1)->Arg(32)->Arg(128)->UseRealTime()->Iterations(2000);
+
+// Baseline: one gRPC unary call carrying 128 keys over a Unix socket (callback-free sync API).
+void BM_GrpcUnaryUnixSocket(benchmark::State& state) {
+  static MasterCore* master = new MasterCore();
+  static std::unique_ptr<grpc::Server> server;
+  static std::unique_ptr<v1::MasterService::Stub> stub;
+  static std::unique_ptr<v1::MasterService::Service> service;
+  if (!server) {
+    class Svc : public v1::MasterService::Service {
+     public:
+      grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest* r,
+                          v1::LookupReply* out) override {
+        *out = *master->Lookup(*r);
+        return grpc::Status::OK;
+      }
+    };
+    service = std::make_unique<Svc>();
+    const std::string addr = "unix:/tmp/fluxon-bench-grpc-" + std::to_string(getpid()) + ".sock";
+    grpc::ServerBuilder b;
+    b.AddListeningPort(addr, grpc::InsecureServerCredentials());
+    b.RegisterService(service.get());
+    server = b.BuildAndStart();
+    stub =
+        v1::MasterService::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  }
+  v1::LookupRequest req;
+  for (const auto& k : Keys("grpc-", state.range(0), 0)) req.add_keys(k);
+  std::vector<double> us;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    grpc::ClientContext ctx;
+    v1::LookupReply reply;
+    grpc::Status s = stub->Lookup(&ctx, req, &reply);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    if (!s.ok()) state.SkipWithError("grpc failed");
+  }
+  ReportPercentiles(state, us);
+}
+BENCHMARK(BM_GrpcUnaryUnixSocket)->Arg(128)->UseRealTime();
+
+// The same 128-key lookup as one round trip of Fluxon's framed Unix-socket protocol (get_start on
+// keys that all miss, then cancel: two round trips).
+void BM_FramedUnixSocketMiss(benchmark::State& state) {
+  Env& env = Shared();
+  auto keys = Keys("miss-", state.range(0), 0);
+  std::vector<double> us;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    auto h = env.client->GetStart(keys);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    (void)env.client->CancelGetTransfer(*h);
+  }
+  ReportPercentiles(state, us);
+}
+BENCHMARK(BM_FramedUnixSocketMiss)->Arg(128)->UseRealTime();
+
+}  // namespace
+}  // namespace fluxon
+
+namespace fluxon {
+namespace {
+// The owner's share of the get cycle, without the socket.
+void BM_OwnerGetCycleInProcess(benchmark::State& state) {
+  Env& env = Shared();
+  if (!env.node) {
+    state.SkipWithError("in-process only");
+    return;
+  }
+  const int64_t n = state.range(0);
+  auto keys = Keys("hit" + std::to_string(n) + "-", n, 0);
+  if (env.node->owner()->KeyState(keys[0]) == "absent") {
+    auto plan = env.client->LocalFastPutStart(keys, kValueLen, {});
+    (void)env.client->LocalFastPutCommit(*plan)->Wait();
+  }
+  OwnerCore* owner = env.node->owner();
+  std::vector<double> us;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    auto r = owner->GetStart(999, keys, {}, true);
+    (void)owner->GetTransfer(999, r->handle_id, 0);
+    (void)owner->ReleaseViews(999, r->handle_id);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  ReportPercentiles(state, us);
+}
+BENCHMARK(BM_OwnerGetCycleInProcess)->Arg(1)->Arg(128)->UseRealTime();
+}  // namespace
+}  // namespace fluxon
