@@ -738,10 +738,12 @@ void OwnerCore::SignalPressure() {
 
 uint64_t OwnerCore::EvictionNeedBytes() const {
   const SlotPoolStats s = memory_->pool().Stats();
+  // Waiting claims ask for eviction only when the pool cannot grow: growth comes first.
+  const bool can_grow = memory_->pool().CanGrow();
   uint64_t need = 0;
   uint64_t used = 0;
   for (const SizeClassStats& c : s.classes) {
-    if (c.pending_demand_slots > c.free_slots) {
+    if (!can_grow && c.pending_demand_slots > c.free_slots) {
       need += (c.pending_demand_slots - c.free_slots) * c.slot_size;
     }
     used += (c.grants * c.slots_per_grant - c.free_slots) * c.slot_size;
@@ -856,6 +858,7 @@ void OwnerCore::MaintenanceLoop() {
     }
     ExpireHandles();
     memory_->pool().ShrinkIdleGrants();
+    memory_->pool().RefillLowClasses(0.25);
     if (candidates_changed_.exchange(false, std::memory_order_relaxed)) {
       backoff = options_.evict_min_interval;
       next_eviction = std::min(next_eviction, Clock::now());

@@ -508,6 +508,42 @@ size_t SlotPool::ShrinkIdleGrants() {
   return shrunk.size();
 }
 
+bool SlotPool::CanGrow() const {
+  MutexLock lock(&alloc_mu_);
+  if (expected_grants_ > 0) return carved_grants_ < expected_grants_;
+  return !free_positions_.empty();
+}
+
+size_t SlotPool::RefillLowClasses(double low_fraction) {
+  if (expected_grants_ > 0) return 0;
+  std::vector<SizeClass*> low;
+  {
+    MutexLock lock(&classes_mu_);
+    for (auto& [size, cls] : classes_) {
+      MutexLock cl(&cls->mu);
+      // Only classes in use: an idle class keeps no spare grant (it would only be shrunk).
+      const bool in_use = cls->grants.size() * cls->slots_per_grant > cls->free_slots;
+      if (in_use && !cls->refilling &&
+          cls->free_slots < static_cast<uint64_t>(low_fraction * cls->slots_per_grant)) {
+        low.push_back(cls.get());
+      }
+    }
+  }
+  size_t carved = 0;
+  for (SizeClass* cls : low) {
+    {
+      MutexLock cl(&cls->mu);
+      if (cls->refilling) continue;
+      cls->refilling = true;
+    }
+    if (AddGrant(cls).ok()) ++carved;
+    MutexLock cl(&cls->mu);
+    cls->refilling = false;
+    cls->cv.SignalAll();
+  }
+  return carved;
+}
+
 absl::StatusOr<SlotState> SlotPool::StateOf(const SlotRef& ref) const {
   FLUXON_ASSIGN_OR_RETURN(std::atomic<uint64_t> * word, WordFor(ref));
   const uint64_t w = word->load(std::memory_order_acquire);

@@ -141,6 +141,12 @@ class SlotPool {
 
   // Returns grants that have been wholly free for shrink_idle (dynamic mode only).
   size_t ShrinkIdleGrants();
+  // Dynamic mode: carves one more grant for each class whose free slots fell below
+  // `low_fraction` of a grant while claims were recently served, so a claim rarely waits for a
+  // grant to be populated. Returns the grants carved.
+  size_t RefillLowClasses(double low_fraction);
+  // Whether another grant can still be carved (dynamic mode with a free position).
+  bool CanGrow() const;
 
   absl::StatusOr<SlotState> StateOf(const SlotRef& ref) const;
   uint32_t HolderCountOf(const SlotRef& ref) const;
