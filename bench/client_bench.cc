@@ -19,6 +19,7 @@
 #include "fluxon/client.h"
 #include "fluxon/units.h"
 #include "fluxon/v1/master.grpc.pb.h"
+#include "common/mutex.h"
 #include "master/master_core.h"
 
 namespace fluxon {
@@ -208,5 +209,49 @@ void BM_OwnerGetCycleInProcess(benchmark::State& state) {
   ReportPercentiles(state, us);
 }
 BENCHMARK(BM_OwnerGetCycleInProcess)->Arg(1)->Arg(128)->UseRealTime();
+}  // namespace
+}  // namespace fluxon
+
+namespace fluxon {
+namespace {
+// The owner's share of the put cycle (reserve + claim, commit local-visible), without the socket;
+// publish_us is the background publish that follows (master publish + promotion + admission).
+void BM_OwnerPutCycleInProcess(benchmark::State& state) {
+  Env& env = Shared();
+  if (!env.node) {
+    state.SkipWithError("in-process only");
+    return;
+  }
+  OwnerCore* owner = env.node->owner();
+  const int64_t n = state.range(0);
+  static int64_t next = 0;
+  std::vector<double> us, publish_us;
+  for (auto _ : state) {
+    PutStartArgs a;
+    for (int64_t i = 0; i < n; ++i) a.keys.push_back("ip-" + std::to_string(next++));
+    a.value_len = kValueLen;
+    const auto t0 = Clock::now();
+    auto r = owner->PutStart(999, a, nullptr);
+    Mutex mu;
+    CondVar cv;
+    bool done = false;
+    Clock::time_point published;
+    (void)owner->PutCommit(999, r->put_id, [&](const absl::Status&) {
+      MutexLock lock(&mu);
+      published = Clock::now();
+      done = true;
+      cv.SignalAll();
+    });
+    const auto t1 = Clock::now();
+    us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    MutexLock lock(&mu);
+    while (!done) cv.Wait(&mu);
+    publish_us.push_back(std::chrono::duration<double, std::micro>(published - t1).count());
+  }
+  ReportPercentiles(state, us);
+  std::sort(publish_us.begin(), publish_us.end());
+  state.counters["publish_p50_us"] = publish_us[publish_us.size() / 2];
+}
+BENCHMARK(BM_OwnerPutCycleInProcess)->Arg(1)->Arg(128)->UseRealTime()->Iterations(1000);
 }  // namespace
 }  // namespace fluxon
