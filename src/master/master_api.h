@@ -16,7 +16,6 @@
 
 namespace fluxon {
 
-namespace v1 = ::fluxon::v1;
 
 class MasterApi {
  public:
