@@ -317,8 +317,11 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
         pd->set_code(static_cast<int32_t>(s.code()));
         pd->set_message(std::string(s.message()));
         SendEvent(client, ev);
-      });
-      break;
+      }, /*defer_publish_wake=*/true);
+      SetStatus(&resp, st);
+      const bool written = WriteFrame(c->fd, resp).ok();
+      core_->WakePublisher();  // after the answer: the woken actor must not delay it
+      return written;
     }
     case v1::ClientRequest::kPutAbort:
       st = core_->PutAbort(*client_id, req.put_abort().put_id());

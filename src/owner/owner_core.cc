@@ -252,7 +252,13 @@ absl::Status OwnerCore::PutAbort(uint64_t client_id, uint64_t put_id) {
   return absl::OkStatus();
 }
 
-absl::Status OwnerCore::PutCommit(uint64_t client_id, uint64_t put_id, PutDoneCallback done) {
+void OwnerCore::WakePublisher() {
+  MutexLock lock(&publish_mu_);
+  publish_cv_.SignalAll();
+}
+
+absl::Status OwnerCore::PutCommit(uint64_t client_id, uint64_t put_id, PutDoneCallback done,
+                                  bool defer_publish_wake) {
   std::optional<std::shared_ptr<PutBatch>> taken;
   bool wrong_client = false;
   puts_.Update(put_id, [&](std::shared_ptr<PutBatch>* b, bool* erase) {
@@ -301,7 +307,7 @@ absl::Status OwnerCore::PutCommit(uint64_t client_id, uint64_t put_id, PutDoneCa
     publish_cv_.WaitUntil(&publish_mu_, Clock::now() + std::chrono::milliseconds(100));
   }
   publish_queue_.push_back(std::move(job));
-  publish_cv_.SignalAll();
+  if (!defer_publish_wake) publish_cv_.SignalAll();
   return absl::OkStatus();
 }
 

@@ -111,7 +111,11 @@ class OwnerCore {
 
   absl::StatusOr<PutStartOutcome> PutStart(uint64_t client_id, const PutStartArgs& args,
                                            std::vector<uint32_t>* conflict_indices);
-  absl::Status PutCommit(uint64_t client_id, uint64_t put_id, PutDoneCallback done);
+  // With `defer_publish_wake`, the publish actor is not woken until WakePublisher(): a socket
+  // server answers the client first, so the woken actor does not preempt the answer.
+  absl::Status PutCommit(uint64_t client_id, uint64_t put_id, PutDoneCallback done,
+                         bool defer_publish_wake = false);
+  void WakePublisher();
   absl::Status PutAbort(uint64_t client_id, uint64_t put_id);
 
   absl::StatusOr<GetStartOutcome> GetStart(uint64_t client_id, const std::vector<std::string>& keys,
