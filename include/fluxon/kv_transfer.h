@@ -1,0 +1,151 @@
+// The hostless data plane: moves KV pages between a GPU KV cache (SGLang layer_first pools) and
+// Fluxon values named by a plan blob, with either SM kernels or the copy engines. No host loop over
+// pages or layers on the kernel path: kernels read `count` and `value_ptrs[]` from the blob.
+//
+// Invariants and why:
+// - Everything checkable on the host is checked before any launch, and a rejected call launches
+//   nothing: the plan (non-null, 8-byte aligned, live magic, count equal to the number of page
+//   indices, kind put for write and get for restore when a PlanRegistry is given), every value
+//   pointer (non-null, 16-byte aligned, and inside a registered mapping when a HostRegistration is
+//   given), the page-index pointer, the layer id, and host-visible page indices (range). A bad call
+//   must never reach the GPU: a fault there poisons the inference process's whole CUDA context.
+// - What only the device sees (the plan's magic and count when the kernel runs, device-resident
+//   page indices) is checked again in the kernel: a failing page or plan moves no bytes and sets a
+//   sticky bit that TakeDeviceErrors() turns into an error after the caller's stream finished.
+// - The kernel path uses at most `sm_budget` thread blocks (the forward pass owns the rest of the
+//   GPU) and only 16-byte, warp-coalesced accesses; the copy-engine path uses no SMs.
+// - Values (host memory) and the plan blob must be registered (HostRegistration) in the current
+//   CUDA context; kernels dereference the plan's host addresses unchanged.
+// - A KvDataPlane's device pointer table mirrors the KvDeviceBuffers it was created with; the
+//   buffers must outlive it. Calls may come from several threads; copy-engine calls serialize on
+//   the plane's private streams.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fluxon/kv_layout.h"
+#include "fluxon/plan_blob.h"
+
+namespace fluxon {
+
+class HostRegistration;
+
+// The GPU side: per-layer buffer addresses of one KV pool.
+struct KvDeviceBuffers {
+  KvPageLayout layout;
+  std::vector<uint64_t> k_ptrs;  // per layer: the K buffer (MHA) or the KV buffer (MLA)
+  std::vector<uint64_t> v_ptrs;  // per layer: the V buffer (MHA); empty for MLA
+  uint64_t device_pages = 0;     // pages each buffer holds; valid page indices are [0, this)
+};
+
+// Launch shape of the SM kernels.
+struct KvKernelConfig {
+  int sm_budget = 4;            // thread blocks, one per SM
+  int threads_per_block = 1024;  // multiple of 32, at most 1024
+  int vectors_per_thread = 4;   // 16-byte loads in flight per thread before the stores: 1,2,4,8
+  bool host_loads_bypass_cache = false;  // ld.global.cv instead of ld.global.cs for value reads
+};
+
+// Copy-engine (DMA) path: cudaMemcpyBatchAsync built from the same plan.
+struct KvCopyEngineOptions {
+  int num_streams = 4;          // the descriptor list is split into this many batches
+  bool merge_adjacent = true;   // coalesce descriptors contiguous on both sides
+  bool sort_by_host_address = false;  // issue in host-address order instead of plan order
+  bool prefer_overlap_with_compute = false;  // cudaMemcpyFlagPreferOverlapWithCompute
+};
+
+// One transfer. The kernel path reads device_page_indices; the copy-engine path needs the indices
+// on the host. host_page_indices, when given on the kernel path, must equal the device ones and
+// are range-checked on the host (cheap); otherwise the kernel checks the range.
+struct KvTransferRequest {
+  uint64_t plan_ptr = 0;
+  const int64_t* device_page_indices = nullptr;
+  uint64_t num_pages = 0;
+  std::span<const int64_t> host_page_indices;
+};
+
+// One (dst, src, bytes) copy of the copy-engine path.
+struct KvCopyDescriptor {
+  uint64_t dst = 0;
+  uint64_t src = 0;
+  uint64_t bytes = 0;
+};
+
+// ---- Host-side checks and arithmetic (no CUDA calls; CPU-testable) ----
+
+absl::Status ValidateLayout(const KvPageLayout& layout);
+absl::Status ValidateDeviceBuffers(const KvDeviceBuffers& buffers);
+absl::Status ValidateKernelConfig(const KvKernelConfig& config, int device_sm_count);
+
+// Parses and checks the plan at plan_ptr for a transfer of `expected` kind (see invariants). With
+// `plans` null only the ABI is checked (magic, count); the kind cannot be.
+absl::StatusOr<PlanView> ReadTransferPlan(uint64_t plan_ptr, PlanKind expected,
+                                          const PlanRegistry* plans);
+// Checks every value pointer of a plan against the layout (and the registration when given).
+absl::Status ValidatePlanValues(const PlanView& plan, const KvPageLayout& layout,
+                                const HostRegistration* registration);
+absl::Status ValidatePageIndices(std::span<const int64_t> page_indices, uint64_t device_pages);
+
+// The descriptors of a copy-engine transfer of layers [layer_begin, layer_begin + layer_count).
+absl::StatusOr<std::vector<KvCopyDescriptor>> BuildCopyDescriptors(
+    KvDirection direction, const KvDeviceBuffers& buffers, std::span<const uint64_t> value_ptrs,
+    std::span<const int64_t> page_indices, uint32_t layer_begin, uint32_t layer_count,
+    const KvCopyEngineOptions& options);
+
+// Splits descriptors into at most `parts` contiguous runs of about equal bytes; returns the run
+// boundaries (parts + 1 entries or fewer, first 0, last descriptors.size()).
+std::vector<size_t> SplitDescriptorsByBytes(std::span<const KvCopyDescriptor> descriptors,
+                                            int parts);
+
+struct KvDataPlaneOptions {
+  KvDeviceBuffers buffers;
+  // When set, a plan's kind is checked: put for write, get for restore.
+  const PlanRegistry* plans = nullptr;
+  // When set, every value of a plan must lie inside one of its mappings.
+  const HostRegistration* registration = nullptr;
+};
+
+class KvDataPlane {
+ public:
+  // Uploads the per-layer pointer table to the current device and allocates the error word.
+  static absl::StatusOr<std::unique_ptr<KvDataPlane>> Create(KvDataPlaneOptions options);
+  ~KvDataPlane();
+  KvDataPlane(const KvDataPlane&) = delete;
+  KvDataPlane& operator=(const KvDataPlane&) = delete;
+
+  // Kernel path. All enqueue on `stream` and return before the copy ran.
+  // Write (backup): every layer of each page, GPU -> values (put plan).
+  absl::Status WritePages(const KvTransferRequest& request, cudaStream_t stream,
+                          const KvKernelConfig& config = {});
+  // Restore: every layer of each page, values -> GPU (get plan).
+  absl::Status RestorePages(const KvTransferRequest& request, cudaStream_t stream,
+                            const KvKernelConfig& config = {});
+  // Layer-wise restore of layer `layer_id` only, to overlap with the forward pass.
+  absl::Status RestoreLayer(const KvTransferRequest& request, uint32_t layer_id,
+                            cudaStream_t stream, const KvKernelConfig& config = {});
+
+  // Copy-engine path for the same work; `layer` empty means all layers. Needs host_page_indices.
+  absl::Status CopyWithCopyEngine(KvDirection direction, const KvTransferRequest& request,
+                                  std::optional<uint32_t> layer, cudaStream_t stream,
+                                  const KvCopyEngineOptions& options = {});
+
+  // Reads and clears the kernels' sticky error bits. Call after the streams used finished.
+  absl::Status TakeDeviceErrors();
+
+  const KvDeviceBuffers& buffers() const;
+  const KvPageLayout& layout() const;
+
+ private:
+  class Impl;
+  explicit KvDataPlane(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fluxon
