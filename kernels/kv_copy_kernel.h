@@ -18,6 +18,10 @@ namespace fluxon::kernels {
 
 // Pages whose value pointers and indices a block stages in shared memory at a time.
 inline constexpr uint32_t kMaxWindowPages = 1024;
+// Bulk-copy kernel: bytes per cp.async.bulk tile and tiles in flight per block.
+inline constexpr uint32_t kBulkTileBytes = 16384;
+inline constexpr uint32_t kBulkStages = 8;
+inline constexpr int kBulkThreadsPerBlock = 128;
 
 struct KvCopyParams {
   const void* plan = nullptr;             // plan blob, host memory registered with CUDA
@@ -38,10 +42,12 @@ struct KvCopyLaunch {
   int threads_per_block = 0;
   int vectors_per_thread = 0;
   bool host_loads_bypass_cache = false;
+  bool bulk_copy = false;  // cp.async.bulk kernel (kBulkThreadsPerBlock threads)
 };
 
-// Items (warp tiles) per page for a given vectors_per_thread; used to size windows.
-uint64_t KvItemsPerPage(uint64_t chunk_bytes, uint32_t chunks_per_page, int vectors_per_thread);
+// Items (warp tiles, or bulk tiles) per page for a given vectors_per_thread; used to size windows.
+uint64_t KvItemsPerPage(uint64_t chunk_bytes, uint32_t chunks_per_page, int vectors_per_thread,
+                        bool bulk_copy);
 
 cudaError_t LaunchKvCopy(KvDirection direction, const KvCopyParams& params,
                          const KvCopyLaunch& launch, cudaStream_t stream);

@@ -51,6 +51,11 @@ absl::Status ValidateLayout(const KvPageLayout& layout) {
         "page_size * row_bytes = %d is not a multiple of %d bytes (16-byte vector copies)",
         layout.chunk_bytes(), kKvVectorBytes));
   }
+  if (layout.chunk_bytes() / kKvVectorBytes >= (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "page_size * row_bytes = %d bytes is too large for one chunk (limit 16 GiB)",
+        layout.chunk_bytes()));
+  }
   if (layout.value_bytes() / layout.num_layers != layout.layer_bytes()) {
     return absl::InvalidArgumentError("KV layout value size overflows 64 bits");
   }
@@ -252,7 +257,7 @@ std::vector<size_t> SplitDescriptorsByBytes(std::span<const KvCopyDescriptor> de
 // ---- KvDataPlane ----
 
 namespace {
-constexpr int kMaxCopyEngineStreams = 8;
+constexpr int kMaxCopyEngineStreams = 16;
 }  // namespace
 
 class KvDataPlane::Impl {
@@ -282,7 +287,7 @@ class KvDataPlane::Impl {
     const KvPageLayout& layout = options_.buffers.layout;
     const uint64_t items_per_page =
         kernels::KvItemsPerPage(layout.chunk_bytes(), layer_count * layout.buffers_per_layer(),
-                                config.vectors_per_thread);
+                                config.vectors_per_thread, config.bulk_copy);
     const uint64_t max_items = std::numeric_limits<int32_t>::max();
     if (items_per_page > max_items) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -302,8 +307,17 @@ class KvDataPlane::Impl {
     params.window_pages = static_cast<uint32_t>(
         std::min<uint64_t>(kernels::kMaxWindowPages, max_items / items_per_page));
     params.error_bits = error_device_;
-    kernels::KvCopyLaunch launch{config.sm_budget, config.threads_per_block,
-                                 config.vectors_per_thread, config.host_loads_bypass_cache};
+    // Blocks: the SM budget, but no more than keep every warp (every bulk pipeline) busy; an idle
+    // block still pays its plan round trip and slows small transfers down.
+    const int threads =
+        config.bulk_copy ? kernels::kBulkThreadsPerBlock : config.threads_per_block;
+    const uint64_t items_per_block_round =
+        config.bulk_copy ? kernels::kBulkStages : static_cast<uint64_t>(threads / 32);
+    const uint64_t total_items = items_per_page * plan.count;
+    const int blocks = static_cast<int>(std::min<uint64_t>(
+        config.sm_budget, (total_items + items_per_block_round - 1) / items_per_block_round));
+    kernels::KvCopyLaunch launch{std::max(blocks, 1), threads, config.vectors_per_thread,
+                                 config.host_loads_bypass_cache, config.bulk_copy};
     const cudaError_t err = kernels::LaunchKvCopy(direction, params, launch, stream);
     if (err != cudaSuccess) return CudaError(err, "KV copy kernel launch");
     return absl::OkStatus();

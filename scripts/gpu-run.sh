@@ -11,9 +11,11 @@
 #
 # On the GPU machine, from the folder that holds DEST:
 #   bash .gpupack/gpu-run.sh device [all|test|bench|quick]
-#     test : GPU tests (tests/gpu/test_kv_kernels.py) and compute-sanitizer memcheck on a small case
-#     bench: kv_transfer_bench (tables of GB/s and latency)
+#     test : GPU tests (tests/gpu/test_kv_kernels.py; again with the bulk-copy kernel) and
+#            compute-sanitizer memcheck on a small case of every path
+#     bench: kv_transfer_bench (tables of GB/s and latency; then the bulk-copy kernel's)
 #     all  : both (default); quick: tests in quick mode and the benchmark without sweeps
+#     Each step runs in its own process (a GPU fault in one cannot hide the others' results).
 #     Logs and the benchmark CSV go to $OUT (or ./gpu-out); the short tables are printed last.
 set -uo pipefail
 
@@ -53,34 +55,55 @@ case $mode in
     export LD_LIBRARY_PATH=$PACK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export PYTHONPATH=$PACK/python${PYTHONPATH:+:$PYTHONPATH}
     export PYTHONUNBUFFERED=1
+    BENCH=$PACK/bin/kv_transfer_bench
+    SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
     rc=0
-    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv 2>&1 | tee "$OUTDIR/gpu.txt"
-    if [ "$what" = all ] || [ "$what" = test ] || [ "$what" = quick ]; then
-      qflag=""
-      [ "$what" = quick ] && qflag=--quick
-      echo "=== GPU tests"
-      python3 "$PACK/tests/test_kv_kernels.py" $qflag >"$OUTDIR/test.log" 2>&1 || rc=1
-      echo "=== compute-sanitizer memcheck (small case, every path)"
-      SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-      if [ -n "$SAN" ]; then
-        "$SAN" --tool memcheck --leak-check full --error-exitcode 3 \
-          "$PACK/bin/kv_transfer_bench" --verify --small >"$OUTDIR/memcheck.log" 2>&1 || rc=1
-        tail -n 4 "$OUTDIR/memcheck.log"
+    step() {  # step NAME LOG COMMAND...: runs one step (bounded), records pass/fail
+      local name=$1 log=$2
+      shift 2
+      if timeout 420 "$@" >"$OUTDIR/$log" 2>&1; then
+        echo "step $name: ok" | tee -a "$OUTDIR/steps.txt"
       else
-        echo "compute-sanitizer not found" | tee "$OUTDIR/memcheck.log"; rc=1
+        echo "step $name: FAILED (exit $?, see $log)" | tee -a "$OUTDIR/steps.txt"
+        rc=1
       fi
-    fi
-    if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = quick ]; then
-      echo "=== benchmark"
+    }
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv >"$OUTDIR/gpu.txt" 2>&1
+    cat "$OUTDIR/gpu.txt"
+    qflag=""
+    [ "$what" = quick ] && qflag=--quick
+    case $what in all | test | quick)
+      step tests test.log python3 "$PACK/tests/test_kv_kernels.py" $qflag
+      step tests-bulk test-bulk.log python3 "$PACK/tests/test_kv_kernels.py" --quick --bulk
+      if [ -n "$SAN" ]; then
+        step memcheck memcheck.log "$SAN" --tool memcheck --leak-check full --error-exitcode 3 \
+          "$BENCH" --verify --small
+        step memcheck-bulk memcheck-bulk.log "$SAN" --tool memcheck --error-exitcode 3 \
+          "$BENCH" --verify --small --bulk
+      else
+        echo "step memcheck: FAILED (compute-sanitizer not found)" | tee -a "$OUTDIR/steps.txt"; rc=1
+      fi
+      ;;
+    esac
+    case $what in all | bench | quick)
       bflag=""
       [ "$what" = quick ] && bflag="--quick --no-sweep"
-      "$PACK/bin/kv_transfer_bench" $bflag --csv "$OUTDIR/bench.csv" >"$OUTDIR/bench.log" 2>&1 || rc=1
-    fi
+      step bench bench.log "$BENCH" $bflag --csv "$OUTDIR/bench.csv"
+      [ "$what" = quick ] || step bench-bulk bench-bulk.log "$BENCH" --quick --bulk \
+        --csv "$OUTDIR/bench-bulk.csv"
+      ;;
+    esac
     echo
     [ -f "$OUTDIR/bench.log" ] && cat "$OUTDIR/bench.log"
-    [ -f "$OUTDIR/test.log" ] && sed -n '/^## GPU data-plane tests/,$p' "$OUTDIR/test.log"
-    [ -f "$OUTDIR/test.log" ] && grep -E "^FAIL|Error|Traceback" "$OUTDIR/test.log" | head -20
-    [ -f "$OUTDIR/memcheck.log" ] && grep -E "ERROR SUMMARY|verify:" "$OUTDIR/memcheck.log"
+    for t in test test-bulk; do
+      [ -f "$OUTDIR/$t.log" ] || continue
+      sed -n '/^## GPU data-plane tests/,$p' "$OUTDIR/$t.log"
+      grep -E "^FAIL|Error|Traceback" "$OUTDIR/$t.log" | head -10
+    done
+    for m in memcheck memcheck-bulk; do
+      [ -f "$OUTDIR/$m.log" ] && grep -E "ERROR SUMMARY|verify:" "$OUTDIR/$m.log" | sed "s/^/$m: /"
+    done
+    cat "$OUTDIR/steps.txt"
     echo "gpu-run: $([ $rc = 0 ] && echo PASS || echo FAIL)"
     exit $rc
     ;;

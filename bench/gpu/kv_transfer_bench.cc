@@ -8,10 +8,11 @@
 // batches rotate over three disjoint sets of device pages and values so that no repetition is
 // served from the L2 a previous one filled.
 //
-// Usage: kv_transfer_bench [--verify] [--small] [--quick] [--csv FILE]
+// Usage: kv_transfer_bench [--verify] [--small] [--quick] [--no-sweep] [--bulk] [--csv FILE]
 //   --verify  byte-compare every path on a small case and exit (for compute-sanitizer)
 //   --small   tiny shapes (with --verify: the sanitizer case)
 //   --quick   fewer repetitions
+//   --bulk    measure (or verify) the cp.async.bulk kernel instead of the vector kernel
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,6 +31,11 @@
 #include "slot/segment.h"
 
 namespace fluxon {
+namespace bench {
+// plain_copy.cu
+cudaError_t LaunchPlainCopy(const void* src, void* dst, uint64_t bytes, int blocks,
+                            cudaStream_t stream);
+}  // namespace bench
 namespace {
 
 #define CUDA_OK(expr)                                                                    \
@@ -238,14 +244,13 @@ struct Timer {
 
 double GBps(uint64_t bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
 
-FILE* g_csv = nullptr;  // set once in main before any measurement
-void Csv(const std::string& section, const std::string& model, const std::string& dir, int batch,
+void Csv(FILE* csv, const std::string& section, const std::string& model, const std::string& dir, int batch,
          const std::string& method, const std::string& config, uint64_t bytes, double ms) {
-  if (g_csv != nullptr) {
-    std::fprintf(g_csv, "%s,%s,%s,%d,%s,%s,%llu,%.6f,%.3f\n", section.c_str(), model.c_str(),
+  if (csv != nullptr) {
+    std::fprintf(csv, "%s,%s,%s,%d,%s,%s,%llu,%.6f,%.3f\n", section.c_str(), model.c_str(),
                  dir.c_str(), batch, method.c_str(), config.c_str(),
                  static_cast<unsigned long long>(bytes), ms, GBps(bytes, ms));
-    std::fflush(g_csv);
+    std::fflush(csv);
   }
 }
 
@@ -286,7 +291,7 @@ void LaunchCeiling(Rig& rig, KvDirection dir, int s, uint64_t bytes, cudaStream_
 // ---------------------------------------------------------------------------------------------
 // Verification: every path, byte for byte, against per-chunk cudaMemcpy of the same layout.
 
-bool VerifyModel(Rig& rig, cudaStream_t stream, int batch) {
+bool VerifyModel(Rig& rig, cudaStream_t stream, int batch, bool bulk) {
   const KvPageLayout& l = rig.layout();
   bool ok = true;
   auto report = [&](const char* what, bool good) {
@@ -333,7 +338,8 @@ bool VerifyModel(Rig& rig, cudaStream_t stream, int batch) {
       rig.FillHostRandom(reinterpret_cast<uint8_t*>(rig.values(s)[p]), l.value_bytes());
     }
   };
-  const KvKernelConfig cfg{.sm_budget = 3, .threads_per_block = 256, .vectors_per_thread = 4};
+  const KvKernelConfig cfg{
+      .sm_budget = 3, .threads_per_block = 256, .vectors_per_thread = 4, .bulk_copy = bulk};
   const int s = 1;
   // Kernel write.
   poison_values(s);
@@ -376,21 +382,30 @@ Model MlaModel(bool small) {
 
 // ---------------------------------------------------------------------------------------------
 
-void BenchModel(Rig& rig, cudaStream_t stream, bool quick, bool sweep) {
+struct BenchOptions {
+  bool quick = false;
+  bool sweep = true;
+  bool bulk = false;  // measure the bulk-copy kernel instead of the vector kernel
+};
+
+void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* csv) {
+  const bool quick = opt.quick;
   const KvPageLayout& l = rig.layout();
   const std::string& name = rig.model().name;
   const int reps_big = quick ? 7 : 21;
   const int reps_small = quick ? 21 : 101;
-  const KvKernelConfig default_cfg{};
+  KvKernelConfig default_cfg{};
+  default_cfg.bulk_copy = opt.bulk;
   const KvCopyEngineOptions default_ce{};
+  const char* kernel_name = opt.bulk ? "bulk kernel" : "kernel";
 
   std::printf("\n### %s: %u layers x %u buffers, page %u tokens, row %llu B, value %llu B\n",
               name.c_str(), l.num_layers, l.buffers_per_layer(), l.page_size,
               static_cast<unsigned long long>(l.row_bytes),
               static_cast<unsigned long long>(l.value_bytes()));
   std::printf("\n| direction | pages | MiB | ceiling GB/s | memcpy/chunk GB/s | copy engine GB/s "
-              "(%% ceil) | kernel %d SMs GB/s (%% ceil) |\n|---|---|---|---|---|---|---|\n",
-              default_cfg.sm_budget);
+              "(%% ceil) | %s %d SMs GB/s (%% ceil) |\n|---|---|---|---|---|---|---|\n",
+              kernel_name, default_cfg.sm_budget);
   for (KvDirection dir : {KvDirection::kDeviceToValues, KvDirection::kValuesToDevice}) {
     for (int batch : {1, 16, 128}) {
       const uint64_t bytes = batch * l.value_bytes();
@@ -415,14 +430,14 @@ void BenchModel(Rig& rig, cudaStream_t stream, bool quick, bool sweep) {
                   DirName(dir), batch, bytes / 1048576.0, ceil, GBps(bytes, chunk_ms),
                   GBps(bytes, ce_ms), 100 * GBps(bytes, ce_ms) / ceil, GBps(bytes, k_ms),
                   100 * GBps(bytes, k_ms) / ceil);
-      Csv("main", name, DirName(dir), batch, "ceiling", "", bytes, ceil_ms);
-      Csv("main", name, DirName(dir), batch, "memcpy_per_chunk", "", bytes, chunk_ms);
-      Csv("main", name, DirName(dir), batch, "copy_engine", "default", bytes, ce_ms);
-      Csv("main", name, DirName(dir), batch, "kernel", "default", bytes, k_ms);
+      Csv(csv, "main", name, DirName(dir), batch, "ceiling", "", bytes, ceil_ms);
+      Csv(csv, "main", name, DirName(dir), batch, "memcpy_per_chunk", "", bytes, chunk_ms);
+      Csv(csv, "main", name, DirName(dir), batch, "copy_engine", "default", bytes, ce_ms);
+      Csv(csv, "main", name, DirName(dir), batch, kernel_name, "default", bytes, k_ms);
     }
   }
   StatusOk(rig.plane().TakeDeviceErrors(), "device errors");
-  if (!sweep) return;
+  if (!opt.sweep) return;
 
   // GB/s versus SM budget and kernel shape, 128 pages.
   const int batch = 128;
@@ -438,20 +453,39 @@ void BenchModel(Rig& rig, cudaStream_t stream, bool quick, bool sweep) {
   for (KvDirection dir : {KvDirection::kDeviceToValues, KvDirection::kValuesToDevice}) {
     const double ceil =
         GBps(bytes, t.MedianMs([&](int s) { LaunchCeiling(rig, dir, s, bytes, stream); }));
+    // Plain contiguous SM copy of the same bytes (no plan): what any SM copy reaches.
+    std::printf("| %s | %.1f |", DirName(dir), ceil);
+    for (int sm : {1, 2, 4, 8, 16, 32}) {
+      const double ms = t.MedianMs([&](int s) {
+        const void* src = dir == KvDirection::kDeviceToValues ? rig.scratch() : rig.ValueBase(s);
+        void* dst = dir == KvDirection::kDeviceToValues ? static_cast<void*>(rig.ValueBase(s))
+                                                        : rig.scratch();
+        CUDA_OK(bench::LaunchPlainCopy(src, dst, bytes, sm, stream));
+      });
+      std::printf(" %.1f |", GBps(bytes, ms));
+      Csv(csv, "sm_sweep", name, DirName(dir), batch, "plain_sm_copy", "sm=" + std::to_string(sm),
+          bytes, ms);
+    }
+    std::printf(" plain copy, no plan |\n");
     for (auto [threads, vectors] : shapes) {
       for (bool bypass : {false, true}) {
         if (bypass && (dir == KvDirection::kDeviceToValues || vectors != 4)) continue;
+        if (opt.bulk && (bypass || threads != 1024 || vectors != 8)) continue;
         std::printf("| %s | %.1f |", DirName(dir), ceil);
         for (int sm : {1, 2, 4, 8, 16, 32}) {
-          const KvKernelConfig cfg{sm, threads, vectors, bypass};
+          const KvKernelConfig cfg{sm, threads, vectors, bypass, opt.bulk};
           const double ms = t.MedianMs([&](int s) { LaunchKernel(rig, dir, s, batch, cfg, stream); });
           std::printf(" %.1f |", GBps(bytes, ms));
-          Csv("sm_sweep", name, DirName(dir), batch, "kernel",
+          Csv(csv, "sm_sweep", name, DirName(dir), batch, "kernel",
               "sm=" + std::to_string(sm) + " threads=" + std::to_string(threads) +
                   " vectors=" + std::to_string(vectors) + (bypass ? " cv" : ""),
               bytes, ms);
         }
-        std::printf(" %dx%d%s |\n", threads, vectors, bypass ? " ld.cv" : "");
+        if (opt.bulk) {
+          std::printf(" cp.async.bulk %ux%u KiB |\n", 8u, 16u);
+        } else {
+          std::printf(" %dx%d%s |\n", threads, vectors, bypass ? " ld.cv" : "");
+        }
       }
     }
   }
@@ -459,9 +493,10 @@ void BenchModel(Rig& rig, cudaStream_t stream, bool quick, bool sweep) {
   // Copy-engine options.
   std::printf("\n%s, 128 pages: copy-engine GB/s by streams (plan order / host-address order)\n\n",
               name.c_str());
-  std::printf("| direction | ceiling | 1 | 2 | 4 | 8 | 4, sorted | 4, overlap flag |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf("| direction | ceiling | 1 | 2 | 4 | 8 | 12 | 16 | 8, sorted | 8, overlap flag |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
   for (KvDirection dir : {KvDirection::kDeviceToValues, KvDirection::kValuesToDevice}) {
+    if (opt.bulk) break;  // the bulk run measures kernels only
     const double ceil =
         GBps(bytes, t.MedianMs([&](int s) { LaunchCeiling(rig, dir, s, bytes, stream); }));
     std::printf("| %s | %.1f |", DirName(dir), ceil);
@@ -470,13 +505,15 @@ void BenchModel(Rig& rig, cudaStream_t stream, bool quick, bool sweep) {
         {"streams=2", {.num_streams = 2}},
         {"streams=4", {.num_streams = 4}},
         {"streams=8", {.num_streams = 8}},
-        {"streams=4 sorted", {.num_streams = 4, .sort_by_host_address = true}},
-        {"streams=4 overlap", {.num_streams = 4, .prefer_overlap_with_compute = true}},
+        {"streams=12", {.num_streams = 12}},
+        {"streams=16", {.num_streams = 16}},
+        {"streams=8 sorted", {.num_streams = 8, .sort_by_host_address = true}},
+        {"streams=8 overlap", {.num_streams = 8, .prefer_overlap_with_compute = true}},
     };
     for (auto& [label, o] : opts) {
       const double ms = t.MedianMs([&](int s) { LaunchCopyEngine(rig, dir, s, batch, o, stream); });
       std::printf(" %.1f |", GBps(bytes, ms));
-      Csv("ce_sweep", name, DirName(dir), batch, "copy_engine", label, bytes, ms);
+      Csv(csv, "ce_sweep", name, DirName(dir), batch, "copy_engine", label, bytes, ms);
     }
     std::printf("\n");
   }
@@ -484,8 +521,9 @@ void BenchModel(Rig& rig, cudaStream_t stream, bool quick, bool sweep) {
   // Per-layer restore latency.
   std::printf("\n%s: one-layer restore (layer %u) latency, median\n\n", name.c_str(),
               l.num_layers / 2);
-  std::printf("| pages | bytes | ceiling µs (GB/s) | kernel 2 SMs µs | kernel 4 SMs µs (GB/s, %% "
-              "ceil) | kernel 8 SMs µs | copy engine µs (GB/s) |\n|---|---|---|---|---|---|---|\n");
+  std::printf("| pages | bytes | ceiling µs (GB/s) | %s 2 SMs µs | %s 4 SMs µs (GB/s, %% "
+              "ceil) | %s 8 SMs µs | copy engine µs (GB/s) | plain SM copy 4 SMs µs |\n"
+              "|---|---|---|---|---|---|---|---|\n", kernel_name, kernel_name, kernel_name);
   for (int b : {1, 16, 128}) {
     const uint64_t layer_bytes = b * l.layer_bytes();
     Timer lt{stream, 5, b >= 16 ? reps_small : reps_small * 2};
@@ -496,40 +534,47 @@ void BenchModel(Rig& rig, cudaStream_t stream, bool quick, bool sweep) {
     double kms[3];
     int i = 0;
     for (int sm : {2, 4, 8}) {
-      KvKernelConfig cfg = default_cfg;
+      KvKernelConfig cfg = default_cfg;  // carries the bulk flag
       cfg.sm_budget = sm;
       kms[i] = lt.MedianMs([&](int s) {
         LaunchKernel(rig, KvDirection::kValuesToDevice, s, b, cfg, stream, layer);
       });
-      Csv("layer", name, "restore H2D", b, "kernel", "sm=" + std::to_string(sm), layer_bytes,
-          kms[i]);
+      Csv(csv, "layer", name, "restore H2D", b, kernel_name, "sm=" + std::to_string(sm),
+          layer_bytes, kms[i]);
       ++i;
     }
     const double ce_ms = lt.MedianMs([&](int s) {
       LaunchCopyEngine(rig, KvDirection::kValuesToDevice, s, b, default_ce, stream, layer);
     });
-    Csv("layer", name, "restore H2D", b, "ceiling", "", layer_bytes, ceil_ms);
-    Csv("layer", name, "restore H2D", b, "copy_engine", "default", layer_bytes, ce_ms);
-    std::printf("| %d | %llu | %.1f (%.1f) | %.1f | %.1f (%.1f, %.0f%%) | %.1f | %.1f (%.1f) |\n", b,
-                static_cast<unsigned long long>(layer_bytes), ceil_ms * 1e3,
-                GBps(layer_bytes, ceil_ms), kms[0] * 1e3, kms[1] * 1e3, GBps(layer_bytes, kms[1]),
-                100 * ceil_ms / kms[1], kms[2] * 1e3, ce_ms * 1e3, GBps(layer_bytes, ce_ms));
+    const double plain_ms = lt.MedianMs([&](int s) {
+      CUDA_OK(bench::LaunchPlainCopy(rig.ValueBase(s), rig.scratch(), layer_bytes, 4, stream));
+    });
+    Csv(csv, "layer", name, "restore H2D", b, "plain_sm_copy", "sm=4", layer_bytes, plain_ms);
+    Csv(csv, "layer", name, "restore H2D", b, "ceiling", "", layer_bytes, ceil_ms);
+    Csv(csv, "layer", name, "restore H2D", b, "copy_engine", "default", layer_bytes, ce_ms);
+    std::printf(
+        "| %d | %llu | %.1f (%.1f) | %.1f | %.1f (%.1f, %.0f%%) | %.1f | %.1f (%.1f) | %.1f |\n", b,
+        static_cast<unsigned long long>(layer_bytes), ceil_ms * 1e3, GBps(layer_bytes, ceil_ms),
+        kms[0] * 1e3, kms[1] * 1e3, GBps(layer_bytes, kms[1]), 100 * ceil_ms / kms[1],
+        kms[2] * 1e3, ce_ms * 1e3, GBps(layer_bytes, ce_ms), plain_ms * 1e3);
   }
   StatusOk(rig.plane().TakeDeviceErrors(), "device errors");
 }
 
 int Main(int argc, char** argv) {
-  bool verify = false, small = false, quick = false, sweep = true;
-  const char* csv = nullptr;
+  bool verify = false, small = false;
+  BenchOptions opt;
+  const char* csv_path = nullptr;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--verify") verify = true;
     else if (a == "--small") small = true;
-    else if (a == "--quick") quick = true;
-    else if (a == "--no-sweep") sweep = false;
-    else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
+    else if (a == "--quick") opt.quick = true;
+    else if (a == "--no-sweep") opt.sweep = false;
+    else if (a == "--bulk") opt.bulk = true;
+    else if (a == "--csv" && i + 1 < argc) csv_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--verify] [--small] [--quick] [--no-sweep] [--csv FILE]\n",
+      std::fprintf(stderr, "usage: %s [--verify] [--small] [--quick] [--no-sweep] [--bulk] [--csv FILE]\n",
                    argv[0]);
       return 2;
     }
@@ -541,9 +586,10 @@ int Main(int argc, char** argv) {
   cudaRuntimeGetVersion(&runtime);
   std::printf("device: %s, %d SMs, L2 %d MiB, driver %d, runtime %d\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, driver, runtime);
-  if (csv != nullptr) {
-    g_csv = std::fopen(csv, "w");
-    if (g_csv) std::fprintf(g_csv, "section,model,direction,pages,method,config,bytes,ms,gbps\n");
+  FILE* csv = nullptr;
+  if (csv_path != nullptr) {
+    csv = std::fopen(csv_path, "w");
+    if (csv) std::fprintf(csv, "section,model,direction,pages,method,config,bytes,ms,gbps\n");
   }
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -552,16 +598,18 @@ int Main(int argc, char** argv) {
     bool ok = true;
     for (const Model& m : {MhaModel(small), MlaModel(small)}) {
       Rig rig(m, small ? 8 : 128, stream, 1234);
-      for (int batch : {1, small ? 5 : 37, small ? 8 : 128}) ok &= VerifyModel(rig, stream, batch);
+      for (int batch : {1, small ? 5 : 37, small ? 8 : 128}) {
+        ok &= VerifyModel(rig, stream, batch, opt.bulk);
+      }
     }
     std::printf("verify: %s\n", ok ? "PASS" : "FAIL");
     return ok ? 0 : 1;
   }
   for (const Model& m : {MhaModel(small), MlaModel(small)}) {
     Rig rig(m, 128, stream, 42);
-    BenchModel(rig, stream, quick, sweep);
+    BenchModel(rig, stream, opt, csv);
   }
-  if (g_csv) std::fclose(g_csv);
+  if (csv) std::fclose(csv);
   return 0;
 }
 

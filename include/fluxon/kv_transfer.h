@@ -47,10 +47,13 @@ struct KvDeviceBuffers {
 
 // Launch shape of the SM kernels.
 struct KvKernelConfig {
-  int sm_budget = 4;            // thread blocks, one per SM
+  int sm_budget = 4;  // at most this many thread blocks, one per SM (fewer when the work is small)
   int threads_per_block = 1024;  // multiple of 32, at most 1024
   int vectors_per_thread = 4;   // 16-byte loads in flight per thread before the stores: 1,2,4,8
   bool host_loads_bypass_cache = false;  // ld.global.cv instead of ld.global.cs for value reads
+  // Drive the bulk-copy engine (cp.async.bulk, 128 threads per block) instead of vector loads;
+  // threads_per_block and vectors_per_thread are then ignored.
+  bool bulk_copy = false;
 };
 
 // Copy-engine (DMA) path: cudaMemcpyBatchAsync built from the same plan.

@@ -112,8 +112,9 @@ class PyRegistration {
 };
 
 KvKernelConfig MakeConfig(int sm_budget, int threads_per_block, int vectors_per_thread,
-                          bool host_loads_bypass_cache) {
-  return KvKernelConfig{sm_budget, threads_per_block, vectors_per_thread, host_loads_bypass_cache};
+                          bool host_loads_bypass_cache, bool bulk_copy) {
+  return KvKernelConfig{sm_budget, threads_per_block, vectors_per_thread, host_loads_bypass_cache,
+                        bulk_copy};
 }
 
 class PyDataPlane {
@@ -134,14 +135,14 @@ class PyDataPlane {
   void Kernel(const std::string& op, uint64_t plan_ptr, uint64_t page_indices_ptr,
               uint64_t num_pages, uint64_t stream, std::optional<uint32_t> layer_id,
               const std::optional<std::vector<int64_t>>& host_page_indices, int sm_budget,
-              int threads_per_block, int vectors_per_thread, bool bypass) {
+              int threads_per_block, int vectors_per_thread, bool bypass, bool bulk) {
     KvTransferRequest request;
     request.plan_ptr = plan_ptr;
     request.device_page_indices = reinterpret_cast<const int64_t*>(page_indices_ptr);
     request.num_pages = num_pages;
     if (host_page_indices.has_value()) request.host_page_indices = *host_page_indices;
     const KvKernelConfig config =
-        MakeConfig(sm_budget, threads_per_block, vectors_per_thread, bypass);
+        MakeConfig(sm_budget, threads_per_block, vectors_per_thread, bypass, bulk);
     absl::Status status;
     {
       py::gil_scoped_release release;
@@ -267,24 +268,26 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
           "write_pages",
           [](PyDataPlane& d, uint64_t plan_ptr, uint64_t page_indices_ptr, uint64_t num_pages,
              uint64_t stream, std::optional<std::vector<int64_t>> host_page_indices, int sm_budget,
-             int threads_per_block, int vectors_per_thread, bool bypass) {
+             int threads_per_block, int vectors_per_thread, bool bypass, bool bulk) {
             d.Kernel("write", plan_ptr, page_indices_ptr, num_pages, stream, std::nullopt,
-                     host_page_indices, sm_budget, threads_per_block, vectors_per_thread, bypass);
+                     host_page_indices, sm_budget, threads_per_block, vectors_per_thread, bypass,
+                     bulk);
           },
           py::arg("plan_ptr"), py::arg("page_indices_ptr"), py::arg("num_pages"),
           py::arg("stream") = 0, py::arg("host_page_indices") = py::none(),
           py::arg("sm_budget") = KvKernelConfig{}.sm_budget,
           py::arg("threads_per_block") = KvKernelConfig{}.threads_per_block,
           py::arg("vectors_per_thread") = KvKernelConfig{}.vectors_per_thread,
-          py::arg("host_loads_bypass_cache") = false)
+          py::arg("host_loads_bypass_cache") = false, py::arg("bulk_copy") = false)
       .def(
           "restore_pages",
           [](PyDataPlane& d, uint64_t plan_ptr, uint64_t page_indices_ptr, uint64_t num_pages,
              uint64_t stream, std::optional<uint32_t> layer_id,
              std::optional<std::vector<int64_t>> host_page_indices, int sm_budget,
-             int threads_per_block, int vectors_per_thread, bool bypass) {
+             int threads_per_block, int vectors_per_thread, bool bypass, bool bulk) {
             d.Kernel("restore", plan_ptr, page_indices_ptr, num_pages, stream, layer_id,
-                     host_page_indices, sm_budget, threads_per_block, vectors_per_thread, bypass);
+                     host_page_indices, sm_budget, threads_per_block, vectors_per_thread, bypass,
+                     bulk);
           },
           py::arg("plan_ptr"), py::arg("page_indices_ptr"), py::arg("num_pages"),
           py::arg("stream") = 0, py::arg("layer_id") = py::none(),
@@ -292,7 +295,7 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
           py::arg("sm_budget") = KvKernelConfig{}.sm_budget,
           py::arg("threads_per_block") = KvKernelConfig{}.threads_per_block,
           py::arg("vectors_per_thread") = KvKernelConfig{}.vectors_per_thread,
-          py::arg("host_loads_bypass_cache") = false)
+          py::arg("host_loads_bypass_cache") = false, py::arg("bulk_copy") = false)
       .def("copy_engine", &PyDataPlane::CopyEngine, py::arg("direction"), py::arg("plan_ptr"),
            py::arg("host_page_indices"), py::arg("stream") = 0, py::arg("layer_id") = py::none(),
            py::arg("num_streams") = KvCopyEngineOptions{}.num_streams,

@@ -5,7 +5,7 @@ registered through the registration helper. Every check uses fresh random data a
 indices, poisons the destination first, and compares byte for byte with a torch reference; pages
 that must not be touched are checked to still hold the poison.
 
-Usage: python3 tests/gpu/test_kv_kernels.py [--quick]
+Usage: python3 tests/gpu/test_kv_kernels.py [--quick] [--bulk]
 Exit status 0 only when every check passed; a table of results is printed last.
 """
 
@@ -152,7 +152,8 @@ def layer_pages_poisoned(dst: Pool, dst_idx, layers) -> bool:
     return True
 
 
-def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_budget: int):
+def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_budget: int,
+             bulk: bool):
     name, attention, layers, page, row_elems = shape
     dtype = DTYPES[dtype_name]
     src = Pool(attention, layers, page, row_elems, dtype)
@@ -164,7 +165,7 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
     vb = layout.value_bytes
     group = f"{name} {dtype_name} n={batch}"
     stream = torch.cuda.current_stream()
-    cfg = dict(sm_budget=sm_budget)
+    cfg = dict(sm_budget=sm_budget, bulk_copy=bulk)
 
     src_idx = torch.randperm(DEVICE_PAGES)[:batch]
     dst_idx = torch.randperm(DEVICE_PAGES)[:batch]
@@ -369,6 +370,7 @@ def run_errors(env: Env, checks: Checks):
 
 def main():
     quick = "--quick" in sys.argv
+    bulk = "--bulk" in sys.argv  # kernel checks use the cp.async.bulk kernel
     torch.manual_seed(int(time.time()))
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     shapes = [
@@ -386,7 +388,7 @@ def main():
     for shape in shapes:
         for dtype_name in (["fp8"] if shape[0] == "MLA-p1" else list(DTYPES)):
             for i, batch in enumerate(batches):
-                run_case(env, checks, shape, dtype_name, batch, budgets[i % len(budgets)])
+                run_case(env, checks, shape, dtype_name, batch, budgets[i % len(budgets)], bulk)
     run_errors(env, checks)
     elapsed = time.time() - t0
 
@@ -399,8 +401,8 @@ def main():
         groups.setdefault(key, {}).setdefault(name, []).append(ok)
     names = ["kernel write", "kernel restore", "layer-wise restore", "restore after host rewrite",
              "copy-engine write", "copy-engine restore"]
-    print("\n## GPU data-plane tests (byte-exact vs torch reference; batches "
-          f"{','.join(map(str, batches))})\n")
+    print(f"\n## GPU data-plane tests{' (bulk-copy kernel)' if bulk else ''} (byte-exact vs torch "
+          f"reference; batches {','.join(map(str, batches))})\n")
     print("| shape dtype | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
     for key, cols in groups.items():
