@@ -27,6 +27,14 @@ namespace {
 __device__ __forceinline__ int4 LoadStreaming(const int4* p) { return __ldcs(p); }
 // Re-fetch from memory, never a cached system-memory line.
 __device__ __forceinline__ int4 LoadVolatile(const int4* p) { return __ldcv(p); }
+// Streaming load that asks L2 to fetch 256 bytes (larger host reads over PCIe).
+__device__ __forceinline__ int4 LoadPrefetch256(const int4* p) {
+  int4 r;
+  asm("ld.global.cs.L2::256B.v4.s32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
 __device__ __forceinline__ uint64_t LoadVolatileWord(const uint64_t* p) {
   return static_cast<uint64_t>(__ldcv(reinterpret_cast<const unsigned long long*>(p)));
 }
@@ -103,7 +111,7 @@ __device__ __forceinline__ ItemAddress Locate(const KvCopyParams& p, const Stagi
   return a;
 }
 
-template <KvDirection kDirection, int kVectors, bool kHostLoadsBypassCache>
+template <KvDirection kDirection, int kVectors, int kHostLoad>
 __global__ void __launch_bounds__(1024, 1) KvCopyKernel(const KvCopyParams p) {
   __shared__ Staging s;
   constexpr uint32_t kTileVectors = 32 * kVectors;
@@ -140,8 +148,10 @@ __global__ void __launch_bounds__(1024, 1) KvCopyKernel(const KvCopyParams p) {
 #pragma unroll
       for (int k = 0; k < kVectors; ++k) {
         if (lane + k * 32 < tile_vectors) {
-          if constexpr (kDirection == KvDirection::kValuesToDevice && kHostLoadsBypassCache) {
+          if constexpr (kDirection == KvDirection::kValuesToDevice && kHostLoad == 1) {
             r[k] = LoadVolatile(src + k * 32);
+          } else if constexpr (kDirection == KvDirection::kValuesToDevice && kHostLoad == 2) {
+            r[k] = LoadPrefetch256(src + k * 32);
           } else {
             r[k] = LoadStreaming(src + k * 32);
           }
@@ -292,9 +302,20 @@ __global__ void __launch_bounds__(128, 1) KvBulkCopyKernel(const KvCopyParams p)
 }
 
 template <KvDirection kDirection, int kVectors>
-const void* VectorKernel(bool bypass) {
-  return bypass ? reinterpret_cast<const void*>(&KvCopyKernel<kDirection, kVectors, true>)
-                : reinterpret_cast<const void*>(&KvCopyKernel<kDirection, kVectors, false>);
+const void* VectorKernel(int host_load) {
+  if constexpr (kDirection == KvDirection::kDeviceToValues) {
+    return reinterpret_cast<const void*>(&KvCopyKernel<kDirection, kVectors, 0>);
+  } else {
+    switch (host_load) {
+      case 0:
+        return reinterpret_cast<const void*>(&KvCopyKernel<kDirection, kVectors, 0>);
+      case 1:
+        return reinterpret_cast<const void*>(&KvCopyKernel<kDirection, kVectors, 1>);
+      case 2:
+        return reinterpret_cast<const void*>(&KvCopyKernel<kDirection, kVectors, 2>);
+    }
+    return nullptr;
+  }
 }
 
 template <KvDirection kDirection>
@@ -302,13 +323,13 @@ const void* SelectKernel(const KvCopyLaunch& launch) {
   if (launch.bulk_copy) return reinterpret_cast<const void*>(&KvBulkCopyKernel<kDirection>);
   switch (launch.vectors_per_thread) {
     case 1:
-      return VectorKernel<kDirection, 1>(launch.host_loads_bypass_cache);
+      return VectorKernel<kDirection, 1>(launch.host_load);
     case 2:
-      return VectorKernel<kDirection, 2>(launch.host_loads_bypass_cache);
+      return VectorKernel<kDirection, 2>(launch.host_load);
     case 4:
-      return VectorKernel<kDirection, 4>(launch.host_loads_bypass_cache);
+      return VectorKernel<kDirection, 4>(launch.host_load);
     case 8:
-      return VectorKernel<kDirection, 8>(launch.host_loads_bypass_cache);
+      return VectorKernel<kDirection, 8>(launch.host_load);
   }
   return nullptr;
 }

@@ -110,6 +110,9 @@ absl::Status ValidateKernelConfig(const KvKernelConfig& config, int device_sm_co
     return absl::InvalidArgumentError(absl::StrFormat(
         "threads_per_block %d must be a multiple of 32 in [32, 1024]", config.threads_per_block));
   }
+  if (static_cast<int>(config.host_load) > static_cast<int>(KvHostLoad::kPrefetch256B)) {
+    return absl::InvalidArgumentError("unknown host_load mode");
+  }
   const int v = config.vectors_per_thread;
   if (v != 1 && v != 2 && v != 4 && v != 8) {
     return absl::InvalidArgumentError(
@@ -317,7 +320,7 @@ class KvDataPlane::Impl {
     const int blocks = static_cast<int>(std::min<uint64_t>(
         config.sm_budget, (total_items + items_per_block_round - 1) / items_per_block_round));
     kernels::KvCopyLaunch launch{std::max(blocks, 1), threads, config.vectors_per_thread,
-                                 config.host_loads_bypass_cache, config.bulk_copy};
+                                 static_cast<int>(config.host_load), config.bulk_copy};
     const cudaError_t err = kernels::LaunchKvCopy(direction, params, launch, stream);
     if (err != cudaSuccess) return CudaError(err, "KV copy kernel launch");
     return absl::OkStatus();

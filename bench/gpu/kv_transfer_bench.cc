@@ -468,23 +468,25 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
     }
     std::printf(" plain copy, no plan |\n");
     for (auto [threads, vectors] : shapes) {
-      for (bool bypass : {false, true}) {
-        if (bypass && (dir == KvDirection::kDeviceToValues || vectors != 4)) continue;
-        if (opt.bulk && (bypass || threads != 1024 || vectors != 8)) continue;
+      for (int load : {0, 1, 2}) {
+        const bool restore = dir == KvDirection::kValuesToDevice;
+        if (load != 0 && (!restore || vectors != 8 || threads != 1024)) continue;
+        if (opt.bulk && (load != 0 || threads != 1024 || vectors != 8)) continue;
+        const char* load_name = load == 1 ? " ld.cv" : load == 2 ? " ld.L2::256B" : "";
         std::printf("| %s | %.1f |", DirName(dir), ceil);
         for (int sm : {1, 2, 4, 8, 16, 32}) {
-          const KvKernelConfig cfg{sm, threads, vectors, bypass, opt.bulk};
+          const KvKernelConfig cfg{sm, threads, vectors, static_cast<KvHostLoad>(load), opt.bulk};
           const double ms = t.MedianMs([&](int s) { LaunchKernel(rig, dir, s, batch, cfg, stream); });
           std::printf(" %.1f |", GBps(bytes, ms));
-          Csv(csv, "sm_sweep", name, DirName(dir), batch, "kernel",
+          Csv(csv, "sm_sweep", name, DirName(dir), batch, opt.bulk ? "bulk_kernel" : "kernel",
               "sm=" + std::to_string(sm) + " threads=" + std::to_string(threads) +
-                  " vectors=" + std::to_string(vectors) + (bypass ? " cv" : ""),
+                  " vectors=" + std::to_string(vectors) + load_name,
               bytes, ms);
         }
         if (opt.bulk) {
           std::printf(" cp.async.bulk %ux%u KiB |\n", 8u, 16u);
         } else {
-          std::printf(" %dx%d%s |\n", threads, vectors, bypass ? " ld.cv" : "");
+          std::printf(" %dx%d%s |\n", threads, vectors, load_name);
         }
       }
     }

@@ -45,12 +45,19 @@ struct KvDeviceBuffers {
   uint64_t device_pages = 0;     // pages each buffer holds; valid page indices are [0, this)
 };
 
+// How the vector kernel loads value bytes from host memory (restore).
+enum class KvHostLoad : uint8_t {
+  kStreaming = 0,     // ld.global.cs
+  kBypassCache = 1,   // ld.global.cv: never a cached system-memory line
+  kPrefetch256B = 2,  // ld.global.cs.L2::256B: ask L2 for 256-byte fetches
+};
+
 // Launch shape of the SM kernels.
 struct KvKernelConfig {
   int sm_budget = 4;  // at most this many thread blocks, one per SM (fewer when the work is small)
   int threads_per_block = 1024;  // multiple of 32, at most 1024
   int vectors_per_thread = 4;   // 16-byte loads in flight per thread before the stores: 1,2,4,8
-  bool host_loads_bypass_cache = false;  // ld.global.cv instead of ld.global.cs for value reads
+  KvHostLoad host_load = KvHostLoad::kStreaming;
   // Drive the bulk-copy engine (cp.async.bulk, 128 threads per block) instead of vector loads;
   // threads_per_block and vectors_per_thread are then ignored.
   bool bulk_copy = false;

@@ -111,9 +111,17 @@ class PyRegistration {
   std::unique_ptr<HostRegistration> registration_;
 };
 
+KvHostLoad ParseHostLoad(const std::string& name) {
+  if (name == "streaming") return KvHostLoad::kStreaming;
+  if (name == "bypass") return KvHostLoad::kBypassCache;
+  if (name == "prefetch256") return KvHostLoad::kPrefetch256B;
+  throw py::value_error("host_load must be 'streaming', 'bypass' or 'prefetch256', got '" + name +
+                        "'");
+}
+
 KvKernelConfig MakeConfig(int sm_budget, int threads_per_block, int vectors_per_thread,
-                          bool host_loads_bypass_cache, bool bulk_copy) {
-  return KvKernelConfig{sm_budget, threads_per_block, vectors_per_thread, host_loads_bypass_cache,
+                          const std::string& host_load, bool bulk_copy) {
+  return KvKernelConfig{sm_budget, threads_per_block, vectors_per_thread, ParseHostLoad(host_load),
                         bulk_copy};
 }
 
@@ -135,14 +143,14 @@ class PyDataPlane {
   void Kernel(const std::string& op, uint64_t plan_ptr, uint64_t page_indices_ptr,
               uint64_t num_pages, uint64_t stream, std::optional<uint32_t> layer_id,
               const std::optional<std::vector<int64_t>>& host_page_indices, int sm_budget,
-              int threads_per_block, int vectors_per_thread, bool bypass, bool bulk) {
+              int threads_per_block, int vectors_per_thread, const std::string& host_load, bool bulk) {
     KvTransferRequest request;
     request.plan_ptr = plan_ptr;
     request.device_page_indices = reinterpret_cast<const int64_t*>(page_indices_ptr);
     request.num_pages = num_pages;
     if (host_page_indices.has_value()) request.host_page_indices = *host_page_indices;
     const KvKernelConfig config =
-        MakeConfig(sm_budget, threads_per_block, vectors_per_thread, bypass, bulk);
+        MakeConfig(sm_budget, threads_per_block, vectors_per_thread, host_load, bulk);
     absl::Status status;
     {
       py::gil_scoped_release release;
@@ -268,9 +276,9 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
           "write_pages",
           [](PyDataPlane& d, uint64_t plan_ptr, uint64_t page_indices_ptr, uint64_t num_pages,
              uint64_t stream, std::optional<std::vector<int64_t>> host_page_indices, int sm_budget,
-             int threads_per_block, int vectors_per_thread, bool bypass, bool bulk) {
+             int threads_per_block, int vectors_per_thread, const std::string& host_load, bool bulk) {
             d.Kernel("write", plan_ptr, page_indices_ptr, num_pages, stream, std::nullopt,
-                     host_page_indices, sm_budget, threads_per_block, vectors_per_thread, bypass,
+                     host_page_indices, sm_budget, threads_per_block, vectors_per_thread, host_load,
                      bulk);
           },
           py::arg("plan_ptr"), py::arg("page_indices_ptr"), py::arg("num_pages"),
@@ -278,15 +286,15 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
           py::arg("sm_budget") = KvKernelConfig{}.sm_budget,
           py::arg("threads_per_block") = KvKernelConfig{}.threads_per_block,
           py::arg("vectors_per_thread") = KvKernelConfig{}.vectors_per_thread,
-          py::arg("host_loads_bypass_cache") = false, py::arg("bulk_copy") = false)
+          py::arg("host_load") = "streaming", py::arg("bulk_copy") = false)
       .def(
           "restore_pages",
           [](PyDataPlane& d, uint64_t plan_ptr, uint64_t page_indices_ptr, uint64_t num_pages,
              uint64_t stream, std::optional<uint32_t> layer_id,
              std::optional<std::vector<int64_t>> host_page_indices, int sm_budget,
-             int threads_per_block, int vectors_per_thread, bool bypass, bool bulk) {
+             int threads_per_block, int vectors_per_thread, const std::string& host_load, bool bulk) {
             d.Kernel("restore", plan_ptr, page_indices_ptr, num_pages, stream, layer_id,
-                     host_page_indices, sm_budget, threads_per_block, vectors_per_thread, bypass,
+                     host_page_indices, sm_budget, threads_per_block, vectors_per_thread, host_load,
                      bulk);
           },
           py::arg("plan_ptr"), py::arg("page_indices_ptr"), py::arg("num_pages"),
@@ -295,7 +303,7 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
           py::arg("sm_budget") = KvKernelConfig{}.sm_budget,
           py::arg("threads_per_block") = KvKernelConfig{}.threads_per_block,
           py::arg("vectors_per_thread") = KvKernelConfig{}.vectors_per_thread,
-          py::arg("host_loads_bypass_cache") = false, py::arg("bulk_copy") = false)
+          py::arg("host_load") = "streaming", py::arg("bulk_copy") = false)
       .def("copy_engine", &PyDataPlane::CopyEngine, py::arg("direction"), py::arg("plan_ptr"),
            py::arg("host_page_indices"), py::arg("stream") = 0, py::arg("layer_id") = py::none(),
            py::arg("num_streams") = KvCopyEngineOptions{}.num_streams,

@@ -48,6 +48,7 @@ class Env:
         return self.host[off:off + value_bytes]
 
 
+HOST_LOADS = ["streaming", "prefetch256", "bypass"]  # restore load variants, rotated over batches
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 
 
@@ -153,7 +154,7 @@ def layer_pages_poisoned(dst: Pool, dst_idx, layers) -> bool:
 
 
 def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_budget: int,
-             bulk: bool):
+             bulk: bool, host_load: str):
     name, attention, layers, page, row_elems = shape
     dtype = DTYPES[dtype_name]
     src = Pool(attention, layers, page, row_elems, dtype)
@@ -165,7 +166,7 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
     vb = layout.value_bytes
     group = f"{name} {dtype_name} n={batch}"
     stream = torch.cuda.current_stream()
-    cfg = dict(sm_budget=sm_budget, bulk_copy=bulk)
+    cfg = dict(sm_budget=sm_budget, bulk_copy=bulk, host_load=host_load)
 
     src_idx = torch.randperm(DEVICE_PAGES)[:batch]
     dst_idx = torch.randperm(DEVICE_PAGES)[:batch]
@@ -388,7 +389,8 @@ def main():
     for shape in shapes:
         for dtype_name in (["fp8"] if shape[0] == "MLA-p1" else list(DTYPES)):
             for i, batch in enumerate(batches):
-                run_case(env, checks, shape, dtype_name, batch, budgets[i % len(budgets)], bulk)
+                run_case(env, checks, shape, dtype_name, batch, budgets[i % len(budgets)], bulk,
+                         HOST_LOADS[i % len(HOST_LOADS)])
     run_errors(env, checks)
     elapsed = time.time() - t0
 
