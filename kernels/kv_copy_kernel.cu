@@ -54,7 +54,7 @@ struct Staging {
 __device__ bool StageWindow(const KvCopyParams& p, Staging& s, uint64_t window_begin,
                             uint32_t window_pages, bool check_plan) {
   __syncthreads();  // the previous window's items are done with the staged arrays
-  const uint64_t* value_ptrs = PlanValuePtrs(p.plan);
+  const uint64_t* value_ptrs = p.plan != nullptr ? PlanValuePtrs(p.plan) : nullptr;
   if (check_plan && threadIdx.x == 0) {
     const auto* header = static_cast<const PlanBlobHeader*>(p.plan);
     const uint64_t magic = LoadVolatileWord(&header->magic);
@@ -69,8 +69,14 @@ __device__ bool StageWindow(const KvCopyParams& p, Staging& s, uint64_t window_b
     }
     s.plan_ok = ok;
   }
+  // In staging mode a value holds only the selected layers: shift its base back by the offset of
+  // the first selected chunk so that chunk addressing below is the same as for plan values.
+  const uint64_t staging_shift =
+      static_cast<uint64_t>(p.layer_begin) * p.buffers_per_layer * p.chunk_bytes;
   for (uint32_t i = threadIdx.x; i < window_pages; i += blockDim.x) {
-    s.value[i] = LoadVolatileWord(value_ptrs + window_begin + i);
+    s.value[i] = p.plan != nullptr
+                     ? LoadVolatileWord(value_ptrs + window_begin + i)
+                     : p.staging_base + (window_begin + i) * p.staging_stride - staging_shift;
     s.page[i] = LoadDeviceIndex(p.page_indices + window_begin + i);
   }
   __syncthreads();
@@ -127,7 +133,9 @@ __global__ void __launch_bounds__(1024, 1) KvCopyKernel(const KvCopyParams p) {
   for (uint64_t window_begin = 0; window_begin < p.num_pages; window_begin += p.window_pages) {
     const uint32_t window_pages = static_cast<uint32_t>(
         min(static_cast<uint64_t>(p.window_pages), p.num_pages - window_begin));
-    if (!StageWindow(p, s, window_begin, window_pages, window_begin == 0)) return;
+    if (!StageWindow(p, s, window_begin, window_pages, window_begin == 0 && p.plan != nullptr)) {
+      return;
+    }
     const uint32_t items = window_pages * items_per_page;
     for (uint32_t item = first_item; item < items; item += item_stride) {
       const ItemAddress a = Locate(p, s, item, items_per_page, tiles_per_chunk);
@@ -263,7 +271,9 @@ __global__ void __launch_bounds__(128, 1) KvBulkCopyKernel(const KvCopyParams p)
   for (uint64_t window_begin = 0; window_begin < p.num_pages; window_begin += p.window_pages) {
     const uint32_t window_pages = static_cast<uint32_t>(
         min(static_cast<uint64_t>(p.window_pages), p.num_pages - window_begin));
-    if (!StageWindow(p, s, window_begin, window_pages, window_begin == 0)) break;
+    if (!StageWindow(p, s, window_begin, window_pages, window_begin == 0 && p.plan != nullptr)) {
+      break;
+    }
     if (!driver) continue;
     const uint32_t items = window_pages * items_per_page;
     // Software pipeline: loads run up to kBulkStages items ahead of the stores. `head` is the

@@ -24,7 +24,11 @@ inline constexpr uint32_t kBulkStages = 8;
 inline constexpr int kBulkThreadsPerBlock = 128;
 
 struct KvCopyParams {
-  const void* plan = nullptr;             // plan blob, host memory registered with CUDA
+  // Plan blob (host memory registered with CUDA). Null in staging mode: value i then starts at
+  // staging_base + i * staging_stride (a device staging buffer of the staged copy-engine path).
+  const void* plan = nullptr;
+  uint64_t staging_base = 0;
+  uint64_t staging_stride = 0;
   const int64_t* page_indices = nullptr;  // device memory, num_pages entries
   uint64_t num_pages = 0;
   const uint64_t* buffer_table = nullptr;  // device memory, [layer][buffer] buffer addresses

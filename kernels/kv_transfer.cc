@@ -260,20 +260,25 @@ std::vector<size_t> SplitDescriptorsByBytes(std::span<const KvCopyDescriptor> de
 // ---- KvDataPlane ----
 
 namespace {
-constexpr int kMaxCopyEngineStreams = 16;
+constexpr int kMaxCopyEngineStreams = 32;
 }  // namespace
 
 class KvDataPlane::Impl {
  public:
   Impl(KvDataPlaneOptions options, int sm_count, uint64_t* device_table, uint32_t* error_host,
-       uint32_t* error_device)
+       uint32_t* error_device, uint8_t* staging, uint64_t staging_slot_bytes)
       : options_(std::move(options)),
         sm_count_(sm_count),
         device_table_(device_table),
         error_host_(error_host),
-        error_device_(error_device) {}
+        error_device_(error_device),
+        staging_(staging),
+        staging_slot_bytes_(staging_slot_bytes) {}
 
   ~Impl() {
+    for (cudaEvent_t e : staged_ready_) cudaEventDestroy(e);
+    for (cudaEvent_t e : staged_free_) cudaEventDestroy(e);
+    cudaFree(staging_);
     for (cudaEvent_t e : join_events_) cudaEventDestroy(e);
     if (fork_event_ != nullptr) cudaEventDestroy(fork_event_);
     for (cudaStream_t s : streams_) cudaStreamDestroy(s);
@@ -301,12 +306,26 @@ class KvDataPlane::Impl {
     params.plan = reinterpret_cast<const void*>(request.plan_ptr);
     params.page_indices = request.device_page_indices;
     params.num_pages = plan.count;
+    params.layer_begin = layer_begin;
+    params.layer_count = layer_count;
+    return LaunchPrepared(direction, params, items_per_page, stream, config);
+  }
+
+  // Fills the pool-wide fields of `params` and launches.
+  absl::Status LaunchPrepared(KvDirection direction, kernels::KvCopyParams params,
+                              uint64_t items_per_page, cudaStream_t stream,
+                              const KvKernelConfig& config) {
+    const KvPageLayout& layout = options_.buffers.layout;
+    const uint64_t max_items = std::numeric_limits<int32_t>::max();
+    if (items_per_page > max_items) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "one page is %d warp tiles, more than the kernel indexes (%d)", items_per_page,
+          max_items));
+    }
     params.buffer_table = device_table_;
     params.device_pages = options_.buffers.device_pages;
     params.chunk_bytes = layout.chunk_bytes();
     params.buffers_per_layer = layout.buffers_per_layer();
-    params.layer_begin = layer_begin;
-    params.layer_count = layer_count;
     params.window_pages = static_cast<uint32_t>(
         std::min<uint64_t>(kernels::kMaxWindowPages, max_items / items_per_page));
     params.error_bits = error_device_;
@@ -316,13 +335,133 @@ class KvDataPlane::Impl {
         config.bulk_copy ? kernels::kBulkThreadsPerBlock : config.threads_per_block;
     const uint64_t items_per_block_round =
         config.bulk_copy ? kernels::kBulkStages : static_cast<uint64_t>(threads / 32);
-    const uint64_t total_items = items_per_page * plan.count;
+    const uint64_t total_items = items_per_page * params.num_pages;
     const int blocks = static_cast<int>(std::min<uint64_t>(
         config.sm_budget, (total_items + items_per_block_round - 1) / items_per_block_round));
     kernels::KvCopyLaunch launch{std::max(blocks, 1), threads, config.vectors_per_thread,
                                  static_cast<int>(config.host_load), config.bulk_copy};
     const cudaError_t err = kernels::LaunchKvCopy(direction, params, launch, stream);
     if (err != cudaSuccess) return CudaError(err, "KV copy kernel launch");
+    return absl::OkStatus();
+  }
+
+  absl::Status Staged(KvDirection direction, const KvTransferRequest& request,
+                      uint32_t layer_begin, uint32_t layer_count, cudaStream_t stream,
+                      int sm_budget) {
+    if (staging_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "the staged copy-engine path is not configured (KvDataPlaneOptions::"
+          "staging_group_pages is 0)");
+    }
+    KvKernelConfig config;
+    config.sm_budget = sm_budget;
+    config.vectors_per_thread = 8;
+    FLUXON_RETURN_IF_ERROR(ValidateKernelConfig(config, sm_count_));
+    FLUXON_ASSIGN_OR_RETURN(PlanView plan, CheckRequest(direction, request, layer_begin,
+                                                        layer_count, /*need_host_indices=*/true));
+    if (request.device_page_indices == nullptr ||
+        !Aligned(reinterpret_cast<uint64_t>(request.device_page_indices), sizeof(int64_t))) {
+      return absl::InvalidArgumentError(
+          "the staged path needs 8-byte aligned device_page_indices (the gather/scatter kernel "
+          "reads them) as well as host_page_indices");
+    }
+    const KvPageLayout& layout = options_.buffers.layout;
+    const uint64_t page_bytes = layer_count * layout.layer_bytes();  // selected layers of a page
+    const uint64_t value_offset = layer_begin * layout.layer_bytes();
+    const uint64_t slot_pages = staging_slot_bytes_ / page_bytes;
+    // At least four groups when the batch allows, so the copy engine and the kernel overlap.
+    const uint64_t group =
+        std::max<uint64_t>(1, std::min<uint64_t>(slot_pages, (plan.count + 3) / 4));
+    const uint32_t slots = options_.staging_slots;
+    const uint64_t items_per_page =
+        kernels::KvItemsPerPage(layout.chunk_bytes(), layer_count * layout.buffers_per_layer(),
+                                config.vectors_per_thread, false);
+    const bool write = direction == KvDirection::kDeviceToValues;
+    cudaMemcpyAttributes attrs = {};
+    attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t attrs_index = 0;
+
+    MutexLock lock(&mu_);
+    FLUXON_RETURN_IF_ERROR(EnsureStreams());
+    cudaStream_t copy = streams_[0];
+    cudaError_t err = cudaSuccess;
+    if (!write) {
+      err = cudaEventRecord(fork_event_, stream);
+      if (err == cudaSuccess) err = cudaStreamWaitEvent(copy, fork_event_, 0);
+      if (err != cudaSuccess) return CudaError(err, "staged fork");
+    }
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    for (uint64_t g = 0, begin = 0; begin < plan.count; ++g, begin += group) {
+      const uint64_t n = std::min<uint64_t>(group, plan.count - begin);
+      // Slots rotate across calls too, so the next call's first group does not wait for this
+      // call's last one; every first touch of a slot waits for its last use (free event).
+      const uint32_t slot = static_cast<uint32_t>((next_slot_ + g) % slots);
+      uint8_t* slot_base = staging_ + slot * staging_slot_bytes_;
+      // One descriptor per page, merged when the values are adjacent in host memory too.
+      dsts.clear();
+      srcs.clear();
+      sizes.clear();
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t host = plan.value_ptrs[begin + i] + value_offset;
+        const uint64_t dev = reinterpret_cast<uint64_t>(slot_base) + i * page_bytes;
+        const uint64_t dst = write ? host : dev;
+        const uint64_t src = write ? dev : host;
+        if (!sizes.empty() && reinterpret_cast<uint64_t>(dsts.back()) + sizes.back() == dst &&
+            reinterpret_cast<uint64_t>(srcs.back()) + sizes.back() == src) {
+          sizes.back() += page_bytes;
+        } else {
+          dsts.push_back(reinterpret_cast<void*>(dst));
+          srcs.push_back(reinterpret_cast<const void*>(src));
+          sizes.push_back(page_bytes);
+        }
+      }
+      kernels::KvCopyParams params;
+      params.plan = nullptr;
+      params.staging_base = reinterpret_cast<uint64_t>(slot_base);
+      params.staging_stride = page_bytes;
+      params.page_indices = request.device_page_indices + begin;
+      params.num_pages = n;
+      params.layer_begin = layer_begin;
+      params.layer_count = layer_count;
+      if (write) {
+        err = cudaStreamWaitEvent(stream, staged_free_[slot], 0);
+        if (err != cudaSuccess) return CudaError(err, "cudaStreamWaitEvent (staging slot)");
+        // Gather: KV buffers -> staging slot, as a device-to-device "write".
+        FLUXON_RETURN_IF_ERROR(LaunchPrepared(KvDirection::kDeviceToValues, params,
+                                              items_per_page, stream, config));
+        err = cudaEventRecord(staged_ready_[slot], stream);
+        if (err == cudaSuccess) err = cudaStreamWaitEvent(copy, staged_ready_[slot], 0);
+        if (err == cudaSuccess) {
+          err = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs,
+                                     &attrs_index, 1, copy);
+        }
+        if (err == cudaSuccess) err = cudaEventRecord(staged_free_[slot], copy);
+        if (err != cudaSuccess) return CudaError(err, "staged copy (write)");
+      } else {
+        err = cudaStreamWaitEvent(copy, staged_free_[slot], 0);
+        if (err == cudaSuccess) {
+          err = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs,
+                                     &attrs_index, 1, copy);
+        }
+        if (err == cudaSuccess) err = cudaEventRecord(staged_ready_[slot], copy);
+        if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, staged_ready_[slot], 0);
+        if (err != cudaSuccess) return CudaError(err, "staged copy (restore)");
+        // Scatter: staging slot -> KV buffers.
+        FLUXON_RETURN_IF_ERROR(LaunchPrepared(KvDirection::kValuesToDevice, params,
+                                              items_per_page, stream, config));
+        err = cudaEventRecord(staged_free_[slot], stream);
+        if (err != cudaSuccess) return CudaError(err, "cudaEventRecord (staging slot)");
+      }
+    }
+    const uint64_t groups = (plan.count + group - 1) / group;
+    if (write) {
+      // The copy stream is in order: its last copy finishing means every copy finished.
+      err = cudaStreamWaitEvent(stream, staged_free_[(next_slot_ + groups - 1) % slots], 0);
+      if (err != cudaSuccess) return CudaError(err, "cudaStreamWaitEvent (staged join)");
+    }
+    next_slot_ = static_cast<uint32_t>((next_slot_ + groups) % slots);
     return absl::OkStatus();
   }
 
@@ -456,6 +595,15 @@ class KvDataPlane::Impl {
       if (err != cudaSuccess) return CudaError(err, "cudaEventCreate");
       join_events_.push_back(e);
     }
+    for (uint32_t i = 0; i < options_.staging_slots; ++i) {
+      cudaEvent_t ready = nullptr;
+      cudaEvent_t free_slot = nullptr;
+      err = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+      if (err == cudaSuccess) err = cudaEventCreateWithFlags(&free_slot, cudaEventDisableTiming);
+      if (err != cudaSuccess) return CudaError(err, "cudaEventCreate");
+      staged_ready_.push_back(ready);
+      staged_free_.push_back(free_slot);
+    }
     return absl::OkStatus();
   }
 
@@ -468,10 +616,20 @@ class KvDataPlane::Impl {
   std::vector<cudaStream_t> streams_ ABSL_GUARDED_BY(mu_);
   std::vector<cudaEvent_t> join_events_ ABSL_GUARDED_BY(mu_);
   cudaEvent_t fork_event_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint8_t* const staging_;  // device staging buffer of the staged path (null: not configured)
+  const uint64_t staging_slot_bytes_;
+  std::vector<cudaEvent_t> staged_ready_ ABSL_GUARDED_BY(mu_);  // slot filled
+  std::vector<cudaEvent_t> staged_free_ ABSL_GUARDED_BY(mu_);   // slot drained, reusable
+  uint32_t next_slot_ ABSL_GUARDED_BY(mu_) = 0;                 // first slot of the next call
 };
 
 absl::StatusOr<std::unique_ptr<KvDataPlane>> KvDataPlane::Create(KvDataPlaneOptions options) {
   FLUXON_RETURN_IF_ERROR(ValidateDeviceBuffers(options.buffers));
+  if (options.staging_group_pages > 0 &&
+      (options.staging_slots < 1 || options.staging_slots > 8)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("staging_slots %d is outside [1, 8]", options.staging_slots));
+  }
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return CudaError(err, "cudaGetDevice");
@@ -510,8 +668,18 @@ absl::StatusOr<std::unique_ptr<KvDataPlane>> KvDataPlane::Create(KvDataPlaneOpti
     cudaFreeHost(error_host);
     return CudaError(err, "cudaHostGetDevicePointer (KV error word)");
   }
+  uint8_t* staging = nullptr;
+  const uint64_t slot_bytes = options.staging_group_pages * buffers.layout.value_bytes();
+  if (options.staging_group_pages > 0) {
+    err = cudaMalloc(reinterpret_cast<void**>(&staging), slot_bytes * options.staging_slots);
+    if (err != cudaSuccess) {
+      cudaFree(device_table);
+      cudaFreeHost(error_host);
+      return CudaError(err, "cudaMalloc (staging buffer)");
+    }
+  }
   return std::unique_ptr<KvDataPlane>(new KvDataPlane(std::make_unique<Impl>(
-      std::move(options), sm_count, device_table, error_host, error_device)));
+      std::move(options), sm_count, device_table, error_host, error_device, staging, slot_bytes)));
 }
 
 KvDataPlane::KvDataPlane(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -544,6 +712,17 @@ absl::Status KvDataPlane::CopyWithCopyEngine(KvDirection direction,
   const uint32_t begin = layer.value_or(0);
   const uint32_t count = layer.has_value() ? 1 : layout().num_layers;
   return impl_->CopyEngine(direction, request, begin, count, stream, options);
+}
+
+absl::Status KvDataPlane::CopyStaged(KvDirection direction, const KvTransferRequest& request,
+                                     std::optional<uint32_t> layer, cudaStream_t stream,
+                                     int sm_budget) {
+  if (direction != KvDirection::kDeviceToValues && direction != KvDirection::kValuesToDevice) {
+    return absl::InvalidArgumentError("unknown KV copy direction");
+  }
+  const uint32_t begin = layer.value_or(0);
+  const uint32_t count = layer.has_value() ? 1 : layout().num_layers;
+  return impl_->Staged(direction, request, begin, count, stream, sm_budget);
 }
 
 absl::Status KvDataPlane::TakeDeviceErrors() { return impl_->TakeDeviceErrors(); }

@@ -10,11 +10,12 @@
 #     Env: PYTHON312 (interpreter to build the module for), BUILD_DIR, JOBS.
 #
 # On the GPU machine, from the folder that holds DEST:
-#   bash .gpupack/gpu-run.sh device [all|test|bench|quick]
+#   bash .gpupack/gpu-run.sh device [all|test|bench|bulk|quick]
 #     test : GPU tests (tests/gpu/test_kv_kernels.py; again with the bulk-copy kernel) and
 #            compute-sanitizer memcheck on a small case of every path
-#     bench: kv_transfer_bench (tables of GB/s and latency; then the bulk-copy kernel's)
-#     all  : both (default); quick: tests in quick mode and the benchmark without sweeps
+#     bench: kv_transfer_bench (tables of GB/s and latency)
+#     bulk : kv_transfer_bench --bulk (the experimental cp.async.bulk kernel's tables)
+#     all  : test and bench (default); quick: tests in quick mode and the benchmark without sweeps
 #     Each step runs in its own process (a GPU fault in one cannot hide the others' results).
 #     Logs and the benchmark CSV go to $OUT (or ./gpu-out); the short tables are printed last.
 set -uo pipefail
@@ -89,12 +90,14 @@ case $mode in
       bflag=""
       [ "$what" = quick ] && bflag="--quick --no-sweep"
       step bench bench.log "$BENCH" $bflag --csv "$OUTDIR/bench.csv"
-      [ "$what" = quick ] || step bench-bulk bench-bulk.log "$BENCH" --quick --bulk \
-        --csv "$OUTDIR/bench-bulk.csv"
       ;;
     esac
+    if [ "$what" = bulk ]; then
+      step bench-bulk bench-bulk.log "$BENCH" --quick --bulk --csv "$OUTDIR/bench-bulk.csv"
+    fi
     echo
     [ -f "$OUTDIR/bench.log" ] && cat "$OUTDIR/bench.log"
+    [ -f "$OUTDIR/bench-bulk.log" ] && cat "$OUTDIR/bench-bulk.log"
     for t in test test-bulk; do
       [ -f "$OUTDIR/$t.log" ] || continue
       sed -n '/^## GPU data-plane tests/,$p' "$OUTDIR/$t.log"

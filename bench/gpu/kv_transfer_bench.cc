@@ -101,6 +101,7 @@ class Rig {
     options.buffers = KvDeviceBuffers{l, k_ptrs_, v_ptrs_, device_pages_};
     options.plans = plans_.get();
     options.registration = registration_.get();
+    options.staging_group_pages = 8;
     plane_ = TakeOk(KvDataPlane::Create(options), "KvDataPlane::Create");
 
     // Disjoint random device pages per set; values of set s are its own slots, shuffled.
@@ -163,6 +164,16 @@ class Rig {
   }
   void* scratch() const { return scratch_; }
   KvDataPlane& plane() { return *plane_; }
+  // Another plane over the same buffers with a different staging configuration.
+  std::unique_ptr<KvDataPlane> MakePlane(uint32_t group_pages, uint32_t slots) {
+    KvDataPlaneOptions options;
+    options.buffers = plane_->buffers();
+    options.plans = plans_.get();
+    options.registration = registration_.get();
+    options.staging_group_pages = group_pages;
+    options.staging_slots = slots;
+    return TakeOk(KvDataPlane::Create(options), "KvDataPlane::Create (staging)");
+  }
   const KvPageLayout& layout() const { return model_.layout; }
   const Model& model() const { return model_; }
   uint64_t device_pages() const { return device_pages_; }
@@ -279,6 +290,13 @@ void LaunchCopyEngine(Rig& rig, KvDirection dir, int s, int batch, const KvCopyE
            "CopyWithCopyEngine");
 }
 
+void LaunchStaged(Rig& rig, KvDataPlane& plane, KvDirection dir, int s, int batch, int sm_budget,
+                  cudaStream_t stream, std::optional<uint32_t> layer = std::nullopt) {
+  const PlanKind kind = dir == KvDirection::kDeviceToValues ? PlanKind::kPut : PlanKind::kGet;
+  StatusOk(plane.CopyStaged(dir, rig.Request(kind, s, batch), layer, stream, sm_budget),
+           "CopyStaged");
+}
+
 // The ceiling: one contiguous copy of `bytes` between set s's value area and device scratch.
 void LaunchCeiling(Rig& rig, KvDirection dir, int s, uint64_t bytes, cudaStream_t stream) {
   if (dir == KvDirection::kDeviceToValues) {
@@ -367,6 +385,20 @@ bool VerifyModel(Rig& rig, cudaStream_t stream, int batch, bool bulk) {
   LaunchCopyEngine(rig, KvDirection::kValuesToDevice, s, batch, {.num_streams = 2}, stream);
   CUDA_OK(cudaStreamSynchronize(stream));
   report("copy engine restore", values_match_device(s, 0, l.num_layers));
+  // Staged path both ways, and one layer.
+  poison_values(s);
+  LaunchStaged(rig, rig.plane(), KvDirection::kDeviceToValues, s, batch, 3, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  report("staged write", values_match_device(s, 0, l.num_layers));
+  randomize_values(s);
+  poison_pages(s);
+  LaunchStaged(rig, rig.plane(), KvDirection::kValuesToDevice, s, batch, 2, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  report("staged restore", values_match_device(s, 0, l.num_layers));
+  randomize_values(s);
+  LaunchStaged(rig, rig.plane(), KvDirection::kValuesToDevice, s, batch, 2, stream, 1);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  report("staged restore layer 1", values_match_device(s, 1, 1));
   StatusOk(rig.plane().TakeDeviceErrors(), "device errors");
   return ok;
 }
@@ -388,6 +420,8 @@ struct BenchOptions {
   bool bulk = false;  // measure the bulk-copy kernel instead of the vector kernel
 };
 
+constexpr int kStagedSms = 4;
+
 void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* csv) {
   const bool quick = opt.quick;
   const KvPageLayout& l = rig.layout();
@@ -404,8 +438,9 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
               static_cast<unsigned long long>(l.row_bytes),
               static_cast<unsigned long long>(l.value_bytes()));
   std::printf("\n| direction | pages | MiB | ceiling GB/s | memcpy/chunk GB/s | copy engine GB/s "
-              "(%% ceil) | %s %d SMs GB/s (%% ceil) |\n|---|---|---|---|---|---|---|\n",
-              kernel_name, default_cfg.sm_budget);
+              "(%% ceil) | %s %d SMs GB/s (%% ceil) | staged CE + %d SMs GB/s (%% ceil) |\n"
+              "|---|---|---|---|---|---|---|---|\n",
+              kernel_name, default_cfg.sm_budget, kStagedSms);
   for (KvDirection dir : {KvDirection::kDeviceToValues, KvDirection::kValuesToDevice}) {
     for (int batch : {1, 16, 128}) {
       const uint64_t bytes = batch * l.value_bytes();
@@ -425,11 +460,15 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
           t.MedianMs([&](int s) { LaunchCopyEngine(rig, dir, s, batch, default_ce, stream); });
       const double k_ms =
           t.MedianMs([&](int s) { LaunchKernel(rig, dir, s, batch, default_cfg, stream); });
+      const double st_ms = t.MedianMs(
+          [&](int s) { LaunchStaged(rig, rig.plane(), dir, s, batch, kStagedSms, stream); });
       const double ceil = GBps(bytes, ceil_ms);
-      std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f (%.0f%%) | %.1f (%.0f%%) |\n",
+      std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f (%.1f%%) | %.1f (%.1f%%) | %.1f (%.1f%%) |\n",
                   DirName(dir), batch, bytes / 1048576.0, ceil, GBps(bytes, chunk_ms),
                   GBps(bytes, ce_ms), 100 * GBps(bytes, ce_ms) / ceil, GBps(bytes, k_ms),
-                  100 * GBps(bytes, k_ms) / ceil);
+                  100 * GBps(bytes, k_ms) / ceil, GBps(bytes, st_ms),
+                  100 * GBps(bytes, st_ms) / ceil);
+      Csv(csv, "main", name, DirName(dir), batch, "staged", "default", bytes, st_ms);
       Csv(csv, "main", name, DirName(dir), batch, "ceiling", "", bytes, ceil_ms);
       Csv(csv, "main", name, DirName(dir), batch, "memcpy_per_chunk", "", bytes, chunk_ms);
       Csv(csv, "main", name, DirName(dir), batch, "copy_engine", "default", bytes, ce_ms);
@@ -495,7 +534,7 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
   // Copy-engine options.
   std::printf("\n%s, 128 pages: copy-engine GB/s by streams (plan order / host-address order)\n\n",
               name.c_str());
-  std::printf("| direction | ceiling | 1 | 2 | 4 | 8 | 12 | 16 | 8, sorted | 8, overlap flag |\n"
+  std::printf("| direction | ceiling | 1 | 4 | 8 | 16 | 24 | 32 | 16, sorted | 16, overlap flag |\n"
               "|---|---|---|---|---|---|---|---|---|---|\n");
   for (KvDirection dir : {KvDirection::kDeviceToValues, KvDirection::kValuesToDevice}) {
     if (opt.bulk) break;  // the bulk run measures kernels only
@@ -504,13 +543,13 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
     std::printf("| %s | %.1f |", DirName(dir), ceil);
     std::vector<std::pair<std::string, KvCopyEngineOptions>> opts = {
         {"streams=1", {.num_streams = 1}},
-        {"streams=2", {.num_streams = 2}},
         {"streams=4", {.num_streams = 4}},
         {"streams=8", {.num_streams = 8}},
-        {"streams=12", {.num_streams = 12}},
         {"streams=16", {.num_streams = 16}},
-        {"streams=8 sorted", {.num_streams = 8, .sort_by_host_address = true}},
-        {"streams=8 overlap", {.num_streams = 8, .prefer_overlap_with_compute = true}},
+        {"streams=24", {.num_streams = 24}},
+        {"streams=32", {.num_streams = 32}},
+        {"streams=16 sorted", {.num_streams = 16, .sort_by_host_address = true}},
+        {"streams=16 overlap", {.num_streams = 16, .prefer_overlap_with_compute = true}},
     };
     for (auto& [label, o] : opts) {
       const double ms = t.MedianMs([&](int s) { LaunchCopyEngine(rig, dir, s, batch, o, stream); });
@@ -520,12 +559,37 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
     std::printf("\n");
   }
 
+  // Staged copy-engine path: group size x SM budget of the gather/scatter kernel.
+  if (!opt.bulk) {
+    std::printf("\n%s, 128 pages: staged copy engine GB/s (%% of ceiling) by staging group and "
+                "gather/scatter SMs (2 slots)\n\n| direction | ceiling | group | 1 SM | 2 SMs | "
+                "4 SMs | 8 SMs |\n|---|---|---|---|---|---|---|\n", name.c_str());
+    for (KvDirection dir : {KvDirection::kDeviceToValues, KvDirection::kValuesToDevice}) {
+      const double ceil =
+          GBps(bytes, t.MedianMs([&](int s) { LaunchCeiling(rig, dir, s, bytes, stream); }));
+      for (uint32_t group : {4u, 8u, 16u}) {
+        std::unique_ptr<KvDataPlane> plane = rig.MakePlane(group, 2);
+        std::printf("| %s | %.1f | %u |", DirName(dir), ceil, group);
+        for (int sm : {1, 2, 4, 8}) {
+          const double ms =
+              t.MedianMs([&](int s) { LaunchStaged(rig, *plane, dir, s, batch, sm, stream); });
+          std::printf(" %.1f (%.1f%%) |", GBps(bytes, ms), 100 * GBps(bytes, ms) / ceil);
+          Csv(csv, "staged_sweep", name, DirName(dir), batch, "staged",
+              "group=" + std::to_string(group) + " sm=" + std::to_string(sm), bytes, ms);
+        }
+        std::printf("\n");
+        CUDA_OK(cudaStreamSynchronize(stream));
+      }
+    }
+  }
+
   // Per-layer restore latency.
   std::printf("\n%s: one-layer restore (layer %u) latency, median\n\n", name.c_str(),
               l.num_layers / 2);
-  std::printf("| pages | bytes | ceiling µs (GB/s) | %s 2 SMs µs | %s 4 SMs µs (GB/s, %% "
-              "ceil) | %s 8 SMs µs | copy engine µs (GB/s) | plain SM copy 4 SMs µs |\n"
-              "|---|---|---|---|---|---|---|---|\n", kernel_name, kernel_name, kernel_name);
+  std::printf("| pages | bytes | ceiling µs (GB/s) | %s 2 SMs µs (%% ceil) | %s 4 SMs µs | %s "
+              "8 SMs µs | copy engine µs | staged CE + 4 SMs µs (%% ceil) | plain SM copy 4 SMs "
+              "µs |\n|---|---|---|---|---|---|---|---|---|\n",
+              kernel_name, kernel_name, kernel_name);
   for (int b : {1, 16, 128}) {
     const uint64_t layer_bytes = b * l.layer_bytes();
     Timer lt{stream, 5, b >= 16 ? reps_small : reps_small * 2};
@@ -554,11 +618,48 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
     Csv(csv, "layer", name, "restore H2D", b, "plain_sm_copy", "sm=4", layer_bytes, plain_ms);
     Csv(csv, "layer", name, "restore H2D", b, "ceiling", "", layer_bytes, ceil_ms);
     Csv(csv, "layer", name, "restore H2D", b, "copy_engine", "default", layer_bytes, ce_ms);
+    const double st_ms = lt.MedianMs([&](int s) {
+      LaunchStaged(rig, rig.plane(), KvDirection::kValuesToDevice, s, b, 4, stream, layer);
+    });
+    Csv(csv, "layer", name, "restore H2D", b, "staged", "sm=4", layer_bytes, st_ms);
     std::printf(
-        "| %d | %llu | %.1f (%.1f) | %.1f | %.1f (%.1f, %.0f%%) | %.1f | %.1f (%.1f) | %.1f |\n", b,
-        static_cast<unsigned long long>(layer_bytes), ceil_ms * 1e3, GBps(layer_bytes, ceil_ms),
-        kms[0] * 1e3, kms[1] * 1e3, GBps(layer_bytes, kms[1]), 100 * ceil_ms / kms[1],
-        kms[2] * 1e3, ce_ms * 1e3, GBps(layer_bytes, ce_ms), plain_ms * 1e3);
+        "| %d | %llu | %.1f (%.1f GB/s) | %.1f (%.1f%%) | %.1f | %.1f | %.1f | %.1f (%.1f%%) | "
+        "%.1f |\n",
+        b, static_cast<unsigned long long>(layer_bytes), ceil_ms * 1e3, GBps(layer_bytes, ceil_ms),
+        kms[0] * 1e3, 100 * ceil_ms / kms[0], kms[1] * 1e3, kms[2] * 1e3, ce_ms * 1e3,
+        st_ms * 1e3, 100 * ceil_ms / st_ms, plain_ms * 1e3);
+  }
+
+  // Layer-wise restore as the forward pass drives it: every layer of 128 pages, one launch per
+  // layer enqueued back to back (host work overlaps the copies), time per layer.
+  {
+    const int b = 128;
+    const uint64_t all_bytes = b * l.value_bytes();
+    Timer pt{stream, 1, quick ? 3 : 7};
+    const double ceil_ms = pt.MedianMs([&](int s) {
+      LaunchCeiling(rig, KvDirection::kValuesToDevice, s, all_bytes, stream);
+    });
+    auto per_layer = [&](const std::function<void(int, uint32_t)>& one) {
+      return pt.MedianMs([&](int s) {
+        for (uint32_t layer = 0; layer < l.num_layers; ++layer) one(s, layer);
+      });
+    };
+    KvKernelConfig cfg2 = default_cfg;
+    cfg2.sm_budget = 2;
+    const double k_ms = per_layer([&](int s, uint32_t layer) {
+      LaunchKernel(rig, KvDirection::kValuesToDevice, s, b, cfg2, stream, layer);
+    });
+    const double st_ms = per_layer([&](int s, uint32_t layer) {
+      LaunchStaged(rig, rig.plane(), KvDirection::kValuesToDevice, s, b, 4, stream, layer);
+    });
+    const double n = l.num_layers;
+    std::printf("\n%s: layer-wise restore of 128 pages, %u launches back to back: per layer "
+                "ceiling %.1f µs; %s 2 SMs %.1f µs (%.1f%%); staged CE + 4 SMs %.1f µs (%.1f%%)\n",
+                name.c_str(), l.num_layers, ceil_ms * 1e3 / n, kernel_name, k_ms * 1e3 / n,
+                100 * ceil_ms / k_ms, st_ms * 1e3 / n, 100 * ceil_ms / st_ms);
+    Csv(csv, "layer_pipeline", name, "restore H2D", b, "ceiling", "", all_bytes, ceil_ms);
+    Csv(csv, "layer_pipeline", name, "restore H2D", b, kernel_name, "sm=2", all_bytes, k_ms);
+    Csv(csv, "layer_pipeline", name, "restore H2D", b, "staged", "sm=4", all_bytes, st_ms);
   }
   StatusOk(rig.plane().TakeDeviceErrors(), "device errors");
 }

@@ -56,7 +56,7 @@ enum class KvHostLoad : uint8_t {
 struct KvKernelConfig {
   int sm_budget = 4;  // at most this many thread blocks, one per SM (fewer when the work is small)
   int threads_per_block = 1024;  // multiple of 32, at most 1024
-  int vectors_per_thread = 4;   // 16-byte loads in flight per thread before the stores: 1,2,4,8
+  int vectors_per_thread = 8;  // 16-byte loads in flight per thread before the stores: 1,2,4,8
   KvHostLoad host_load = KvHostLoad::kStreaming;
   // Drive the bulk-copy engine (cp.async.bulk, 128 threads per block) instead of vector loads;
   // threads_per_block and vectors_per_thread are then ignored.
@@ -65,7 +65,7 @@ struct KvKernelConfig {
 
 // Copy-engine (DMA) path: cudaMemcpyBatchAsync built from the same plan.
 struct KvCopyEngineOptions {
-  int num_streams = 4;          // the descriptor list is split into this many batches
+  int num_streams = 16;  // the descriptor list is split into this many batches (at most 32)
   bool merge_adjacent = true;   // coalesce descriptors contiguous on both sides
   bool sort_by_host_address = false;  // issue in host-address order instead of plan order
   bool prefer_overlap_with_compute = false;  // cudaMemcpyFlagPreferOverlapWithCompute
@@ -116,6 +116,10 @@ std::vector<size_t> SplitDescriptorsByBytes(std::span<const KvCopyDescriptor> de
 
 struct KvDataPlaneOptions {
   KvDeviceBuffers buffers;
+  // Staged copy-engine path (CopyStaged): a device staging buffer of staging_slots slots of
+  // staging_group_pages values each is allocated at Create; 0 pages disables the path.
+  uint32_t staging_group_pages = 0;
+  uint32_t staging_slots = 2;
   // When set, a plan's kind is checked: put for write, get for restore.
   const PlanRegistry* plans = nullptr;
   // When set, every value of a plan must lie inside one of its mappings.
@@ -145,6 +149,16 @@ class KvDataPlane {
   absl::Status CopyWithCopyEngine(KvDirection direction, const KvTransferRequest& request,
                                   std::optional<uint32_t> layer, cudaStream_t stream,
                                   const KvCopyEngineOptions& options = {});
+
+  // Staged copy-engine path: the PCIe transfer runs on a copy engine as one large descriptor per
+  // page (per page and layer for a layer restore) through the device staging buffer, and a short
+  // gather (write) or scatter (restore) kernel of at most sm_budget blocks moves the chunks
+  // between the staging buffer and the KV buffers at device-memory speed, pipelined by groups of
+  // staging_group_pages pages. SMs are busy only for the gather/scatter. Needs
+  // host_page_indices (checked on the host: a skipped page would otherwise leave stale staging
+  // bytes in a value) and staging configured at Create.
+  absl::Status CopyStaged(KvDirection direction, const KvTransferRequest& request,
+                          std::optional<uint32_t> layer, cudaStream_t stream, int sm_budget = 8);
 
   // Reads and clears the kernels' sticky error bits. Call after the streams used finished.
   absl::Status TakeDeviceErrors();

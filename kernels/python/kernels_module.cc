@@ -129,8 +129,11 @@ class PyDataPlane {
  public:
   PyDataPlane(const KvPageLayout& layout, std::vector<uint64_t> k_ptrs,
               std::vector<uint64_t> v_ptrs, uint64_t device_pages, const PyPlanArena* plans,
-              const PyRegistration* registration) {
+              const PyRegistration* registration, uint32_t staging_group_pages,
+              uint32_t staging_slots) {
     KvDataPlaneOptions options;
+    options.staging_group_pages = staging_group_pages;
+    options.staging_slots = staging_slots;
     options.buffers = KvDeviceBuffers{layout, std::move(k_ptrs), std::move(v_ptrs), device_pages};
     options.plans = plans != nullptr ? &plans->registry() : nullptr;
     if (registration != nullptr && registration->closed()) {
@@ -179,6 +182,23 @@ class PyDataPlane {
     {
       py::gil_scoped_release release;
       status = plane_->CopyWithCopyEngine(dir, request, layer_id, StreamOf(stream), options);
+    }
+    Check(status);
+  }
+
+  void Staged(const std::string& direction, uint64_t plan_ptr, uint64_t page_indices_ptr,
+              const std::vector<int64_t>& host_page_indices, uint64_t stream,
+              std::optional<uint32_t> layer_id, int sm_budget) {
+    KvTransferRequest request;
+    request.plan_ptr = plan_ptr;
+    request.device_page_indices = reinterpret_cast<const int64_t*>(page_indices_ptr);
+    request.num_pages = host_page_indices.size();
+    request.host_page_indices = host_page_indices;
+    const KvDirection dir = ParseDirection(direction);
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = plane_->CopyStaged(dir, request, layer_id, StreamOf(stream), sm_budget);
     }
     Check(status);
   }
@@ -267,10 +287,11 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
 
   py::class_<PyDataPlane>(m, "DataPlane")
       .def(py::init<const KvPageLayout&, std::vector<uint64_t>, std::vector<uint64_t>, uint64_t,
-                    const PyPlanArena*, const PyRegistration*>(),
+                    const PyPlanArena*, const PyRegistration*, uint32_t, uint32_t>(),
            py::arg("layout"), py::arg("k_ptrs"), py::arg("v_ptrs"), py::arg("device_pages"),
-           py::arg("plans") = nullptr, py::arg("registration") = nullptr, py::keep_alive<1, 6>(),
-           py::keep_alive<1, 7>())
+           py::arg("plans") = nullptr, py::arg("registration") = nullptr,
+           py::arg("staging_group_pages") = 0, py::arg("staging_slots") = 2,
+           py::keep_alive<1, 6>(), py::keep_alive<1, 7>())
       .def_property_readonly("layout", &PyDataPlane::layout)
       .def(
           "write_pages",
@@ -309,6 +330,10 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
            py::arg("num_streams") = KvCopyEngineOptions{}.num_streams,
            py::arg("merge_adjacent") = true, py::arg("sort_by_host_address") = false,
            py::arg("prefer_overlap_with_compute") = false)
+      .def("copy_staged", &PyDataPlane::Staged, py::arg("direction"), py::arg("plan_ptr"),
+           py::arg("page_indices_ptr"), py::arg("host_page_indices"), py::arg("stream") = 0,
+           py::arg("layer_id") = py::none(), py::arg("sm_budget") = 8,
+           "Staged copy-engine path (see KvDataPlane::CopyStaged); needs staging_group_pages.")
       .def("take_device_errors", &PyDataPlane::TakeDeviceErrors,
            "Raise if a kernel reported an error since the last call (call after the stream "
            "finished).");

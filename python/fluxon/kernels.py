@@ -71,7 +71,8 @@ if _torch is not None:
         The tensors must outlive this object.
         """
 
-        def __init__(self, k_buffers, v_buffers, page_size: int, plans=None, registration=None):
+        def __init__(self, k_buffers, v_buffers, page_size: int, plans=None, registration=None,
+                     staging_group_pages: int = 0, staging_slots: int = 2):
             if len(k_buffers) == 0:
                 raise ValueError("need at least one layer")
             attention = "mha" if v_buffers is not None else "mla"
@@ -92,6 +93,8 @@ if _torch is not None:
                 self.device_pages,
                 plans,
                 registration,
+                staging_group_pages,
+                staging_slots,
             )
 
         @staticmethod
@@ -121,6 +124,14 @@ if _torch is not None:
                 page_indices = page_indices.tolist()
             self.plane.copy_engine(direction, plan_ptr, list(page_indices),
                                    _current_stream_handle(stream), layer_id=layer_id, **options)
+
+        def copy_staged(self, direction: str, plan_ptr: int, page_indices, layer_id=None,
+                        stream=None, sm_budget: int = 8) -> None:
+            """Copy engine through a device staging buffer plus a short gather/scatter kernel."""
+            idx = self._indices(page_indices)
+            self.plane.copy_staged(direction, plan_ptr, idx.data_ptr(), idx.tolist(),
+                                   _current_stream_handle(stream), layer_id=layer_id,
+                                   sm_budget=sm_budget)
 
         def take_device_errors(self) -> None:
             self.plane.take_device_errors()

@@ -160,8 +160,11 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
     src = Pool(attention, layers, page, row_elems, dtype)
     dst = Pool(attention, layers, page, row_elems, dtype)
     src.randomize()
-    kv_src = fk.TorchKvCache(src.k(), src.v(), page, env.arena, env.registration)
-    kv_dst = fk.TorchKvCache(dst.k(), dst.v(), page, env.arena, env.registration)
+    # Small staging groups so the staged path cycles its slots many times.
+    kv_src = fk.TorchKvCache(src.k(), src.v(), page, env.arena, env.registration,
+                             staging_group_pages=4)
+    kv_dst = fk.TorchKvCache(dst.k(), dst.v(), page, env.arena, env.registration,
+                             staging_group_pages=4, staging_slots=3)
     layout = kv_src.layout
     vb = layout.value_bytes
     group = f"{name} {dtype_name} n={batch}"
@@ -267,6 +270,35 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
         return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), ""
     checks.run(group, "copy-engine restore", ce_restore)
 
+    # Staged copy-engine path (copy engine + gather/scatter kernel), both directions.
+    def staged_write():
+        poison_values()
+        put = env.arena.issue_put(values)
+        kv_src.copy_staged("write", put, src_idx_d, sm_budget=sm_budget)
+        stream.synchronize()
+        kv_src.take_device_errors()
+        env.arena.consume_put(put)
+        return values_equal(ref), ""
+    checks.run(group, "staged write", staged_write)
+
+    def staged_restore():
+        dst.poison()
+        get = env.arena.issue_get(values)
+        kv_dst.copy_staged("restore", get, dst_idx_d, sm_budget=sm_budget)
+        stream.synchronize()
+        ok = layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
+        dst.poison()
+        layer = int(torch.randint(0, layers, (1,)))
+        kv_dst.copy_staged("restore", get, dst_idx_d, layer_id=layer, sm_budget=sm_budget)
+        stream.synchronize()
+        kv_dst.take_device_errors()
+        env.arena.consume_get(get)
+        ok &= layer_pages_match(dst, src, dst_idx, src_idx, [layer])
+        others = [x for x in range(layers) if x != layer]
+        ok &= layer_pages_poisoned(dst, dst_idx, others)
+        return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), f"layer {layer}"
+    checks.run(group, "staged restore", staged_restore)
+
 
 def run_errors(env: Env, checks: Checks):
     group = "errors"
@@ -301,6 +333,8 @@ def run_errors(env: Env, checks: Checks):
         ValueError, "page index 999 at position 3"))
     checks.run(group, "page out of range (copy engine)", lambda: expect_raises(
         lambda: kv.copy_engine("restore", get, [0, 5, 7, 256]), ValueError, "page index 256"))
+    checks.run(group, "staged path not configured", lambda: expect_raises(
+        lambda: kv.copy_staged("restore", get, idx), RuntimeError, "not configured"))
     env.arena.consume_put(put)
     checks.run(group, "consumed plan", lambda: expect_raises(
         lambda: kv.write(put, idx), RuntimeError, "already consumed"))
@@ -402,7 +436,7 @@ def main():
         key = group.rsplit(" n=", 1)[0]
         groups.setdefault(key, {}).setdefault(name, []).append(ok)
     names = ["kernel write", "kernel restore", "layer-wise restore", "restore after host rewrite",
-             "copy-engine write", "copy-engine restore"]
+             "copy-engine write", "copy-engine restore", "staged write", "staged restore"]
     print(f"\n## GPU data-plane tests{' (bulk-copy kernel)' if bulk else ''} (byte-exact vs torch "
           f"reference; batches {','.join(map(str, batches))})\n")
     print("| shape dtype | " + " | ".join(names) + " |")
