@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
-#include "fluxon/status.h"
 #include "fluxon/plan_blob.h"
+#include "fluxon/status.h"
 #include "slot/segment.h"
 
 namespace fluxon {
@@ -42,8 +42,8 @@ absl::Status ValidateHostMappings(std::span<const HostMapping> mappings) {
   for (size_t i = 1; i < sorted.size(); ++i) {
     const auto prev_end = reinterpret_cast<uintptr_t>(sorted[i - 1]->base) + sorted[i - 1]->bytes;
     if (reinterpret_cast<uintptr_t>(sorted[i]->base) < prev_end) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "host mappings '%s' and '%s' overlap", sorted[i - 1]->label, sorted[i]->label));
+      return absl::InvalidArgumentError(absl::StrFormat("host mappings '%s' and '%s' overlap",
+                                                        sorted[i - 1]->label, sorted[i]->label));
     }
   }
   return absl::OkStatus();
@@ -67,9 +67,9 @@ absl::StatusOr<std::unique_ptr<HostRegistration>> HostRegistration::Register(
   }
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot register Fluxon host memory with CUDA: %s (%s)", cudaGetErrorName(err),
-        cudaGetErrorString(err)));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot register Fluxon host memory with CUDA: %s (%s)",
+                        cudaGetErrorName(err), cudaGetErrorString(err)));
   }
 
   std::vector<HostMapping> done;

@@ -226,8 +226,8 @@ __device__ __forceinline__ void BulkStore(void* dst, const void* smem, uint32_t 
 // Waits until at most `pending` of the most recent bulk-store groups still read shared memory.
 __device__ __forceinline__ void BulkStoresReadDone(uint32_t pending) {
   switch (pending) {
-#define FLUXON_WAIT_READ(n) \
-  case n:                   \
+#define FLUXON_WAIT_READ(n)                                             \
+  case n:                                                               \
     asm volatile("cp.async.bulk.wait_group.read " #n ";" ::: "memory"); \
     return;
     FLUXON_WAIT_READ(0)
@@ -374,9 +374,8 @@ cudaError_t LaunchKvCopy(KvDirection direction, const KvCopyParams& params,
   // other libraries poll) is cleared again so a rejected launch is reported exactly once.
   KvCopyParams copy = params;
   void* args[] = {&copy};
-  const cudaError_t err = cudaLaunchKernel(kernel, dim3(launch.blocks),
-                                           dim3(launch.threads_per_block), args, dynamic_smem,
-                                           stream);
+  const cudaError_t err = cudaLaunchKernel(
+      kernel, dim3(launch.blocks), dim3(launch.threads_per_block), args, dynamic_smem, stream);
   if (err != cudaSuccess) cudaGetLastError();
   return err;
 }

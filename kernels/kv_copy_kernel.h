@@ -45,7 +45,7 @@ struct KvCopyLaunch {
   int blocks = 0;
   int threads_per_block = 0;
   int vectors_per_thread = 0;
-  int host_load = 0;  // KvHostLoad
+  int host_load = 0;       // KvHostLoad
   bool bulk_copy = false;  // cp.async.bulk kernel (kBulkThreadsPerBlock threads)
 };
 

@@ -5,9 +5,9 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
-#include "fluxon/status.h"
 #include "common/mutex.h"
 #include "fluxon/host_registration.h"
+#include "fluxon/status.h"
 #include "kv_copy_kernel.h"
 
 namespace fluxon {
@@ -33,6 +33,22 @@ absl::Status CudaError(cudaError_t err, const char* what) {
 }
 
 bool Aligned(uint64_t address, uint64_t alignment) { return address % alignment == 0; }
+
+// cudaMemcpyBatchAsync lost its failIdx argument in CUDA 13; the batch API exists since 12.8.
+cudaError_t CopyBatch(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
+                      cudaMemcpyAttributes* attrs, cudaStream_t stream) {
+  size_t attrs_index = 0;
+#if CUDART_VERSION >= 13000
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, &attrs_index, 1, stream);
+#elif CUDART_VERSION >= 12080
+  size_t fail_index = 0;
+  return cudaMemcpyBatchAsync(const_cast<void**>(dsts), const_cast<void**>(srcs),
+                              const_cast<size_t*>(sizes), count, attrs, &attrs_index, 1,
+                              &fail_index, stream);
+#else
+#error "the copy-engine path needs cudaMemcpyBatchAsync (CUDA 12.8 or newer)"
+#endif
+}
 
 }  // namespace
 
@@ -92,8 +108,9 @@ absl::Status ValidateDeviceBuffers(const KvDeviceBuffers& buffers) {
             absl::StrFormat("%s buffer pointer of layer %d is null", name, layer));
       }
       if (!Aligned(ptrs[layer], kKvVectorBytes)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s buffer pointer of layer %d (0x%x) is not 16-byte aligned", name, layer, ptrs[layer]));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s buffer pointer of layer %d (0x%x) is not 16-byte aligned", name,
+                            layer, ptrs[layer]));
       }
     }
   }
@@ -102,8 +119,8 @@ absl::Status ValidateDeviceBuffers(const KvDeviceBuffers& buffers) {
 
 absl::Status ValidateKernelConfig(const KvKernelConfig& config, int device_sm_count) {
   if (config.sm_budget < 1 || (device_sm_count > 0 && config.sm_budget > device_sm_count)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sm_budget %d is outside [1, %d]", config.sm_budget, device_sm_count));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sm_budget %d is outside [1, %d]", config.sm_budget, device_sm_count));
   }
   if (config.threads_per_block < 32 || config.threads_per_block > 1024 ||
       config.threads_per_block % 32 != 0) {
@@ -138,9 +155,9 @@ absl::StatusOr<PlanView> ReadTransferPlan(uint64_t plan_ptr, PlanKind expected,
         "plan 0x%x was already consumed (a plan is valid for one commit/abort/release)", plan_ptr));
   }
   if (header->magic != kPlanBlobMagic) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "plan 0x%x has bad magic 0x%x (expected 0x%x): not a Fluxon plan blob", plan_ptr,
-        header->magic, kPlanBlobMagic));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("plan 0x%x has bad magic 0x%x (expected 0x%x): not a Fluxon plan blob",
+                        plan_ptr, header->magic, kPlanBlobMagic));
   }
   if (header->count == 0) {
     return absl::InvalidArgumentError(absl::StrFormat("plan 0x%x holds no values", plan_ptr));
@@ -173,9 +190,9 @@ absl::Status ValidatePageIndices(std::span<const int64_t> page_indices, uint64_t
   for (size_t i = 0; i < page_indices.size(); ++i) {
     const int64_t page = page_indices[i];
     if (page < 0 || static_cast<uint64_t>(page) >= device_pages) {
-      return absl::OutOfRangeError(absl::StrFormat(
-          "page index %d at position %d is outside the device KV pool [0, %d)", page, i,
-          device_pages));
+      return absl::OutOfRangeError(
+          absl::StrFormat("page index %d at position %d is outside the device KV pool [0, %d)",
+                          page, i, device_pages));
     }
   }
   return absl::OkStatus();
@@ -187,15 +204,15 @@ absl::StatusOr<std::vector<KvCopyDescriptor>> BuildCopyDescriptors(
     const KvCopyEngineOptions& options) {
   const KvPageLayout& layout = buffers.layout;
   if (value_ptrs.size() != page_indices.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "plan holds %d values but %d page indices were given", value_ptrs.size(),
-        page_indices.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("plan holds %d values but %d page indices were given", value_ptrs.size(),
+                        page_indices.size()));
   }
   if (layer_count == 0 || layer_begin >= layout.num_layers ||
       layer_count > layout.num_layers - layer_begin) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "layers [%d, %d) are outside the layout's %d layers", layer_begin,
-        static_cast<uint64_t>(layer_begin) + layer_count, layout.num_layers));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layers [%d, %d) are outside the layout's %d layers", layer_begin,
+                        static_cast<uint64_t>(layer_begin) + layer_count, layout.num_layers));
   }
   FLUXON_RETURN_IF_ERROR(ValidatePageIndices(page_indices, buffers.device_pages));
   const uint32_t per_layer = layout.buffers_per_layer();
@@ -210,7 +227,8 @@ absl::StatusOr<std::vector<KvCopyDescriptor>> BuildCopyDescriptors(
   std::vector<Run> runs;
   runs.reserve(out.capacity());
   for (size_t p = 0; p < value_ptrs.size(); ++p) {
-    const uint64_t device_offset = layout.device_page_offset(static_cast<uint64_t>(page_indices[p]));
+    const uint64_t device_offset =
+        layout.device_page_offset(static_cast<uint64_t>(page_indices[p]));
     for (uint32_t layer = layer_begin; layer < layer_begin + layer_count; ++layer) {
       for (uint32_t b = 0; b < per_layer; ++b) {
         const uint64_t buffer = b == 0 ? buffers.k_ptrs[layer] : buffers.v_ptrs[layer];
@@ -286,9 +304,8 @@ class KvDataPlane::Impl {
     cudaFreeHost(error_host_);
   }
 
-  absl::Status Launch(KvDirection direction, const KvTransferRequest& request,
-                      uint32_t layer_begin, uint32_t layer_count, cudaStream_t stream,
-                      const KvKernelConfig& config) {
+  absl::Status Launch(KvDirection direction, const KvTransferRequest& request, uint32_t layer_begin,
+                      uint32_t layer_count, cudaStream_t stream, const KvKernelConfig& config) {
     FLUXON_RETURN_IF_ERROR(ValidateKernelConfig(config, sm_count_));
     FLUXON_ASSIGN_OR_RETURN(PlanView plan, CheckRequest(direction, request, layer_begin,
                                                         layer_count, /*need_host_indices=*/false));
@@ -298,9 +315,9 @@ class KvDataPlane::Impl {
                                 config.vectors_per_thread, config.bulk_copy);
     const uint64_t max_items = std::numeric_limits<int32_t>::max();
     if (items_per_page > max_items) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "one page is %d warp tiles, more than the kernel indexes (%d)", items_per_page,
-          max_items));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("one page is %d warp tiles, more than the kernel indexes (%d)",
+                          items_per_page, max_items));
     }
     kernels::KvCopyParams params;
     params.plan = reinterpret_cast<const void*>(request.plan_ptr);
@@ -318,9 +335,9 @@ class KvDataPlane::Impl {
     const KvPageLayout& layout = options_.buffers.layout;
     const uint64_t max_items = std::numeric_limits<int32_t>::max();
     if (items_per_page > max_items) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "one page is %d warp tiles, more than the kernel indexes (%d)", items_per_page,
-          max_items));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("one page is %d warp tiles, more than the kernel indexes (%d)",
+                          items_per_page, max_items));
     }
     params.buffer_table = device_table_;
     params.device_pages = options_.buffers.device_pages;
@@ -331,8 +348,7 @@ class KvDataPlane::Impl {
     params.error_bits = error_device_;
     // Blocks: the SM budget, but no more than keep every warp (every bulk pipeline) busy; an idle
     // block still pays its plan round trip and slows small transfers down.
-    const int threads =
-        config.bulk_copy ? kernels::kBulkThreadsPerBlock : config.threads_per_block;
+    const int threads = config.bulk_copy ? kernels::kBulkThreadsPerBlock : config.threads_per_block;
     const uint64_t items_per_block_round =
         config.bulk_copy ? kernels::kBulkStages : static_cast<uint64_t>(threads / 32);
     const uint64_t total_items = items_per_page * params.num_pages;
@@ -345,9 +361,8 @@ class KvDataPlane::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status Staged(KvDirection direction, const KvTransferRequest& request,
-                      uint32_t layer_begin, uint32_t layer_count, cudaStream_t stream,
-                      int sm_budget) {
+  absl::Status Staged(KvDirection direction, const KvTransferRequest& request, uint32_t layer_begin,
+                      uint32_t layer_count, cudaStream_t stream, int sm_budget) {
     if (staging_ == nullptr) {
       return absl::FailedPreconditionError(
           "the staged copy-engine path is not configured (KvDataPlaneOptions::"
@@ -379,7 +394,6 @@ class KvDataPlane::Impl {
     const bool write = direction == KvDirection::kDeviceToValues;
     cudaMemcpyAttributes attrs = {};
     attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    size_t attrs_index = 0;
 
     MutexLock lock(&mu_);
     FLUXON_RETURN_IF_ERROR(EnsureStreams());
@@ -429,28 +443,26 @@ class KvDataPlane::Impl {
         err = cudaStreamWaitEvent(stream, staged_free_[slot], 0);
         if (err != cudaSuccess) return CudaError(err, "cudaStreamWaitEvent (staging slot)");
         // Gather: KV buffers -> staging slot, as a device-to-device "write".
-        FLUXON_RETURN_IF_ERROR(LaunchPrepared(KvDirection::kDeviceToValues, params,
-                                              items_per_page, stream, config));
+        FLUXON_RETURN_IF_ERROR(
+            LaunchPrepared(KvDirection::kDeviceToValues, params, items_per_page, stream, config));
         err = cudaEventRecord(staged_ready_[slot], stream);
         if (err == cudaSuccess) err = cudaStreamWaitEvent(copy, staged_ready_[slot], 0);
         if (err == cudaSuccess) {
-          err = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs,
-                                     &attrs_index, 1, copy);
+          err = CopyBatch(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs, copy);
         }
         if (err == cudaSuccess) err = cudaEventRecord(staged_free_[slot], copy);
         if (err != cudaSuccess) return CudaError(err, "staged copy (write)");
       } else {
         err = cudaStreamWaitEvent(copy, staged_free_[slot], 0);
         if (err == cudaSuccess) {
-          err = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs,
-                                     &attrs_index, 1, copy);
+          err = CopyBatch(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs, copy);
         }
         if (err == cudaSuccess) err = cudaEventRecord(staged_ready_[slot], copy);
         if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, staged_ready_[slot], 0);
         if (err != cudaSuccess) return CudaError(err, "staged copy (restore)");
         // Scatter: staging slot -> KV buffers.
-        FLUXON_RETURN_IF_ERROR(LaunchPrepared(KvDirection::kValuesToDevice, params,
-                                              items_per_page, stream, config));
+        FLUXON_RETURN_IF_ERROR(
+            LaunchPrepared(KvDirection::kValuesToDevice, params, items_per_page, stream, config));
         err = cudaEventRecord(staged_free_[slot], stream);
         if (err != cudaSuccess) return CudaError(err, "cudaEventRecord (staging slot)");
       }
@@ -469,9 +481,9 @@ class KvDataPlane::Impl {
                           uint32_t layer_begin, uint32_t layer_count, cudaStream_t stream,
                           const KvCopyEngineOptions& options) {
     if (options.num_streams < 1 || options.num_streams > kMaxCopyEngineStreams) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "copy-engine num_streams %d is outside [1, %d]", options.num_streams,
-          kMaxCopyEngineStreams));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("copy-engine num_streams %d is outside [1, %d]", options.num_streams,
+                          kMaxCopyEngineStreams));
     }
     FLUXON_ASSIGN_OR_RETURN(PlanView plan, CheckRequest(direction, request, layer_begin,
                                                         layer_count, /*need_host_indices=*/true));
@@ -494,7 +506,6 @@ class KvDataPlane::Impl {
     attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attrs.flags = options.prefer_overlap_with_compute ? cudaMemcpyFlagPreferOverlapWithCompute
                                                       : cudaMemcpyFlagDefault;
-    size_t attrs_index = 0;
 
     MutexLock lock(&mu_);
     FLUXON_RETURN_IF_ERROR(EnsureStreams());
@@ -507,8 +518,8 @@ class KvDataPlane::Impl {
       if (err != cudaSuccess) return CudaError(err, "cudaStreamWaitEvent (copy-engine fork)");
       const size_t begin = bounds[r];
       const size_t count = bounds[r + 1] - begin;
-      err = cudaMemcpyBatchAsync(dsts.data() + begin, srcs.data() + begin, sizes.data() + begin,
-                                 count, &attrs, &attrs_index, 1, s);
+      err = CopyBatch(dsts.data() + begin, srcs.data() + begin, sizes.data() + begin, count, &attrs,
+                      s);
       if (err != cudaSuccess) return CudaError(err, "cudaMemcpyBatchAsync");
       err = cudaEventRecord(join_events_[r], s);
       if (err != cudaSuccess) return CudaError(err, "cudaEventRecord (copy-engine join)");
@@ -557,9 +568,9 @@ class KvDataPlane::Impl {
     }
     if (need_host_indices) {
       if (request.host_page_indices.size() != request.num_pages) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "the copy-engine path needs %d page indices on the host, got %d", request.num_pages,
-            request.host_page_indices.size()));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("the copy-engine path needs %d page indices on the host, got %d",
+                            request.num_pages, request.host_page_indices.size()));
       }
     } else {
       if (request.device_page_indices == nullptr) {
@@ -570,9 +581,9 @@ class KvDataPlane::Impl {
       }
       if (!request.host_page_indices.empty() &&
           request.host_page_indices.size() != request.num_pages) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "host_page_indices has %d entries, expected %d", request.host_page_indices.size(),
-            request.num_pages));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("host_page_indices has %d entries, expected %d",
+                            request.host_page_indices.size(), request.num_pages));
       }
     }
     FLUXON_RETURN_IF_ERROR(
@@ -625,8 +636,7 @@ class KvDataPlane::Impl {
 
 absl::StatusOr<std::unique_ptr<KvDataPlane>> KvDataPlane::Create(KvDataPlaneOptions options) {
   FLUXON_RETURN_IF_ERROR(ValidateDeviceBuffers(options.buffers));
-  if (options.staging_group_pages > 0 &&
-      (options.staging_slots < 1 || options.staging_slots > 8)) {
+  if (options.staging_group_pages > 0 && (options.staging_slots < 1 || options.staging_slots > 8)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("staging_slots %d is outside [1, 8]", options.staging_slots));
   }

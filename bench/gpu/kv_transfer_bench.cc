@@ -38,14 +38,13 @@ cudaError_t LaunchPlainCopy(const void* src, void* dst, uint64_t bytes, int bloc
 }  // namespace bench
 namespace {
 
-#define CUDA_OK(expr)                                                                    \
-  do {                                                                                   \
-    cudaError_t err_ = (expr);                                                           \
-    if (err_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                  \
-                   cudaGetErrorString(err_));                                            \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+#define CUDA_OK(expr)                                                                              \
+  do {                                                                                             \
+    cudaError_t err_ = (expr);                                                                     \
+    if (err_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
 
 void StatusOk(const absl::Status& s, const char* what) {
@@ -115,8 +114,8 @@ class Rig {
       }
       std::shuffle(sets_[s].values.begin(), sets_[s].values.end(), rng_);
       CUDA_OK(cudaMalloc(&sets_[s].device_pages, max_batch * sizeof(int64_t)));
-      CUDA_OK(cudaMemcpy(sets_[s].device_pages, sets_[s].pages.data(),
-                         max_batch * sizeof(int64_t), cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(sets_[s].device_pages, sets_[s].pages.data(), max_batch * sizeof(int64_t),
+                         cudaMemcpyHostToDevice));
     }
   }
 
@@ -187,8 +186,7 @@ class Rig {
     for (auto& w : host) w = rng_();
     for (uint64_t off = 0; off < bytes; off += host.size() * 8) {
       CUDA_OK(cudaMemcpy(static_cast<uint8_t*>(p) + off, host.data(),
-                         std::min<uint64_t>(host.size() * 8, bytes - off),
-                         cudaMemcpyHostToDevice));
+                         std::min<uint64_t>(host.size() * 8, bytes - off), cudaMemcpyHostToDevice));
     }
   }
   void FillHostRandom(uint8_t* p, uint64_t bytes) {
@@ -255,8 +253,9 @@ struct Timer {
 
 double GBps(uint64_t bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
 
-void Csv(FILE* csv, const std::string& section, const std::string& model, const std::string& dir, int batch,
-         const std::string& method, const std::string& config, uint64_t bytes, double ms) {
+void Csv(FILE* csv, const std::string& section, const std::string& model, const std::string& dir,
+         int batch, const std::string& method, const std::string& config, uint64_t bytes,
+         double ms) {
   if (csv != nullptr) {
     std::fprintf(csv, "%s,%s,%s,%d,%s,%s,%llu,%.6f,%.3f\n", section.c_str(), model.c_str(),
                  dir.c_str(), batch, method.c_str(), config.c_str(),
@@ -300,9 +299,11 @@ void LaunchStaged(Rig& rig, KvDataPlane& plane, KvDirection dir, int s, int batc
 // The ceiling: one contiguous copy of `bytes` between set s's value area and device scratch.
 void LaunchCeiling(Rig& rig, KvDirection dir, int s, uint64_t bytes, cudaStream_t stream) {
   if (dir == KvDirection::kDeviceToValues) {
-    CUDA_OK(cudaMemcpyAsync(rig.ValueBase(s), rig.scratch(), bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(
+        cudaMemcpyAsync(rig.ValueBase(s), rig.scratch(), bytes, cudaMemcpyDeviceToHost, stream));
   } else {
-    CUDA_OK(cudaMemcpyAsync(rig.scratch(), rig.ValueBase(s), bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_OK(
+        cudaMemcpyAsync(rig.scratch(), rig.ValueBase(s), bytes, cudaMemcpyHostToDevice, stream));
   }
 }
 
@@ -327,8 +328,8 @@ bool VerifyModel(Rig& rig, cudaStream_t stream, int batch, bool bulk) {
                                l.device_page_offset(rig.pages(s)[p]);
           CUDA_OK(cudaMemcpy(chunk.data(), reinterpret_cast<void*>(dev), chunk.size(),
                              cudaMemcpyDeviceToHost));
-          const auto* val = reinterpret_cast<const uint8_t*>(rig.values(s)[p]) +
-                            l.chunk_offset(layer, b);
+          const auto* val =
+              reinterpret_cast<const uint8_t*>(rig.values(s)[p]) + l.chunk_offset(layer, b);
           if (std::memcmp(chunk.data(), val, chunk.size()) != 0) return false;
         }
       }
@@ -437,10 +438,11 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
               name.c_str(), l.num_layers, l.buffers_per_layer(), l.page_size,
               static_cast<unsigned long long>(l.row_bytes),
               static_cast<unsigned long long>(l.value_bytes()));
-  std::printf("\n| direction | pages | MiB | ceiling GB/s | memcpy/chunk GB/s | copy engine GB/s "
-              "(%% ceil) | %s %d SMs GB/s (%% ceil) | staged CE + %d SMs GB/s (%% ceil) |\n"
-              "|---|---|---|---|---|---|---|---|\n",
-              kernel_name, default_cfg.sm_budget, kStagedSms);
+  std::printf(
+      "\n| direction | pages | MiB | ceiling GB/s | memcpy/chunk GB/s | copy engine GB/s "
+      "(%% ceil) | %s %d SMs GB/s (%% ceil) | staged CE + %d SMs GB/s (%% ceil) |\n"
+      "|---|---|---|---|---|---|---|---|\n",
+      kernel_name, default_cfg.sm_budget, kStagedSms);
   for (KvDirection dir : {KvDirection::kDeviceToValues, KvDirection::kValuesToDevice}) {
     for (int batch : {1, 16, 128}) {
       const uint64_t bytes = batch * l.value_bytes();
@@ -463,11 +465,11 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
       const double st_ms = t.MedianMs(
           [&](int s) { LaunchStaged(rig, rig.plane(), dir, s, batch, kStagedSms, stream); });
       const double ceil = GBps(bytes, ceil_ms);
-      std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f (%.1f%%) | %.1f (%.1f%%) | %.1f (%.1f%%) |\n",
-                  DirName(dir), batch, bytes / 1048576.0, ceil, GBps(bytes, chunk_ms),
-                  GBps(bytes, ce_ms), 100 * GBps(bytes, ce_ms) / ceil, GBps(bytes, k_ms),
-                  100 * GBps(bytes, k_ms) / ceil, GBps(bytes, st_ms),
-                  100 * GBps(bytes, st_ms) / ceil);
+      std::printf(
+          "| %s | %d | %.1f | %.1f | %.1f | %.1f (%.1f%%) | %.1f (%.1f%%) | %.1f (%.1f%%) |\n",
+          DirName(dir), batch, bytes / 1048576.0, ceil, GBps(bytes, chunk_ms), GBps(bytes, ce_ms),
+          100 * GBps(bytes, ce_ms) / ceil, GBps(bytes, k_ms), 100 * GBps(bytes, k_ms) / ceil,
+          GBps(bytes, st_ms), 100 * GBps(bytes, st_ms) / ceil);
       Csv(csv, "main", name, DirName(dir), batch, "staged", "default", bytes, st_ms);
       Csv(csv, "main", name, DirName(dir), batch, "ceiling", "", bytes, ceil_ms);
       Csv(csv, "main", name, DirName(dir), batch, "memcpy_per_chunk", "", bytes, chunk_ms);
@@ -482,9 +484,10 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
   const int batch = 128;
   const uint64_t bytes = batch * l.value_bytes();
   Timer t{stream, 2, reps_big};
-  std::printf("\n%s, 128 pages (%.0f MiB): kernel GB/s by SM budget "
-              "(threads x vectors in flight per thread)\n\n",
-              name.c_str(), bytes / 1048576.0);
+  std::printf(
+      "\n%s, 128 pages (%.0f MiB): kernel GB/s by SM budget "
+      "(threads x vectors in flight per thread)\n\n",
+      name.c_str(), bytes / 1048576.0);
   const std::vector<std::pair<int, int>> shapes = {{1024, 2}, {1024, 4}, {1024, 8}, {512, 8}};
   std::printf("| direction | ceiling |");
   for (int sm : {1, 2, 4, 8, 16, 32}) std::printf(" %d SM |", sm);
@@ -515,7 +518,8 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
         std::printf("| %s | %.1f |", DirName(dir), ceil);
         for (int sm : {1, 2, 4, 8, 16, 32}) {
           const KvKernelConfig cfg{sm, threads, vectors, static_cast<KvHostLoad>(load), opt.bulk};
-          const double ms = t.MedianMs([&](int s) { LaunchKernel(rig, dir, s, batch, cfg, stream); });
+          const double ms =
+              t.MedianMs([&](int s) { LaunchKernel(rig, dir, s, batch, cfg, stream); });
           std::printf(" %.1f |", GBps(bytes, ms));
           Csv(csv, "sm_sweep", name, DirName(dir), batch, opt.bulk ? "bulk_kernel" : "kernel",
               "sm=" + std::to_string(sm) + " threads=" + std::to_string(threads) +
@@ -534,8 +538,9 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
   // Copy-engine options.
   std::printf("\n%s, 128 pages: copy-engine GB/s by streams (plan order / host-address order)\n\n",
               name.c_str());
-  std::printf("| direction | ceiling | 1 | 4 | 8 | 16 | 24 | 32 | 16, sorted | 16, overlap flag |\n"
-              "|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| direction | ceiling | 1 | 4 | 8 | 16 | 24 | 32 | 16, sorted | 16, overlap flag |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   for (KvDirection dir : {KvDirection::kDeviceToValues, KvDirection::kValuesToDevice}) {
     if (opt.bulk) break;  // the bulk run measures kernels only
     const double ceil =
@@ -561,9 +566,11 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
 
   // Staged copy-engine path: group size x SM budget of the gather/scatter kernel.
   if (!opt.bulk) {
-    std::printf("\n%s, 128 pages: staged copy engine GB/s (%% of ceiling) by staging group and "
-                "gather/scatter SMs (2 slots)\n\n| direction | ceiling | group | 1 SM | 2 SMs | "
-                "4 SMs | 8 SMs |\n|---|---|---|---|---|---|---|\n", name.c_str());
+    std::printf(
+        "\n%s, 128 pages: staged copy engine GB/s (%% of ceiling) by staging group and "
+        "gather/scatter SMs (2 slots)\n\n| direction | ceiling | group | 1 SM | 2 SMs | "
+        "4 SMs | 8 SMs |\n|---|---|---|---|---|---|---|\n",
+        name.c_str());
     for (KvDirection dir : {KvDirection::kDeviceToValues, KvDirection::kValuesToDevice}) {
       const double ceil =
           GBps(bytes, t.MedianMs([&](int s) { LaunchCeiling(rig, dir, s, bytes, stream); }));
@@ -586,17 +593,17 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
   // Per-layer restore latency.
   std::printf("\n%s: one-layer restore (layer %u) latency, median\n\n", name.c_str(),
               l.num_layers / 2);
-  std::printf("| pages | bytes | ceiling µs (GB/s) | %s 2 SMs µs (%% ceil) | %s 4 SMs µs | %s "
-              "8 SMs µs | copy engine µs | staged CE + 4 SMs µs (%% ceil) | plain SM copy 4 SMs "
-              "µs |\n|---|---|---|---|---|---|---|---|---|\n",
-              kernel_name, kernel_name, kernel_name);
+  std::printf(
+      "| pages | bytes | ceiling µs (GB/s) | %s 2 SMs µs (%% ceil) | %s 4 SMs µs | %s "
+      "8 SMs µs | copy engine µs | staged CE + 4 SMs µs (%% ceil) | plain SM copy 4 SMs "
+      "µs |\n|---|---|---|---|---|---|---|---|---|\n",
+      kernel_name, kernel_name, kernel_name);
   for (int b : {1, 16, 128}) {
     const uint64_t layer_bytes = b * l.layer_bytes();
     Timer lt{stream, 5, b >= 16 ? reps_small : reps_small * 2};
     const uint32_t layer = l.num_layers / 2;
-    const double ceil_ms = lt.MedianMs([&](int s) {
-      LaunchCeiling(rig, KvDirection::kValuesToDevice, s, layer_bytes, stream);
-    });
+    const double ceil_ms = lt.MedianMs(
+        [&](int s) { LaunchCeiling(rig, KvDirection::kValuesToDevice, s, layer_bytes, stream); });
     double kms[3];
     int i = 0;
     for (int sm : {2, 4, 8}) {
@@ -626,8 +633,8 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
         "| %d | %llu | %.1f (%.1f GB/s) | %.1f (%.1f%%) | %.1f | %.1f | %.1f | %.1f (%.1f%%) | "
         "%.1f |\n",
         b, static_cast<unsigned long long>(layer_bytes), ceil_ms * 1e3, GBps(layer_bytes, ceil_ms),
-        kms[0] * 1e3, 100 * ceil_ms / kms[0], kms[1] * 1e3, kms[2] * 1e3, ce_ms * 1e3,
-        st_ms * 1e3, 100 * ceil_ms / st_ms, plain_ms * 1e3);
+        kms[0] * 1e3, 100 * ceil_ms / kms[0], kms[1] * 1e3, kms[2] * 1e3, ce_ms * 1e3, st_ms * 1e3,
+        100 * ceil_ms / st_ms, plain_ms * 1e3);
   }
 
   // Layer-wise restore as the forward pass drives it: every layer of 128 pages, one launch per
@@ -636,9 +643,8 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
     const int b = 128;
     const uint64_t all_bytes = b * l.value_bytes();
     Timer pt{stream, 1, quick ? 3 : 7};
-    const double ceil_ms = pt.MedianMs([&](int s) {
-      LaunchCeiling(rig, KvDirection::kValuesToDevice, s, all_bytes, stream);
-    });
+    const double ceil_ms = pt.MedianMs(
+        [&](int s) { LaunchCeiling(rig, KvDirection::kValuesToDevice, s, all_bytes, stream); });
     auto per_layer = [&](const std::function<void(int, uint32_t)>& one) {
       return pt.MedianMs([&](int s) {
         for (uint32_t layer = 0; layer < l.num_layers; ++layer) one(s, layer);
@@ -653,10 +659,11 @@ void BenchModel(Rig& rig, cudaStream_t stream, const BenchOptions& opt, FILE* cs
       LaunchStaged(rig, rig.plane(), KvDirection::kValuesToDevice, s, b, 4, stream, layer);
     });
     const double n = l.num_layers;
-    std::printf("\n%s: layer-wise restore of 128 pages, %u launches back to back: per layer "
-                "ceiling %.1f µs; %s 2 SMs %.1f µs (%.1f%%); staged CE + 4 SMs %.1f µs (%.1f%%)\n",
-                name.c_str(), l.num_layers, ceil_ms * 1e3 / n, kernel_name, k_ms * 1e3 / n,
-                100 * ceil_ms / k_ms, st_ms * 1e3 / n, 100 * ceil_ms / st_ms);
+    std::printf(
+        "\n%s: layer-wise restore of 128 pages, %u launches back to back: per layer "
+        "ceiling %.1f µs; %s 2 SMs %.1f µs (%.1f%%); staged CE + 4 SMs %.1f µs (%.1f%%)\n",
+        name.c_str(), l.num_layers, ceil_ms * 1e3 / n, kernel_name, k_ms * 1e3 / n,
+        100 * ceil_ms / k_ms, st_ms * 1e3 / n, 100 * ceil_ms / st_ms);
     Csv(csv, "layer_pipeline", name, "restore H2D", b, "ceiling", "", all_bytes, ceil_ms);
     Csv(csv, "layer_pipeline", name, "restore H2D", b, kernel_name, "sm=2", all_bytes, k_ms);
     Csv(csv, "layer_pipeline", name, "restore H2D", b, "staged", "sm=4", all_bytes, st_ms);
@@ -670,14 +677,21 @@ int Main(int argc, char** argv) {
   const char* csv_path = nullptr;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--verify") verify = true;
-    else if (a == "--small") small = true;
-    else if (a == "--quick") opt.quick = true;
-    else if (a == "--no-sweep") opt.sweep = false;
-    else if (a == "--bulk") opt.bulk = true;
-    else if (a == "--csv" && i + 1 < argc) csv_path = argv[++i];
+    if (a == "--verify")
+      verify = true;
+    else if (a == "--small")
+      small = true;
+    else if (a == "--quick")
+      opt.quick = true;
+    else if (a == "--no-sweep")
+      opt.sweep = false;
+    else if (a == "--bulk")
+      opt.bulk = true;
+    else if (a == "--csv" && i + 1 < argc)
+      csv_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--verify] [--small] [--quick] [--no-sweep] [--bulk] [--csv FILE]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--verify] [--small] [--quick] [--no-sweep] [--bulk] [--csv FILE]\n",
                    argv[0]);
       return 2;
     }

@@ -11,7 +11,8 @@
 //   directly (cudaHostGetDevicePointer returns the host address; true on every UVA platform that
 //   supports cudaDevAttrCanUseHostPointerForRegisteredMem). Plans carry host addresses and kernels
 //   dereference them unchanged, so a platform that needs translation is rejected at registration.
-// - A HostRegistration unregisters exactly what it registered, once, when destroyed; the memory must
+// - A HostRegistration unregisters exactly what it registered, once, when destroyed; the memory
+// must
 //   stay mapped until then.
 // - Mappings must not overlap one another (an address belongs to one registration).
 #pragma once

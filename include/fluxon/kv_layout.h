@@ -15,8 +15,8 @@
 //   one contiguous run of layer_bytes (layer-wise restore reads 1 run per page per layer; MHA's K
 //   and V chunks of a layer are adjacent).
 // - Device side (SGLang layer_first pools): buffer `b` of layer `l` is a device array of rows
-//   `[device_pages * page_size, row]`; page index `i` owns rows [i * page_size, (i + 1) * page_size),
-//   so every (page, layer, buffer) chunk is chunk_bytes contiguous on both sides.
+//   `[device_pages * page_size, row]`; page index `i` owns rows [i * page_size, (i + 1) *
+//   page_size), so every (page, layer, buffer) chunk is chunk_bytes contiguous on both sides.
 // - chunk_bytes is a multiple of 16 (IsValid), so with 16-byte-aligned buffers and values every
 //   chunk can be moved with 16-byte vector accesses.
 // - The layout (attention kind, L, page_size, row_bytes) is not stored in the value: the page key
@@ -81,8 +81,8 @@ enum class KvDirection : uint32_t {
 // validated at launch (a plan consumed in between) or a device-resident page index is out of range.
 // A kernel that sets a bit moves no bytes for the affected pages (none at all for the plan bits).
 enum KvDeviceError : uint32_t {
-  kKvDeviceErrorBadMagic = 1u << 0,      // plan magic was not kPlanBlobMagic when the kernel ran
-  kKvDeviceErrorCountMismatch = 1u << 1,  // plan count differed from the number of page indices
+  kKvDeviceErrorBadMagic = 1u << 0,        // plan magic was not kPlanBlobMagic when the kernel ran
+  kKvDeviceErrorCountMismatch = 1u << 1,   // plan count differed from the number of page indices
   kKvDeviceErrorPageOutOfRange = 1u << 2,  // a page index was < 0 or >= device_pages
 };
 

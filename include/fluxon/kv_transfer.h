@@ -56,7 +56,7 @@ enum class KvHostLoad : uint8_t {
 struct KvKernelConfig {
   int sm_budget = 4;  // at most this many thread blocks, one per SM (fewer when the work is small)
   int threads_per_block = 1024;  // multiple of 32, at most 1024
-  int vectors_per_thread = 8;  // 16-byte loads in flight per thread before the stores: 1,2,4,8
+  int vectors_per_thread = 8;    // 16-byte loads in flight per thread before the stores: 1,2,4,8
   KvHostLoad host_load = KvHostLoad::kStreaming;
   // Drive the bulk-copy engine (cp.async.bulk, 128 threads per block) instead of vector loads;
   // threads_per_block and vectors_per_thread are then ignored.
@@ -65,9 +65,9 @@ struct KvKernelConfig {
 
 // Copy-engine (DMA) path: cudaMemcpyBatchAsync built from the same plan.
 struct KvCopyEngineOptions {
-  int num_streams = 16;  // the descriptor list is split into this many batches (at most 32)
-  bool merge_adjacent = true;   // coalesce descriptors contiguous on both sides
-  bool sort_by_host_address = false;  // issue in host-address order instead of plan order
+  int num_streams = 16;        // the descriptor list is split into this many batches (at most 32)
+  bool merge_adjacent = true;  // coalesce descriptors contiguous on both sides
+  bool sort_by_host_address = false;         // issue in host-address order instead of plan order
   bool prefer_overlap_with_compute = false;  // cudaMemcpyFlagPreferOverlapWithCompute
 };
 

@@ -146,7 +146,8 @@ class PyDataPlane {
   void Kernel(const std::string& op, uint64_t plan_ptr, uint64_t page_indices_ptr,
               uint64_t num_pages, uint64_t stream, std::optional<uint32_t> layer_id,
               const std::optional<std::vector<int64_t>>& host_page_indices, int sm_budget,
-              int threads_per_block, int vectors_per_thread, const std::string& host_load, bool bulk) {
+              int threads_per_block, int vectors_per_thread, const std::string& host_load,
+              bool bulk) {
     KvTransferRequest request;
     request.plan_ptr = plan_ptr;
     request.device_page_indices = reinterpret_cast<const int64_t*>(page_indices_ptr);
@@ -225,10 +226,9 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
              return layout;
            }),
            py::arg("attention"), py::arg("num_layers"), py::arg("page_size"), py::arg("row_bytes"))
-      .def_property_readonly("attention",
-                             [](const KvPageLayout& l) {
-                               return l.attention == KvAttention::kMha ? "mha" : "mla";
-                             })
+      .def_property_readonly(
+          "attention",
+          [](const KvPageLayout& l) { return l.attention == KvAttention::kMha ? "mha" : "mla"; })
       .def_readonly("num_layers", &KvPageLayout::num_layers)
       .def_readonly("page_size", &KvPageLayout::page_size)
       .def_readonly("row_bytes", &KvPageLayout::row_bytes)
@@ -241,10 +241,8 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
   py::class_<PyRegistration>(m, "HostRegistration")
       .def("close", &PyRegistration::Close)
       .def_property_readonly("closed", &PyRegistration::closed)
-      .def("contains",
-           [](const PyRegistration& r, uint64_t ptr, uint64_t bytes) {
-             return !r.closed() && r.get()->Contains(ptr, bytes);
-           })
+      .def("contains", [](const PyRegistration& r, uint64_t ptr,
+                          uint64_t bytes) { return !r.closed() && r.get()->Contains(ptr, bytes); })
       .def("__enter__", [](PyRegistration& r) -> PyRegistration& { return r; })
       .def("__exit__", [](PyRegistration& r, py::args) { r.Close(); });
 
@@ -273,10 +271,10 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
 
   py::class_<PyPlanArena>(m, "TestPlanArena")
       .def(py::init<uint64_t>(), py::arg("arena_bytes") = 1 << 20)
-      .def("issue_put",
-           [](PyPlanArena& a, const std::vector<uint64_t>& v) { return a.Issue(PlanKind::kPut, v); })
-      .def("issue_get",
-           [](PyPlanArena& a, const std::vector<uint64_t>& v) { return a.Issue(PlanKind::kGet, v); })
+      .def("issue_put", [](PyPlanArena& a,
+                           const std::vector<uint64_t>& v) { return a.Issue(PlanKind::kPut, v); })
+      .def("issue_get", [](PyPlanArena& a,
+                           const std::vector<uint64_t>& v) { return a.Issue(PlanKind::kGet, v); })
       .def("consume_put", [](PyPlanArena& a, uint64_t p) { a.Consume(p, PlanKind::kPut); })
       .def("consume_get", [](PyPlanArena& a, uint64_t p) { a.Consume(p, PlanKind::kGet); })
       .def("mapping", [](const PyPlanArena& a) {
@@ -290,14 +288,15 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
                     const PyPlanArena*, const PyRegistration*, uint32_t, uint32_t>(),
            py::arg("layout"), py::arg("k_ptrs"), py::arg("v_ptrs"), py::arg("device_pages"),
            py::arg("plans") = nullptr, py::arg("registration") = nullptr,
-           py::arg("staging_group_pages") = 0, py::arg("staging_slots") = 2,
-           py::keep_alive<1, 6>(), py::keep_alive<1, 7>())
+           py::arg("staging_group_pages") = 0, py::arg("staging_slots") = 2, py::keep_alive<1, 6>(),
+           py::keep_alive<1, 7>())
       .def_property_readonly("layout", &PyDataPlane::layout)
       .def(
           "write_pages",
           [](PyDataPlane& d, uint64_t plan_ptr, uint64_t page_indices_ptr, uint64_t num_pages,
              uint64_t stream, std::optional<std::vector<int64_t>> host_page_indices, int sm_budget,
-             int threads_per_block, int vectors_per_thread, const std::string& host_load, bool bulk) {
+             int threads_per_block, int vectors_per_thread, const std::string& host_load,
+             bool bulk) {
             d.Kernel("write", plan_ptr, page_indices_ptr, num_pages, stream, std::nullopt,
                      host_page_indices, sm_budget, threads_per_block, vectors_per_thread, host_load,
                      bulk);
@@ -313,7 +312,8 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
           [](PyDataPlane& d, uint64_t plan_ptr, uint64_t page_indices_ptr, uint64_t num_pages,
              uint64_t stream, std::optional<uint32_t> layer_id,
              std::optional<std::vector<int64_t>> host_page_indices, int sm_budget,
-             int threads_per_block, int vectors_per_thread, const std::string& host_load, bool bulk) {
+             int threads_per_block, int vectors_per_thread, const std::string& host_load,
+             bool bulk) {
             d.Kernel("restore", plan_ptr, page_indices_ptr, num_pages, stream, layer_id,
                      host_page_indices, sm_budget, threads_per_block, vectors_per_thread, host_load,
                      bulk);

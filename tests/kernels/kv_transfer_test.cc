@@ -128,8 +128,7 @@ TEST_F(PlanTest, ReadsCountAndValuesAndChecksKind) {
   // A put plan handed to restore: the registry knows the kind.
   auto wrong = ReadTransferPlan(*put, PlanKind::kGet, plans_.get());
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(wrong.status().message().find("is a put plan, expected a get plan"),
-            std::string::npos)
+  EXPECT_NE(wrong.status().message().find("is a put plan, expected a get plan"), std::string::npos)
       << wrong.status();
 
   // Without a registry the ABI alone is checked.
@@ -144,9 +143,9 @@ TEST_F(PlanTest, RejectsNullMisalignedConsumedAndForeignBlobs) {
   std::vector<uint64_t> values = {0x100000};
   auto get = plans_->Issue(PlanKind::kGet, values);
   ASSERT_TRUE(get.ok());
-  EXPECT_NE(ReadTransferPlan(*get + 4, PlanKind::kGet, nullptr).status().message().find(
-                "8-byte aligned"),
-            std::string::npos);
+  EXPECT_NE(
+      ReadTransferPlan(*get + 4, PlanKind::kGet, nullptr).status().message().find("8-byte aligned"),
+      std::string::npos);
 
   ASSERT_TRUE(plans_->Consume(*get, PlanKind::kGet).ok());
   auto consumed = ReadTransferPlan(*get, PlanKind::kGet, nullptr);
@@ -162,11 +161,10 @@ TEST_F(PlanTest, RejectsNullMisalignedConsumedAndForeignBlobs) {
   // A blob the registry never issued.
   garbage[0] = kPlanBlobMagic;
   EXPECT_TRUE(ReadTransferPlan(reinterpret_cast<uint64_t>(garbage), PlanKind::kGet, nullptr).ok());
-  EXPECT_EQ(
-      ReadTransferPlan(reinterpret_cast<uint64_t>(garbage), PlanKind::kGet, plans_.get())
-          .status()
-          .code(),
-      absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadTransferPlan(reinterpret_cast<uint64_t>(garbage), PlanKind::kGet, plans_.get())
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
   garbage[1] = 0;
   EXPECT_FALSE(ReadTransferPlan(reinterpret_cast<uint64_t>(garbage), PlanKind::kGet, nullptr).ok());
 }
