@@ -13,7 +13,13 @@
 //   page indices) is checked again in the kernel: a failing page or plan moves no bytes and sets a
 //   sticky bit that TakeDeviceErrors() turns into an error after the caller's stream finished.
 // - The kernel path uses at most `sm_budget` thread blocks (the forward pass owns the rest of the
-//   GPU) and only 16-byte, warp-coalesced accesses; the copy-engine path uses no SMs.
+//   GPU) and only 16-byte, warp-coalesced accesses; the copy-engine path uses no SMs; the staged
+//   path uses at most `sm_budget` blocks only while it gathers or scatters in device memory.
+//
+// Which path (H200, PCIe Gen5; docs/perf.md): the kernel path has the lowest latency (small
+// batches, one-layer restore) and reaches what any SM-issued copy reaches over PCIe (~95% D2H,
+// ~92% H2D of a contiguous DMA copy); the staged path reaches 97-99% on 128-page batches and keeps
+// SMs busy only briefly; the plain copy-engine path needs no SMs and no staging (~93-97%).
 // - Values (host memory) and the plan blob must be registered (HostRegistration) in the current
 //   CUDA context; kernels dereference the plan's host addresses unchanged.
 // - A KvDataPlane's device pointer table mirrors the KvDeviceBuffers it was created with; the
@@ -117,7 +123,9 @@ std::vector<size_t> SplitDescriptorsByBytes(std::span<const KvCopyDescriptor> de
 struct KvDataPlaneOptions {
   KvDeviceBuffers buffers;
   // Staged copy-engine path (CopyStaged): a device staging buffer of staging_slots slots of
-  // staging_group_pages values each is allocated at Create; 0 pages disables the path.
+  // staging_group_pages values each is allocated at Create; 0 pages disables the path. Measured
+  // on the H200 (docs/perf.md): 4 pages x 2 slots (36 MiB for 4.5 MiB values) with 4-8 SMs is
+  // the best setting for 128-page batches.
   uint32_t staging_group_pages = 0;
   uint32_t staging_slots = 2;
   // When set, a plan's kind is checked: put for write, get for restore.
