@@ -1,0 +1,340 @@
+// `_fluxon_kernels`: Python bindings of the hostless data plane (raw pointers and stream handles;
+// python/fluxon/kernels.py adds torch wrappers), plus test hooks that create a real Segment and a
+// real PlanRegistry so GPU tests exercise the same memory Fluxon hands out.
+//
+// Invariants and why:
+// - Every absl::Status error becomes a Python exception before control returns (ValueError for
+//   caller mistakes, RuntimeError otherwise); no C++ exception escapes from the library itself.
+// - A DataPlane keeps the PlanArena and HostRegistration it checks against alive (keep_alive), so
+//   Python garbage collection cannot free memory a launch validated against.
+// - Launch calls release the GIL; they only validate and enqueue.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fluxon/host_registration.h"
+#include "fluxon/kv_transfer.h"
+#include "fluxon/plan_blob.h"
+#include "slot/segment.h"
+
+namespace py = pybind11;
+
+namespace fluxon {
+namespace {
+
+[[noreturn]] void Raise(const absl::Status& status) {
+  const std::string message = status.ToString();
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kNotFound:
+      throw py::value_error(message);
+    default:
+      throw std::runtime_error(message);
+  }
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+template <typename T>
+T Take(absl::StatusOr<T> value) {
+  if (!value.ok()) Raise(value.status());
+  return std::move(*value);
+}
+
+KvAttention ParseAttention(const std::string& name) {
+  if (name == "mha" || name == "MHA") return KvAttention::kMha;
+  if (name == "mla" || name == "MLA") return KvAttention::kMla;
+  throw py::value_error("attention must be 'mha' or 'mla', got '" + name + "'");
+}
+
+KvDirection ParseDirection(const std::string& name) {
+  if (name == "write") return KvDirection::kDeviceToValues;
+  if (name == "restore") return KvDirection::kValuesToDevice;
+  throw py::value_error("direction must be 'write' or 'restore', got '" + name + "'");
+}
+
+cudaStream_t StreamOf(uint64_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+// Test hook: an owner-side memfd Segment (MAP_SHARED), as the daemon creates it.
+class PySegment {
+ public:
+  explicit PySegment(uint64_t size_bytes) {
+    SegmentOptions options;
+    options.size_bytes = size_bytes;
+    options.name = "fluxon-kernels-test";
+    segment_ = Take(Segment::Create(options));
+  }
+  uint64_t base() const { return reinterpret_cast<uint64_t>(segment_->base()); }
+  uint64_t total_bytes() const { return segment_->total_bytes(); }
+  uint64_t data_offset() const { return segment_->data_offset(); }
+  int fd() const { return segment_->fd(); }
+  const Segment& segment() const { return *segment_; }
+
+ private:
+  std::unique_ptr<Segment> segment_;
+};
+
+// Test hook: a PlanRegistry issuing real plan blobs from its page-aligned arena.
+class PyPlanArena {
+ public:
+  explicit PyPlanArena(uint64_t arena_bytes) {
+    registry_ = Take(PlanRegistry::Create(PlanRegistryOptions{arena_bytes}));
+  }
+  uint64_t Issue(PlanKind kind, const std::vector<uint64_t>& values) {
+    return Take(registry_->Issue(kind, values));
+  }
+  void Consume(uint64_t plan_ptr, PlanKind kind) { Take(registry_->Consume(plan_ptr, kind)); }
+  const PlanRegistry& registry() const { return *registry_; }
+
+ private:
+  std::unique_ptr<PlanRegistry> registry_;
+};
+
+class PyRegistration {
+ public:
+  explicit PyRegistration(std::unique_ptr<HostRegistration> registration)
+      : registration_(std::move(registration)) {}
+  const HostRegistration* get() const { return registration_.get(); }
+  void Close() { registration_.reset(); }
+  bool closed() const { return registration_ == nullptr; }
+
+ private:
+  std::unique_ptr<HostRegistration> registration_;
+};
+
+KvHostLoad ParseHostLoad(const std::string& name) {
+  if (name == "streaming") return KvHostLoad::kStreaming;
+  if (name == "bypass") return KvHostLoad::kBypassCache;
+  if (name == "prefetch256") return KvHostLoad::kPrefetch256B;
+  throw py::value_error("host_load must be 'streaming', 'bypass' or 'prefetch256', got '" + name +
+                        "'");
+}
+
+KvKernelConfig MakeConfig(int sm_budget, int threads_per_block, int vectors_per_thread,
+                          const std::string& host_load, bool bulk_copy) {
+  return KvKernelConfig{sm_budget, threads_per_block, vectors_per_thread, ParseHostLoad(host_load),
+                        bulk_copy};
+}
+
+class PyDataPlane {
+ public:
+  PyDataPlane(const KvPageLayout& layout, std::vector<uint64_t> k_ptrs,
+              std::vector<uint64_t> v_ptrs, uint64_t device_pages, const PyPlanArena* plans,
+              const PyRegistration* registration, uint32_t staging_group_pages,
+              uint32_t staging_slots) {
+    KvDataPlaneOptions options;
+    options.staging_group_pages = staging_group_pages;
+    options.staging_slots = staging_slots;
+    options.buffers = KvDeviceBuffers{layout, std::move(k_ptrs), std::move(v_ptrs), device_pages};
+    options.plans = plans != nullptr ? &plans->registry() : nullptr;
+    if (registration != nullptr && registration->closed()) {
+      throw py::value_error("the host registration was closed");
+    }
+    options.registration = registration != nullptr ? registration->get() : nullptr;
+    plane_ = Take(KvDataPlane::Create(std::move(options)));
+  }
+
+  void Kernel(const std::string& op, uint64_t plan_ptr, uint64_t page_indices_ptr,
+              uint64_t num_pages, uint64_t stream, std::optional<uint32_t> layer_id,
+              const std::optional<std::vector<int64_t>>& host_page_indices, int sm_budget,
+              int threads_per_block, int vectors_per_thread, const std::string& host_load,
+              bool bulk) {
+    KvTransferRequest request;
+    request.plan_ptr = plan_ptr;
+    request.device_page_indices = reinterpret_cast<const int64_t*>(page_indices_ptr);
+    request.num_pages = num_pages;
+    if (host_page_indices.has_value()) request.host_page_indices = *host_page_indices;
+    const KvKernelConfig config =
+        MakeConfig(sm_budget, threads_per_block, vectors_per_thread, host_load, bulk);
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      if (op == "write") {
+        status = plane_->WritePages(request, StreamOf(stream), config);
+      } else if (layer_id.has_value()) {
+        status = plane_->RestoreLayer(request, *layer_id, StreamOf(stream), config);
+      } else {
+        status = plane_->RestorePages(request, StreamOf(stream), config);
+      }
+    }
+    Check(status);
+  }
+
+  void CopyEngine(const std::string& direction, uint64_t plan_ptr,
+                  const std::vector<int64_t>& host_page_indices, uint64_t stream,
+                  std::optional<uint32_t> layer_id, int num_streams, bool merge, bool sort,
+                  bool overlap) {
+    KvTransferRequest request;
+    request.plan_ptr = plan_ptr;
+    request.num_pages = host_page_indices.size();
+    request.host_page_indices = host_page_indices;
+    const KvCopyEngineOptions options{num_streams, merge, sort, overlap};
+    const KvDirection dir = ParseDirection(direction);
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = plane_->CopyWithCopyEngine(dir, request, layer_id, StreamOf(stream), options);
+    }
+    Check(status);
+  }
+
+  void Staged(const std::string& direction, uint64_t plan_ptr, uint64_t page_indices_ptr,
+              const std::vector<int64_t>& host_page_indices, uint64_t stream,
+              std::optional<uint32_t> layer_id, int sm_budget) {
+    KvTransferRequest request;
+    request.plan_ptr = plan_ptr;
+    request.device_page_indices = reinterpret_cast<const int64_t*>(page_indices_ptr);
+    request.num_pages = host_page_indices.size();
+    request.host_page_indices = host_page_indices;
+    const KvDirection dir = ParseDirection(direction);
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = plane_->CopyStaged(dir, request, layer_id, StreamOf(stream), sm_budget);
+    }
+    Check(status);
+  }
+
+  void TakeDeviceErrors() { Check(plane_->TakeDeviceErrors()); }
+  const KvPageLayout& layout() const { return plane_->layout(); }
+
+ private:
+  std::unique_ptr<KvDataPlane> plane_;
+};
+
+}  // namespace
+}  // namespace fluxon
+
+PYBIND11_MODULE(_fluxon_kernels, m) {
+  using namespace fluxon;
+  m.doc() = "Fluxon hostless data plane: plan-driven KV copy kernels and the copy-engine path";
+
+  py::class_<KvPageLayout>(m, "KvLayout")
+      .def(py::init([](const std::string& attention, uint32_t num_layers, uint32_t page_size,
+                       uint64_t row_bytes) {
+             KvPageLayout layout{ParseAttention(attention), num_layers, page_size, row_bytes};
+             Check(ValidateLayout(layout));
+             return layout;
+           }),
+           py::arg("attention"), py::arg("num_layers"), py::arg("page_size"), py::arg("row_bytes"))
+      .def_property_readonly(
+          "attention",
+          [](const KvPageLayout& l) { return l.attention == KvAttention::kMha ? "mha" : "mla"; })
+      .def_readonly("num_layers", &KvPageLayout::num_layers)
+      .def_readonly("page_size", &KvPageLayout::page_size)
+      .def_readonly("row_bytes", &KvPageLayout::row_bytes)
+      .def_property_readonly("buffers_per_layer", &KvPageLayout::buffers_per_layer)
+      .def_property_readonly("chunk_bytes", &KvPageLayout::chunk_bytes)
+      .def_property_readonly("layer_bytes", &KvPageLayout::layer_bytes)
+      .def_property_readonly("value_bytes", &KvPageLayout::value_bytes)
+      .def("chunk_offset", &KvPageLayout::chunk_offset, py::arg("layer"), py::arg("buffer"));
+
+  py::class_<PyRegistration>(m, "HostRegistration")
+      .def("close", &PyRegistration::Close)
+      .def_property_readonly("closed", &PyRegistration::closed)
+      .def("contains", [](const PyRegistration& r, uint64_t ptr,
+                          uint64_t bytes) { return !r.closed() && r.get()->Contains(ptr, bytes); })
+      .def("__enter__", [](PyRegistration& r) -> PyRegistration& { return r; })
+      .def("__exit__", [](PyRegistration& r, py::args) { r.Close(); });
+
+  m.def(
+      "register_host_mappings",
+      [](const std::vector<std::tuple<std::string, uint64_t, uint64_t>>& mappings) {
+        std::vector<HostMapping> list;
+        for (const auto& [label, base, bytes] : mappings) {
+          list.push_back(HostMapping{label, reinterpret_cast<void*>(base), bytes});
+        }
+        return std::make_unique<PyRegistration>(Take(HostRegistration::Register(list)));
+      },
+      py::arg("mappings"),
+      "cudaHostRegister every (label, base, bytes) mapping in the current CUDA context, or none; "
+      "raises on any failure (never a fallback to unregistered memory).");
+
+  py::class_<PySegment>(m, "TestSegment")
+      .def(py::init<uint64_t>(), py::arg("size_bytes"))
+      .def_property_readonly("base", &PySegment::base)
+      .def_property_readonly("total_bytes", &PySegment::total_bytes)
+      .def_property_readonly("data_offset", &PySegment::data_offset)
+      .def_property_readonly("fd", &PySegment::fd)
+      .def("mapping", [](const PySegment& s) {
+        return std::make_tuple(std::string("cpu:0"), s.base(), s.total_bytes());
+      });
+
+  py::class_<PyPlanArena>(m, "TestPlanArena")
+      .def(py::init<uint64_t>(), py::arg("arena_bytes") = 1 << 20)
+      .def("issue_put", [](PyPlanArena& a,
+                           const std::vector<uint64_t>& v) { return a.Issue(PlanKind::kPut, v); })
+      .def("issue_get", [](PyPlanArena& a,
+                           const std::vector<uint64_t>& v) { return a.Issue(PlanKind::kGet, v); })
+      .def("consume_put", [](PyPlanArena& a, uint64_t p) { a.Consume(p, PlanKind::kPut); })
+      .def("consume_get", [](PyPlanArena& a, uint64_t p) { a.Consume(p, PlanKind::kGet); })
+      .def("mapping", [](const PyPlanArena& a) {
+        return std::make_tuple(std::string("plan_arena"),
+                               reinterpret_cast<uint64_t>(a.registry().arena_base()),
+                               static_cast<uint64_t>(a.registry().arena_bytes()));
+      });
+
+  py::class_<PyDataPlane>(m, "DataPlane")
+      .def(py::init<const KvPageLayout&, std::vector<uint64_t>, std::vector<uint64_t>, uint64_t,
+                    const PyPlanArena*, const PyRegistration*, uint32_t, uint32_t>(),
+           py::arg("layout"), py::arg("k_ptrs"), py::arg("v_ptrs"), py::arg("device_pages"),
+           py::arg("plans") = nullptr, py::arg("registration") = nullptr,
+           py::arg("staging_group_pages") = 0, py::arg("staging_slots") = 2, py::keep_alive<1, 6>(),
+           py::keep_alive<1, 7>())
+      .def_property_readonly("layout", &PyDataPlane::layout)
+      .def(
+          "write_pages",
+          [](PyDataPlane& d, uint64_t plan_ptr, uint64_t page_indices_ptr, uint64_t num_pages,
+             uint64_t stream, std::optional<std::vector<int64_t>> host_page_indices, int sm_budget,
+             int threads_per_block, int vectors_per_thread, const std::string& host_load,
+             bool bulk) {
+            d.Kernel("write", plan_ptr, page_indices_ptr, num_pages, stream, std::nullopt,
+                     host_page_indices, sm_budget, threads_per_block, vectors_per_thread, host_load,
+                     bulk);
+          },
+          py::arg("plan_ptr"), py::arg("page_indices_ptr"), py::arg("num_pages"),
+          py::arg("stream") = 0, py::arg("host_page_indices") = py::none(),
+          py::arg("sm_budget") = KvKernelConfig{}.sm_budget,
+          py::arg("threads_per_block") = KvKernelConfig{}.threads_per_block,
+          py::arg("vectors_per_thread") = KvKernelConfig{}.vectors_per_thread,
+          py::arg("host_load") = "streaming", py::arg("bulk_copy") = false)
+      .def(
+          "restore_pages",
+          [](PyDataPlane& d, uint64_t plan_ptr, uint64_t page_indices_ptr, uint64_t num_pages,
+             uint64_t stream, std::optional<uint32_t> layer_id,
+             std::optional<std::vector<int64_t>> host_page_indices, int sm_budget,
+             int threads_per_block, int vectors_per_thread, const std::string& host_load,
+             bool bulk) {
+            d.Kernel("restore", plan_ptr, page_indices_ptr, num_pages, stream, layer_id,
+                     host_page_indices, sm_budget, threads_per_block, vectors_per_thread, host_load,
+                     bulk);
+          },
+          py::arg("plan_ptr"), py::arg("page_indices_ptr"), py::arg("num_pages"),
+          py::arg("stream") = 0, py::arg("layer_id") = py::none(),
+          py::arg("host_page_indices") = py::none(),
+          py::arg("sm_budget") = KvKernelConfig{}.sm_budget,
+          py::arg("threads_per_block") = KvKernelConfig{}.threads_per_block,
+          py::arg("vectors_per_thread") = KvKernelConfig{}.vectors_per_thread,
+          py::arg("host_load") = "streaming", py::arg("bulk_copy") = false)
+      .def("copy_engine", &PyDataPlane::CopyEngine, py::arg("direction"), py::arg("plan_ptr"),
+           py::arg("host_page_indices"), py::arg("stream") = 0, py::arg("layer_id") = py::none(),
+           py::arg("num_streams") = KvCopyEngineOptions{}.num_streams,
+           py::arg("merge_adjacent") = true, py::arg("sort_by_host_address") = false,
+           py::arg("prefer_overlap_with_compute") = false)
+      .def("copy_staged", &PyDataPlane::Staged, py::arg("direction"), py::arg("plan_ptr"),
+           py::arg("page_indices_ptr"), py::arg("host_page_indices"), py::arg("stream") = 0,
+           py::arg("layer_id") = py::none(), py::arg("sm_budget") = 8,
+           "Staged copy-engine path (see KvDataPlane::CopyStaged); needs staging_group_pages.")
+      .def("take_device_errors", &PyDataPlane::TakeDeviceErrors,
+           "Raise if a kernel reported an error since the last call (call after the stream "
+           "finished).");
+}

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Builds, packs and runs the GPU data-plane tests and benchmark.
+#
+# On the development machine (no GPU needed):
+#   scripts/gpu-run.sh pack [DEST]
+#     builds the Python module (for Python 3.12, the GPU machine's) and the benchmark in
+#     $BUILD_DIR (default build-gpu), and copies them with their non-system shared libraries, the
+#     Python package and the GPU tests into DEST (default: .gpupack in the repository root, which
+#     must be git-ignored). Then prints the command to run on the GPU machine.
+#     Env: PYTHON312 (interpreter to build the module for), BUILD_DIR, JOBS.
+#
+# On the GPU machine, from the folder that holds DEST:
+#   bash .gpupack/gpu-run.sh device [all|test|bench|bulk|quick]
+#     test : GPU tests (tests/gpu/test_kv_kernels.py; again with the bulk-copy kernel) and
+#            compute-sanitizer memcheck on a small case of every path
+#     bench: kv_transfer_bench (tables of GB/s and latency)
+#     bulk : kv_transfer_bench --bulk (the experimental cp.async.bulk kernel's tables)
+#     all  : test and bench (default); quick: tests in quick mode and the benchmark without sweeps
+#     Each step runs in its own process (a GPU fault in one cannot hide the others' results).
+#     Logs and the benchmark CSV go to $OUT (or ./gpu-out); the short tables are printed last.
+set -uo pipefail
+
+mode=${1:-}
+case $mode in
+  pack)
+    set -e
+    cd "$(dirname "$0")/.."
+    ROOT=$PWD
+    DEST=${2:-$ROOT/.gpupack}
+    BUILD_DIR=${BUILD_DIR:-build-gpu}
+    PY=${PYTHON312:-/root/.pyenv/versions/3.12.1/bin/python3}
+    PYBIND_DIR=$(python3 -m pybind11 --cmakedir 2>/dev/null || "$PY" -m pybind11 --cmakedir)
+    cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUXON_CUDA=ON \
+      -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$PYBIND_DIR" >/dev/null
+    cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target _fluxon_kernels kv_transfer_bench
+    rm -rf "$DEST"
+    mkdir -p "$DEST/bin" "$DEST/lib" "$DEST/python/fluxon" "$DEST/tests"
+    cp "$BUILD_DIR"/bench/gpu/kv_transfer_bench "$DEST/bin/"
+    cp "$BUILD_DIR"/kernels/_fluxon_kernels*.so python/fluxon/kernels.py "$DEST/python/fluxon/"
+    cp tests/gpu/test_kv_kernels.py "$DEST/tests/"
+    cp scripts/gpu-run.sh "$DEST/"
+    # Non-system shared libraries (abseil, numa, ...); glibc and libstdc++ come from the target.
+    for f in "$DEST"/bin/kv_transfer_bench "$DEST"/python/fluxon/_fluxon_kernels*.so; do
+      ldd "$f" | awk '/=> \//{print $3}'
+    done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
+      xargs -r cp -L -t "$DEST/lib/"
+    du -sh "$DEST"
+    echo "run on the GPU machine (device tool, carry [\"$(basename "$DEST")\"]):"
+    echo "  bash $(basename "$DEST")/gpu-run.sh device all"
+    ;;
+  device)
+    what=${2:-all}
+    PACK=$(cd "$(dirname "$0")" && pwd)
+    OUTDIR=${OUT:-$PWD/gpu-out}
+    mkdir -p "$OUTDIR"
+    export LD_LIBRARY_PATH=$PACK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PYTHONPATH=$PACK/python${PYTHONPATH:+:$PYTHONPATH}
+    export PYTHONUNBUFFERED=1
+    BENCH=$PACK/bin/kv_transfer_bench
+    SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+    rc=0
+    step() {  # step NAME LOG COMMAND...: runs one step (bounded), records pass/fail
+      local name=$1 log=$2
+      shift 2
+      if timeout 420 "$@" >"$OUTDIR/$log" 2>&1; then
+        echo "step $name: ok" | tee -a "$OUTDIR/steps.txt"
+      else
+        echo "step $name: FAILED (exit $?, see $log)" | tee -a "$OUTDIR/steps.txt"
+        rc=1
+      fi
+    }
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv >"$OUTDIR/gpu.txt" 2>&1
+    cat "$OUTDIR/gpu.txt"
+    qflag=""
+    [ "$what" = quick ] && qflag=--quick
+    case $what in all | test | quick)
+      step tests test.log python3 "$PACK/tests/test_kv_kernels.py" $qflag
+      step tests-bulk test-bulk.log python3 "$PACK/tests/test_kv_kernels.py" --quick --bulk
+      if [ -n "$SAN" ]; then
+        step memcheck memcheck.log "$SAN" --tool memcheck --leak-check full --error-exitcode 3 \
+          "$BENCH" --verify --small
+        step memcheck-bulk memcheck-bulk.log "$SAN" --tool memcheck --error-exitcode 3 \
+          "$BENCH" --verify --small --bulk
+      else
+        echo "step memcheck: FAILED (compute-sanitizer not found)" | tee -a "$OUTDIR/steps.txt"; rc=1
+      fi
+      ;;
+    esac
+    case $what in all | bench | quick)
+      bflag=""
+      [ "$what" = quick ] && bflag="--quick --no-sweep"
+      step bench bench.log "$BENCH" $bflag --csv "$OUTDIR/bench.csv"
+      ;;
+    esac
+    if [ "$what" = bulk ]; then
+      step bench-bulk bench-bulk.log "$BENCH" --quick --bulk --csv "$OUTDIR/bench-bulk.csv"
+    fi
+    echo
+    [ -f "$OUTDIR/bench.log" ] && cat "$OUTDIR/bench.log"
+    [ -f "$OUTDIR/bench-bulk.log" ] && cat "$OUTDIR/bench-bulk.log"
+    for t in test test-bulk; do
+      [ -f "$OUTDIR/$t.log" ] || continue
+      sed -n '/^## GPU data-plane tests/,$p' "$OUTDIR/$t.log"
+      grep -E "^FAIL|Error|Traceback" "$OUTDIR/$t.log" | head -10
+    done
+    for m in memcheck memcheck-bulk; do
+      [ -f "$OUTDIR/$m.log" ] && grep -E "ERROR SUMMARY|verify:" "$OUTDIR/$m.log" | sed "s/^/$m: /"
+    done
+    cat "$OUTDIR/steps.txt"
+    echo "gpu-run: $([ $rc = 0 ] && echo PASS || echo FAIL)"
+    exit $rc
+    ;;
+  *)
+    sed -n '2,20p' "$0"
+    exit 2
+    ;;
+esac

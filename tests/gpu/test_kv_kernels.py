@@ -1,0 +1,462 @@
+"""GPU correctness tests of the hostless data plane (run on the GPU machine by scripts/gpu-run.sh).
+
+Values live in a real memfd Segment (MAP_SHARED) and plans are real PlanRegistry blobs, both
+registered through the registration helper. Every check uses fresh random data and random page
+indices, poisons the destination first, and compares byte for byte with a torch reference; pages
+that must not be touched are checked to still hold the poison.
+
+Usage: python3 tests/gpu/test_kv_kernels.py [--quick] [--bulk]
+Exit status 0 only when every check passed; a table of results is printed last.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+from fluxon import kernels as fk
+
+POISON_VALUE = 0xA5
+POISON_DEVICE = 0x5A
+DEVICE_PAGES = 256
+SLOTS = 512
+SLOT_ALIGN = 4096
+
+
+class Env:
+    def __init__(self, max_value_bytes: int):
+        self.slot_bytes = (max_value_bytes + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN
+        self.segment = fk.TestSegment(self.slot_bytes * SLOTS)
+        self.arena = fk.TestPlanArena(1 << 20)
+        self.registration = fk.register_host_mappings(
+            [self.segment.mapping(), self.arena.mapping()])
+        raw = (ctypes.c_uint8 * self.segment.total_bytes).from_address(self.segment.base)
+        self.host = torch.from_numpy(np.ctypeslib.as_array(raw))  # aliases the segment
+        self.data = self.segment.base + self.segment.data_offset
+
+    def random_slots(self, n: int, value_bytes: int):
+        slots = torch.randperm(SLOTS)[:n].tolist()
+        return [self.data + s * self.slot_bytes for s in slots]
+
+    def value_view(self, value_ptr: int, value_bytes: int) -> torch.Tensor:
+        off = value_ptr - self.segment.base
+        return self.host[off:off + value_bytes]
+
+
+HOST_LOADS = ["streaming", "prefetch256", "bypass"]  # restore load variants, rotated over batches
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+
+
+class Pool:
+    """A SGLang layer_first pool: per layer K and V (MHA) or KV (MLA) of [tokens, row]."""
+
+    def __init__(self, attention: str, layers: int, page: int, row_elems: int, dtype):
+        self.attention, self.layers, self.page, self.dtype = attention, layers, page, dtype
+        tokens = DEVICE_PAGES * page
+        nbuf = 2 if attention == "mha" else 1
+        self.bufs = [[torch.empty(tokens, row_elems, dtype=dtype, device="cuda")
+                      for _ in range(layers)] for _ in range(nbuf)]
+
+    def randomize(self):
+        for side in self.bufs:
+            for b in side:
+                b.copy_(torch.randn(b.shape, device="cuda").to(self.dtype))
+
+    def poison(self):
+        for side in self.bufs:
+            for b in side:
+                b.view(torch.uint8).fill_(POISON_DEVICE)
+
+    def k(self):
+        return self.bufs[0]
+
+    def v(self):
+        return self.bufs[1] if self.attention == "mha" else None
+
+    def page_bytes(self, layer: int, side: int, page_index: int) -> torch.Tensor:
+        b = self.bufs[side][layer]
+        return b[page_index * self.page:(page_index + 1) * self.page].view(torch.uint8).flatten()
+
+    def reference_value(self, page_index: int, layers=None) -> torch.Tensor:
+        """The value bytes of one page per the documented layout (torch reference)."""
+        parts = []
+        for layer in (range(self.layers) if layers is None else layers):
+            for side in range(len(self.bufs)):
+                parts.append(self.page_bytes(layer, side, page_index))
+        return torch.cat(parts).cpu()
+
+
+class Checks:
+    def __init__(self):
+        self.rows = []  # (group, name, ok, detail)
+
+    def add(self, group, name, ok, detail=""):
+        self.rows.append((group, name, bool(ok), detail))
+        if not ok:
+            print(f"FAIL {group} {name} {detail}", flush=True)
+
+    def run(self, group, name, fn):
+        try:
+            ok, detail = fn()
+        except Exception as e:  # a crash is a failure with its message
+            traceback.print_exc()
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        self.add(group, name, ok, detail)
+
+
+def expect_raises(fn, exc, needle):
+    try:
+        fn()
+    except exc as e:
+        return needle in str(e), str(e)[:160]
+    except Exception as e:  # wrong exception type
+        return False, f"{type(e).__name__}: {e}"
+    return False, "no exception"
+
+
+def untouched_pages_poisoned(pool: Pool, written: set) -> bool:
+    mask = torch.ones(DEVICE_PAGES, dtype=torch.bool)
+    if written:
+        mask[list(written)] = False
+    keep = mask.nonzero().flatten().tolist()
+    if not keep:
+        return True
+    for side in pool.bufs:
+        for b in side:
+            pages = b.view(torch.uint8).view(DEVICE_PAGES, -1)[keep]
+            if not bool((pages == POISON_DEVICE).all()):
+                return False
+    return True
+
+
+def layer_pages_match(dst: Pool, src: Pool, dst_idx, src_idx, layers) -> bool:
+    for layer in layers:
+        for side in range(len(src.bufs)):
+            a = dst.bufs[side][layer].view(torch.uint8).view(DEVICE_PAGES, -1)[dst_idx]
+            b = src.bufs[side][layer].view(torch.uint8).view(DEVICE_PAGES, -1)[src_idx]
+            if not torch.equal(a, b):
+                return False
+    return True
+
+
+def layer_pages_poisoned(dst: Pool, dst_idx, layers) -> bool:
+    for layer in layers:
+        for side in range(len(dst.bufs)):
+            a = dst.bufs[side][layer].view(torch.uint8).view(DEVICE_PAGES, -1)[dst_idx]
+            if not bool((a == POISON_DEVICE).all()):
+                return False
+    return True
+
+
+def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_budget: int,
+             bulk: bool, host_load: str):
+    name, attention, layers, page, row_elems = shape
+    dtype = DTYPES[dtype_name]
+    src = Pool(attention, layers, page, row_elems, dtype)
+    dst = Pool(attention, layers, page, row_elems, dtype)
+    src.randomize()
+    # Small staging groups so the staged path cycles its slots many times.
+    kv_src = fk.TorchKvCache(src.k(), src.v(), page, env.arena, env.registration,
+                             staging_group_pages=4)
+    kv_dst = fk.TorchKvCache(dst.k(), dst.v(), page, env.arena, env.registration,
+                             staging_group_pages=4, staging_slots=3)
+    layout = kv_src.layout
+    vb = layout.value_bytes
+    group = f"{name} {dtype_name} n={batch}"
+    stream = torch.cuda.current_stream()
+    cfg = dict(sm_budget=sm_budget, bulk_copy=bulk, host_load=host_load)
+
+    src_idx = torch.randperm(DEVICE_PAGES)[:batch]
+    dst_idx = torch.randperm(DEVICE_PAGES)[:batch]
+    src_idx_d, dst_idx_d = src_idx.cuda(), dst_idx.cuda()
+    values = env.random_slots(batch, vb)
+    ref = torch.stack([src.reference_value(int(i)) for i in src_idx])
+
+    def values_equal(expected) -> bool:
+        got = torch.stack([env.value_view(v, vb) for v in values])
+        return torch.equal(got, expected)
+
+    def poison_values():
+        for v in values:
+            env.value_view(v, vb).fill_(POISON_VALUE)
+
+    # Kernel write (backup): all layers of each page -> values.
+    def write():
+        poison_values()
+        put = env.arena.issue_put(values)
+        kv_src.write(put, src_idx_d, **cfg)
+        stream.synchronize()
+        kv_src.take_device_errors()
+        ok = values_equal(ref)
+        env.arena.consume_put(put)
+        return ok, ""
+    checks.run(group, "kernel write", write)
+
+    # Kernel restore (all layers) into other, poisoned pages.
+    def restore():
+        dst.poison()
+        get = env.arena.issue_get(values)
+        kv_dst.restore(get, dst_idx_d, **cfg)
+        stream.synchronize()
+        kv_dst.take_device_errors()
+        env.arena.consume_get(get)
+        ok = layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
+        return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), ""
+    checks.run(group, "kernel restore", restore)
+
+    # Layer-wise restore, one layer at a time as the forward pass would.
+    def restore_layers():
+        dst.poison()
+        get = env.arena.issue_get(values)
+        ok = True
+        mid = layers // 2
+        for layer in range(layers):
+            kv_dst.restore(get, dst_idx_d, layer_id=layer, **cfg)
+            if layer == mid:
+                stream.synchronize()
+                ok &= layer_pages_match(dst, src, dst_idx, src_idx, range(mid + 1))
+                ok &= layer_pages_poisoned(dst, dst_idx, range(mid + 1, layers))
+        stream.synchronize()
+        kv_dst.take_device_errors()
+        env.arena.consume_get(get)
+        ok &= layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
+        return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), ""
+    checks.run(group, "layer-wise restore", restore_layers)
+
+    # Host rewrites the same slots (as a slot reuse would), then restore again: no stale bytes.
+    def host_rewrite():
+        fresh = torch.randint(0, 256, (batch, vb), dtype=torch.uint8)
+        for i, v in enumerate(values):
+            env.value_view(v, vb).copy_(fresh[i])
+        dst.poison()
+        get = env.arena.issue_get(values)
+        kv_dst.restore(get, dst_idx_d, **cfg)
+        stream.synchronize()
+        kv_dst.take_device_errors()
+        env.arena.consume_get(get)
+        got = torch.stack([dst.reference_value(int(i)) for i in dst_idx])
+        return torch.equal(got, fresh), ""
+    checks.run(group, "restore after host rewrite", host_rewrite)
+
+    # Copy-engine path, both directions.
+    def ce_write():
+        poison_values()
+        put = env.arena.issue_put(values)
+        kv_src.copy_engine("write", put, src_idx, num_streams=2)
+        stream.synchronize()
+        env.arena.consume_put(put)
+        return values_equal(ref), ""
+    checks.run(group, "copy-engine write", ce_write)
+
+    def ce_restore():
+        dst.poison()
+        get = env.arena.issue_get(values)
+        kv_dst.copy_engine("restore", get, dst_idx, num_streams=3)
+        layer = layers - 1
+        stream.synchronize()
+        ok = layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
+        # and one layer alone
+        dst.poison()
+        kv_dst.copy_engine("restore", get, dst_idx, layer_id=layer)
+        stream.synchronize()
+        env.arena.consume_get(get)
+        ok &= layer_pages_match(dst, src, dst_idx, src_idx, [layer])
+        ok &= layer_pages_poisoned(dst, dst_idx, range(layer))
+        return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), ""
+    checks.run(group, "copy-engine restore", ce_restore)
+
+    # Staged copy-engine path (copy engine + gather/scatter kernel), both directions.
+    def staged_write():
+        poison_values()
+        put = env.arena.issue_put(values)
+        kv_src.copy_staged("write", put, src_idx_d, sm_budget=sm_budget)
+        stream.synchronize()
+        kv_src.take_device_errors()
+        env.arena.consume_put(put)
+        return values_equal(ref), ""
+    checks.run(group, "staged write", staged_write)
+
+    def staged_restore():
+        dst.poison()
+        get = env.arena.issue_get(values)
+        kv_dst.copy_staged("restore", get, dst_idx_d, sm_budget=sm_budget)
+        stream.synchronize()
+        ok = layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
+        dst.poison()
+        layer = int(torch.randint(0, layers, (1,)))
+        kv_dst.copy_staged("restore", get, dst_idx_d, layer_id=layer, sm_budget=sm_budget)
+        stream.synchronize()
+        kv_dst.take_device_errors()
+        env.arena.consume_get(get)
+        ok &= layer_pages_match(dst, src, dst_idx, src_idx, [layer])
+        others = [x for x in range(layers) if x != layer]
+        ok &= layer_pages_poisoned(dst, dst_idx, others)
+        return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), f"layer {layer}"
+    checks.run(group, "staged restore", staged_restore)
+
+
+def run_errors(env: Env, checks: Checks):
+    group = "errors"
+    pool = Pool("mha", 2, 16, 256, torch.bfloat16)
+    pool.randomize()
+    kv = fk.TorchKvCache(pool.k(), pool.v(), 16, env.arena, env.registration)
+    vb = kv.layout.value_bytes
+    values = env.random_slots(4, vb)
+    idx = torch.tensor([0, 5, 7, 9], device="cuda")
+    s = torch.cuda.current_stream()
+
+    put = env.arena.issue_put(values)
+    get = env.arena.issue_get(values)
+    checks.run(group, "put plan passed to restore", lambda: expect_raises(
+        lambda: kv.restore(put, idx), ValueError, "is a put plan, expected a get plan"))
+    checks.run(group, "get plan passed to write", lambda: expect_raises(
+        lambda: kv.write(get, idx), ValueError, "is a get plan, expected a put plan"))
+    checks.run(group, "plan count != page indices", lambda: expect_raises(
+        lambda: kv.restore(get, idx[:3]), ValueError, "plan holds 4 values but 3 page indices"))
+    checks.run(group, "layer id out of range", lambda: expect_raises(
+        lambda: kv.restore(get, idx, layer_id=2), ValueError, "outside the layout's 2 layers"))
+    checks.run(group, "sm budget 0", lambda: expect_raises(
+        lambda: kv.restore(get, idx, sm_budget=0), ValueError, "sm_budget 0"))
+    checks.run(group, "null page indices", lambda: expect_raises(
+        lambda: kv.plane.restore_pages(get, 0, 4, 0), ValueError, "device_page_indices is null"))
+    checks.run(group, "misaligned page indices", lambda: expect_raises(
+        lambda: kv.plane.restore_pages(get, idx.data_ptr() + 4, 4, 0), ValueError,
+        "not 8-byte aligned"))
+    checks.run(group, "page out of range (host check)", lambda: expect_raises(
+        lambda: kv.plane.restore_pages(get, idx.data_ptr(), 4, 0,
+                                       host_page_indices=[0, 5, 7, 999]),
+        ValueError, "page index 999 at position 3"))
+    checks.run(group, "page out of range (copy engine)", lambda: expect_raises(
+        lambda: kv.copy_engine("restore", get, [0, 5, 7, 256]), ValueError, "page index 256"))
+    checks.run(group, "staged path not configured", lambda: expect_raises(
+        lambda: kv.copy_staged("restore", get, idx), RuntimeError, "not configured"))
+    env.arena.consume_put(put)
+    checks.run(group, "consumed plan", lambda: expect_raises(
+        lambda: kv.write(put, idx), RuntimeError, "already consumed"))
+
+    # Misaligned / unregistered values and a foreign blob: a plane without the registry checks
+    # the ABI only (bad magic), one with it rejects blobs it never issued.
+    bad_put = env.arena.issue_put([values[0] + 8] + values[1:])
+    checks.run(group, "misaligned value pointer", lambda: expect_raises(
+        lambda: kv.write(bad_put, idx), ValueError, "not 16-byte aligned"))
+    stray = torch.empty(vb + 64, dtype=torch.uint8)  # ordinary, unregistered host memory
+    stray_ptr = (stray.data_ptr() + 15) // 16 * 16
+    stray_put = env.arena.issue_put([stray_ptr] + values[1:])
+    checks.run(group, "value outside registered memory", lambda: expect_raises(
+        lambda: kv.write(stray_put, idx), ValueError, "not inside a CUDA-registered"))
+    fake = env.value_view(values[3], 64)
+    fake.view(torch.int64)[:4] = torch.tensor([0x1234, 1, values[0], 0])
+    fake_ptr = values[3]
+    checks.run(group, "foreign blob (registry)", lambda: expect_raises(
+        lambda: kv.write(fake_ptr, idx[:1]), ValueError, "is not a plan issued"))
+    abi_only = fk.DataPlane(kv.layout, [b.data_ptr() for b in pool.k()],
+                            [b.data_ptr() for b in pool.v()], 256, None, env.registration)
+    checks.run(group, "bad magic (ABI check)", lambda: expect_raises(
+        lambda: abi_only.write_pages(fake_ptr, idx.data_ptr(), 1, 0), ValueError, "bad magic"))
+    checks.run(group, "null buffer pointer", lambda: expect_raises(
+        lambda: fk.DataPlane(kv.layout, [0, pool.k()[1].data_ptr()],
+                             [b.data_ptr() for b in pool.v()], 256), ValueError, "is null"))
+    checks.run(group, "misaligned buffer pointer", lambda: expect_raises(
+        lambda: fk.DataPlane(kv.layout, [pool.k()[0].data_ptr() + 8, pool.k()[1].data_ptr()],
+                             [b.data_ptr() for b in pool.v()], 256), ValueError,
+        "not 16-byte aligned"))
+    checks.run(group, "registering twice fails hard", lambda: expect_raises(
+        lambda: fk.register_host_mappings([env.segment.mapping()]), RuntimeError,
+        "cudaHostRegister of host mapping 'cpu:0'"))
+
+    # Device-side checks: an out-of-range index only the device sees is skipped and reported.
+    def device_range():
+        for v in values:
+            env.value_view(v, vb).fill_(POISON_VALUE)
+        put2 = env.arena.issue_put(values)
+        bad_idx = torch.tensor([0, 5, 4096, 9], device="cuda")
+        kv.write(put2, bad_idx)
+        s.synchronize()
+        ok, detail = expect_raises(kv.take_device_errors, RuntimeError, "page index was outside")
+        env.arena.consume_put(put2)
+        good = all(torch.equal(env.value_view(values[i], vb), pool.reference_value(p))
+                   for i, p in [(0, 0), (1, 5), (3, 9)])
+        skipped = bool((env.value_view(values[2], vb) == POISON_VALUE).all())
+        return ok and good and skipped, detail
+    checks.run(group, "page out of range (device check)", device_range)
+
+    # A plan consumed after the launch but before the kernel ran: the kernel sees the consumed
+    # magic, moves nothing and reports it.
+    def consumed_in_flight():
+        pool2 = Pool("mha", 2, 16, 256, torch.bfloat16)
+        pool2.poison()
+        kv2 = fk.TorchKvCache(pool2.k(), pool2.v(), 16, env.arena, env.registration)
+        get2 = env.arena.issue_get(values)
+        torch.cuda._sleep(200_000_000)  # keep the stream busy while the host consumes the plan
+        kv2.restore(get2, idx)
+        env.arena.consume_get(get2)
+        s.synchronize()
+        ok, detail = expect_raises(kv2.take_device_errors, RuntimeError, "magic was not live")
+        untouched = layer_pages_poisoned(pool2, idx.cpu(), range(2))
+        return ok and untouched, detail
+    checks.run(group, "plan consumed before kernel ran", consumed_in_flight)
+    env.arena.consume_get(get)
+
+
+def main():
+    quick = "--quick" in sys.argv
+    bulk = "--bulk" in sys.argv  # kernel checks use the cp.async.bulk kernel
+    torch.manual_seed(int(time.time()))
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
+    shapes = [
+        # name, attention, layers, page_size, row elements (H*D or kv_lora_rank + rope)
+        ("MHA", "mha", 4, 64, 4 * 128),
+        ("MLA", "mla", 3, 32, 576),
+        ("MLA-p1", "mla", 2, 1, 576),
+    ]
+    max_value = max(2 * 4 * 64 * 512 * 2, 3 * 32 * 576 * 2)
+    env = Env(max_value)
+    checks = Checks()
+    batches = [1, 3, 16, 128] if quick else [1, 2, 7, 16, 64, 128]
+    budgets = [1, 2, 4, 8]
+    t0 = time.time()
+    for shape in shapes:
+        for dtype_name in (["fp8"] if shape[0] == "MLA-p1" else list(DTYPES)):
+            for i, batch in enumerate(batches):
+                run_case(env, checks, shape, dtype_name, batch, budgets[i % len(budgets)], bulk,
+                         HOST_LOADS[i % len(HOST_LOADS)])
+    run_errors(env, checks)
+    elapsed = time.time() - t0
+
+    # Table: one row per shape/dtype, one column per check, batches folded in.
+    groups = {}
+    for group, name, ok, _ in checks.rows:
+        if group == "errors":
+            continue
+        key = group.rsplit(" n=", 1)[0]
+        groups.setdefault(key, {}).setdefault(name, []).append(ok)
+    names = ["kernel write", "kernel restore", "layer-wise restore", "restore after host rewrite",
+             "copy-engine write", "copy-engine restore", "staged write", "staged restore"]
+    print(f"\n## GPU data-plane tests{' (bulk-copy kernel)' if bulk else ''} (byte-exact vs torch "
+          f"reference; batches {','.join(map(str, batches))})\n")
+    print("| shape dtype | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for key, cols in groups.items():
+        cells = []
+        for n in names:
+            r = cols.get(n, [])
+            cells.append(f"{sum(r)}/{len(r)}" + ("" if all(r) else " FAIL"))
+        print(f"| {key} | " + " | ".join(cells) + " |")
+    errs = [(n, ok) for g, n, ok, _ in checks.rows if g == "errors"]
+    print("\n| error case | result |\n|---|---|")
+    for n, ok in errs:
+        print(f"| {n} | {'raised as expected' if ok else 'FAIL'} |")
+    failed = [r for r in checks.rows if not r[2]]
+    print(f"\n{len(checks.rows) - len(failed)}/{len(checks.rows)} checks passed "
+          f"in {elapsed:.1f} s")
+    env.registration.close()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
