@@ -13,6 +13,9 @@ if(NOT FLUXON_CUDA STREQUAL "OFF" AND NOT FLUXON_CORE_ONLY)
     set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 does not know nvcc's C++20 flag
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     enable_language(CUDA)
+    # System packages (yaml-cpp, protobuf, ...) export /usr/include; passed to nvcc as -isystem it
+    # breaks libstdc++'s #include_next <math.h>. It is searched anyway, so never pass it.
+    list(APPEND CMAKE_CUDA_IMPLICIT_INCLUDE_DIRECTORIES /usr/include)
     find_package(CUDAToolkit REQUIRED)
     set(FLUXON_HAVE_CUDA ON)
   elseif(FLUXON_CUDA STREQUAL "ON")
