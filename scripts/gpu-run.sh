@@ -11,8 +11,10 @@
 #
 # On the GPU machine, from the folder that holds DEST:
 #   bash .gpupack/gpu-run.sh device [all|test|bench|bulk|quick]
-#     test : GPU tests (tests/gpu/test_kv_kernels.py; again with the bulk-copy kernel) and
-#            compute-sanitizer memcheck on a small case of every path
+#     test : GPU tests (tests/gpu/test_kv_kernels.py; again with the bulk-copy kernel),
+#            compute-sanitizer memcheck on a small case of every path, and the end-to-end test
+#            with a real fluxond and client processes (tests/gpu/test_e2e_fluxond.py)
+#     e2e  : only the end-to-end test
 #     bench: kv_transfer_bench (tables of GB/s and latency)
 #     bulk : kv_transfer_bench --bulk (the experimental cp.async.bulk kernel's tables)
 #     all  : test and bench (default); quick: tests in quick mode and the benchmark without sweeps
@@ -32,15 +34,20 @@ case $mode in
     PYBIND_DIR=$(python3 -m pybind11 --cmakedir 2>/dev/null || "$PY" -m pybind11 --cmakedir)
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUXON_CUDA=ON \
       -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$PYBIND_DIR" >/dev/null
-    cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target _fluxon_kernels kv_transfer_bench
+    cmake -S . -B "$BUILD_DIR" -DFLUXON_PYTHON=ON >/dev/null
+    cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target _fluxon_kernels kv_transfer_bench fluxond _native
     rm -rf "$DEST"
     mkdir -p "$DEST/bin" "$DEST/lib" "$DEST/python/fluxon" "$DEST/tests"
-    cp "$BUILD_DIR"/bench/gpu/kv_transfer_bench "$DEST/bin/"
-    cp "$BUILD_DIR"/kernels/_fluxon_kernels*.so python/fluxon/kernels.py "$DEST/python/fluxon/"
-    cp tests/gpu/test_kv_kernels.py "$DEST/tests/"
+    cp "$BUILD_DIR"/bench/gpu/kv_transfer_bench "$BUILD_DIR"/src/fluxond "$DEST/bin/"
+    strip "$DEST"/bin/*
+    cp python/fluxon/*.py "$BUILD_DIR"/python/fluxon/_native*.so "$DEST/python/fluxon/"
+    cp "$BUILD_DIR"/kernels/_fluxon_kernels*.so "$DEST/python/fluxon/"
+    strip "$DEST"/python/fluxon/*.so
+    cp tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py "$DEST/tests/"
     cp scripts/gpu-run.sh "$DEST/"
-    # Non-system shared libraries (abseil, numa, ...); glibc and libstdc++ come from the target.
-    for f in "$DEST"/bin/kv_transfer_bench "$DEST"/python/fluxon/_fluxon_kernels*.so; do
+    # Non-system shared libraries (abseil, grpc, numa, ...); glibc and libstdc++ come from the
+    # target.
+    for f in "$DEST"/bin/* "$DEST"/python/fluxon/*.so; do
       ldd "$f" | awk '/=> \//{print $3}'
     done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
       xargs -r cp -L -t "$DEST/lib/"
@@ -76,6 +83,7 @@ case $mode in
     case $what in all | test | quick)
       step tests test.log python3 "$PACK/tests/test_kv_kernels.py" $qflag
       step tests-bulk test-bulk.log python3 "$PACK/tests/test_kv_kernels.py" --quick --bulk
+      step e2e e2e.log env FLUXOND="$PACK/bin/fluxond" python3 "$PACK/tests/test_e2e_fluxond.py"
       if [ -n "$SAN" ]; then
         step memcheck memcheck.log "$SAN" --tool memcheck --leak-check full --error-exitcode 3 \
           "$BENCH" --verify --small
@@ -86,6 +94,9 @@ case $mode in
       fi
       ;;
     esac
+    if [ "$what" = e2e ]; then
+      step e2e e2e.log env FLUXOND="$PACK/bin/fluxond" python3 "$PACK/tests/test_e2e_fluxond.py"
+    fi
     case $what in all | bench | quick)
       bflag=""
       [ "$what" = quick ] && bflag="--quick --no-sweep"
@@ -98,6 +109,8 @@ case $mode in
     echo
     [ -f "$OUTDIR/bench.log" ] && cat "$OUTDIR/bench.log"
     [ -f "$OUTDIR/bench-bulk.log" ] && cat "$OUTDIR/bench-bulk.log"
+    [ -f "$OUTDIR/e2e.log" ] && sed -n '/^## fluxond end-to-end/,$p' "$OUTDIR/e2e.log"
+    [ -f "$OUTDIR/e2e.log" ] && grep -E "Error|Traceback" "$OUTDIR/e2e.log" | head -10
     for t in test test-bulk; do
       [ -f "$OUTDIR/$t.log" ] || continue
       sed -n '/^## GPU data-plane tests/,$p' "$OUTDIR/$t.log"
