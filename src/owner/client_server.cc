@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <boost/asio.hpp>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -31,7 +33,48 @@ void SetStatus(v1::OwnerMessage* m, const absl::Status& s) {
   m->set_message(std::string(s.message()));
 }
 
+std::optional<ClientRequestType> TimedRequestType(v1::ClientRequest::BodyCase body) {
+  switch (body) {
+    case v1::ClientRequest::kPutStart:
+      return ClientRequestType::kPutStart;
+    case v1::ClientRequest::kPutCommit:
+      return ClientRequestType::kPutCommit;
+    case v1::ClientRequest::kPutAbort:
+      return ClientRequestType::kPutAbort;
+    case v1::ClientRequest::kGetStart:
+      return ClientRequestType::kGetStart;
+    case v1::ClientRequest::kGetTransfer:
+      return ClientRequestType::kGetTransfer;
+    case v1::ClientRequest::kCancelGet:
+      return ClientRequestType::kCancelGet;
+    case v1::ClientRequest::kReleaseViews:
+      return ClientRequestType::kReleaseViews;
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace
+
+const char* ClientRequestTypeName(ClientRequestType type) {
+  switch (type) {
+    case ClientRequestType::kPutStart:
+      return "put_start";
+    case ClientRequestType::kPutCommit:
+      return "put_commit";
+    case ClientRequestType::kPutAbort:
+      return "put_abort";
+    case ClientRequestType::kGetStart:
+      return "get_start";
+    case ClientRequestType::kGetTransfer:
+      return "get_transfer";
+    case ClientRequestType::kCancelGet:
+      return "cancel_get";
+    case ClientRequestType::kReleaseViews:
+      return "release_views";
+  }
+  return "unknown";
+}
 
 class ClientServer::Impl {
  public:
@@ -85,6 +128,7 @@ class ClientServer::Impl {
   mutable Mutex mu_;
   std::map<uint64_t, std::shared_ptr<Connection>> events_ ABSL_GUARDED_BY(mu_);
   std::map<Connection*, std::shared_ptr<Connection>> all_ ABSL_GUARDED_BY(mu_);
+  ClientRequestLatencies latencies_;
 };
 
 class ClientServer::Impl::Connection : public std::enable_shared_from_this<Connection> {
@@ -175,6 +219,8 @@ void ClientServer::Impl::Connection::OnFrame() {
     spdlog::warn("malformed request frame; closing connection");
     return OnClose();
   }
+  const auto parsed_at = std::chrono::steady_clock::now();
+  const std::optional<ClientRequestType> timed = TimedRequestType(req.body_case());
   resp.set_id(req.id());
   OwnerCore* core = server_->core_;
   absl::Status st;
@@ -299,6 +345,11 @@ void ClientServer::Impl::Connection::OnFrame() {
       break;
   }
   SetStatus(&resp, st);
+  // Recorded before the reply is queued, so a client that has its reply sees it counted.
+  if (timed) {
+    server_->latencies_[static_cast<int>(*timed)].Record(std::chrono::steady_clock::now() -
+                                                         parsed_at);
+  }
   Reply(resp);
   ReadHeader();
 }
@@ -427,5 +478,6 @@ ClientServer::ClientServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 ClientServer::~ClientServer() { Stop(); }
 void ClientServer::Stop() { impl_->Stop(); }
 size_t ClientServer::sessions() const { return impl_->sessions(); }
+const ClientRequestLatencies& ClientServer::latencies() const { return impl_->latencies_; }
 
 }  // namespace fluxon

@@ -8,15 +8,35 @@
 // - A client session is its events connection: PutDone events for the session's puts are queued
 //   to it (bounded; an unread queue past the bound closes the session), and when it closes the
 //   owner aborts the session's prepared puts and releases its handles and views.
+// - Every put/get request (ClientRequestType) is timed from the moment its frame is parsed to the
+//   moment its reply is queued, into that type's histogram, whatever the reply's status; it is
+//   recorded before the reply leaves, so a client holding its reply finds the request counted.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/latency_histogram.h"
 #include "owner/owner_core.h"
 
 namespace fluxon {
+
+// The client requests whose latency is recorded.
+enum class ClientRequestType {
+  kPutStart,
+  kPutCommit,
+  kPutAbort,
+  kGetStart,
+  kGetTransfer,
+  kCancelGet,
+  kReleaseViews,
+};
+inline constexpr int kNumClientRequestTypes = 7;
+// "put_start", "put_commit", ... (the `request` label of the latency histogram).
+const char* ClientRequestTypeName(ClientRequestType type);
+using ClientRequestLatencies = std::array<LatencyHistogram, kNumClientRequestTypes>;
 
 struct ClientServerOptions {
   std::string socket_path;
@@ -31,6 +51,8 @@ class ClientServer {
   ~ClientServer();
   void Stop();
   size_t sessions() const;
+  // Latency of each request type, indexed by ClientRequestType.
+  const ClientRequestLatencies& latencies() const;
 
   class Impl;
 
