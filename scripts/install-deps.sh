@@ -8,7 +8,7 @@ DEBIAN_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost1.81-dev libabsl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
   libibverbs-dev rdma-core libnuma-dev
-  libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev nlohmann-json3-dev
   curl procps
 )
 
@@ -26,8 +26,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PYTHON="${PYTHON:-python3}"
-PY_PACKAGES=(pytest pybind11 scikit-build-core numpy pyyaml)
-if ! "$PYTHON" -c "import pytest, pybind11, scikit_build_core, numpy, yaml" 2>/dev/null; then
+# prometheus_client: its parser validates fluxond's /metrics page in the tests.
+PY_PACKAGES=(pytest pybind11 scikit-build-core numpy pyyaml prometheus_client)
+if ! "$PYTHON" -c "import pytest, pybind11, scikit_build_core, numpy, yaml, prometheus_client" \
+    2>/dev/null; then
   echo "[install-deps] pip install ${PY_PACKAGES[*]}"
   "$PYTHON" -m pip install -q "${PY_PACKAGES[@]}"
 fi

@@ -328,6 +328,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
     FLUXON_RETURN_IF_ERROR(sec.Int("metrics_port", &port));
     if (port < 0 || port > 65535) return sec.Bad("metrics_port", "must be in [0, 65535]");
     c.admin.metrics_port = static_cast<int>(port);
+    FLUXON_RETURN_IF_ERROR(sec.Str("metrics_address", &c.admin.metrics_address));
+    if (c.admin.metrics_address.empty()) return sec.Bad("metrics_address", "must not be empty");
     FLUXON_RETURN_IF_ERROR(sec.Finish());
   }
   if (top.Has("faults")) {
@@ -432,6 +434,7 @@ std::string DumpConfig(const Config& c) {
   out << YAML::Key << "admin" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen_address" << YAML::Value << c.admin.listen_address;
   out << YAML::Key << "metrics_port" << YAML::Value << c.admin.metrics_port;
+  out << YAML::Key << "metrics_address" << YAML::Value << c.admin.metrics_address;
   out << YAML::EndMap;
   if (!c.faults.empty()) {
     out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;

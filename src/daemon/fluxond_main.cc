@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "common/cli_flags.h"
 #include "daemon/node.h"
 #include "fluxon/config.h"
 #include "fluxon/version.h"
@@ -53,28 +54,13 @@ int RunDaemon(const fluxon::Config& config, bool once) {
   return 0;
 }
 
-// Accepts --check-config as well as --check_config: flag names use '-' on our command lines.
-std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>* storage) {
-  storage->reserve(argc);
-  std::vector<char*> out;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.rfind("--", 0) == 0) {
-      const size_t end = std::min(arg.find('='), arg.size());
-      std::replace(arg.begin() + 2, arg.begin() + end, '-', '_');
-    }
-    storage->push_back(std::move(arg));
-    out.push_back(storage->back().data());
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("fluxond [--config FILE] | --check-config FILE | --version");
   std::vector<std::string> storage;
-  std::vector<char*> args = NormalizeFlagNames(argc, argv, &storage);
+  // --check-config as well as --check_config: flag names use '-' on our command lines.
+  std::vector<char*> args = fluxon::NormalizeFlagNames(argc, argv, &storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (absl::GetFlag(FLAGS_version)) {
     std::cout << "fluxond " << FLUXON_VERSION_STRING << " (" << FLUXON_GIT_REVISION << ")\n";

@@ -223,6 +223,7 @@ class GrpcServers::Impl {
   std::unique_ptr<grpc::Server> master_server;
   std::unique_ptr<grpc::Server> admin_server;
   std::unique_ptr<MasterApi> admin_master_client;  // admin on an owner: talks to its master
+  int admin_port = 0;
 };
 
 absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node) {
@@ -259,12 +260,14 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
     return absl::UnavailableError(
         absl::StrFormat("cannot serve admin on %s (address in use?)", config.admin.listen_address));
   }
-  spdlog::info("admin service on {}", config.admin.listen_address);
+  impl->admin_port = port;
+  spdlog::info("admin service on {} (port {})", config.admin.listen_address, port);
   return std::unique_ptr<GrpcServers>(new GrpcServers(std::move(impl)));
 }
 
 GrpcServers::GrpcServers(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GrpcServers::~GrpcServers() { Stop(); }
+int GrpcServers::admin_port() const { return impl_->admin_port; }
 void GrpcServers::Stop() {
   const auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(500);
   if (impl_->admin_server) impl_->admin_server->Shutdown(deadline);

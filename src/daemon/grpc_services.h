@@ -22,6 +22,9 @@ class GrpcServers {
   static absl::StatusOr<std::unique_ptr<GrpcServers>> Start(FluxonNode* node);
   ~GrpcServers();
   void Stop();
+  // The port the admin service is bound to (the configured one, or the one the kernel picked for
+  // a ":0" address).
+  int admin_port() const;
 
   class Impl;
 

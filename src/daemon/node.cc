@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_format.h"
 #include "daemon/grpc_services.h"
+#include "daemon/metrics.h"
+#include "daemon/metrics_server.h"
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 #include "master/fault_injecting_master.h"
@@ -44,6 +46,15 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
       FLUXON_ASSIGN_OR_RETURN(node->clients_, ClientServer::Start(node->owner_.get(), cs));
     }
   }
+  if (config.admin.metrics_port != 0) {
+    FluxonNode* raw = node.get();
+    MetricsServer::Producer render = [raw] { return RenderNodeMetrics(*raw); };
+    FLUXON_ASSIGN_OR_RETURN(node->metrics_,
+                            MetricsServer::Start(config.admin.metrics_address,
+                                                 config.admin.metrics_port, std::move(render)));
+    spdlog::info("metrics on http://{}:{}/metrics", config.admin.metrics_address,
+                 node->metrics_->port());
+  }
   return node;
 }
 
@@ -51,6 +62,7 @@ FluxonNode::FluxonNode(Config config) : config_(std::move(config)) {}
 FluxonNode::~FluxonNode() { Stop(); }
 
 void FluxonNode::Stop() {
+  if (metrics_) metrics_->Stop();
   if (clients_) clients_->Stop();
   if (grpc_) grpc_->Stop();
   if (owner_) owner_->Stop();
@@ -68,7 +80,20 @@ std::string FluxonNode::StatusText() const {
     if (clients_) out += absl::StrFormat("clients: socket %s\n", config_.owner->socket_path);
   }
   out += absl::StrFormat("admin: %s\n", config_.admin.listen_address);
+  if (metrics_) {
+    out += absl::StrFormat("metrics: http://%s:%d/metrics\n", config_.admin.metrics_address,
+                           metrics_->port());
+  }
   return out;
 }
+
+std::string FluxonNode::admin_address() const {
+  const std::string& configured = config_.admin.listen_address;
+  const size_t colon = configured.rfind(':');
+  const std::string host = colon == std::string::npos ? configured : configured.substr(0, colon);
+  return absl::StrFormat("%s:%d", host, grpc_ ? grpc_->admin_port() : 0);
+}
+
+int FluxonNode::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
 }  // namespace fluxon

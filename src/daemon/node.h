@@ -5,8 +5,12 @@
 //   remote_cache: OwnerCore with a gRPC master client (no local clients) + admin
 // Every master call an owner makes passes through the fault injector (points "master.<Method>").
 //
-// Invariants: components start in dependency order and stop in reverse (sockets first, so no
-// request arrives at a stopped core; the owner before the master it publishes to).
+// With admin.metrics_port != 0 the node also serves Prometheus metrics over HTTP
+// (admin.metrics_address:metrics_port, path /metrics).
+//
+// Invariants: components start in dependency order and stop in reverse (the metrics endpoint and
+// sockets first, so no request or scrape arrives at a stopped core; the owner before the master
+// it publishes to).
 #pragma once
 
 #include <chrono>
@@ -23,6 +27,7 @@
 namespace fluxon {
 
 class GrpcServers;
+class MetricsServer;
 
 class FluxonNode {
  public:
@@ -37,6 +42,12 @@ class FluxonNode {
   std::string StatusText() const;
   std::chrono::steady_clock::time_point started_at() const { return started_at_; }
   size_t client_sessions() const { return clients_ ? clients_->sessions() : 0; }
+  // The client socket server (null on roles without local clients).
+  const ClientServer* client_server() const { return clients_.get(); }
+  // Where the admin service and the metrics endpoint are bound (ports the kernel picked for
+  // ":0" addresses); metrics_port() is 0 when metrics are disabled.
+  std::string admin_address() const;
+  int metrics_port() const;
 
  private:
   explicit FluxonNode(Config config);
@@ -49,6 +60,7 @@ class FluxonNode {
   std::unique_ptr<OwnerCore> owner_;
   std::unique_ptr<ClientServer> clients_;
   std::unique_ptr<GrpcServers> grpc_;
+  std::unique_ptr<MetricsServer> metrics_;
   std::chrono::steady_clock::time_point started_at_ = std::chrono::steady_clock::now();
 };
 

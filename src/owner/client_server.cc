@@ -32,7 +32,48 @@ void SetStatus(v1::OwnerMessage* m, const absl::Status& s) {
   m->set_message(std::string(s.message()));
 }
 
+std::optional<ClientRequestType> TimedRequestType(v1::ClientRequest::BodyCase body) {
+  switch (body) {
+    case v1::ClientRequest::kPutStart:
+      return ClientRequestType::kPutStart;
+    case v1::ClientRequest::kPutCommit:
+      return ClientRequestType::kPutCommit;
+    case v1::ClientRequest::kPutAbort:
+      return ClientRequestType::kPutAbort;
+    case v1::ClientRequest::kGetStart:
+      return ClientRequestType::kGetStart;
+    case v1::ClientRequest::kGetTransfer:
+      return ClientRequestType::kGetTransfer;
+    case v1::ClientRequest::kCancelGet:
+      return ClientRequestType::kCancelGet;
+    case v1::ClientRequest::kReleaseViews:
+      return ClientRequestType::kReleaseViews;
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace
+
+const char* ClientRequestTypeName(ClientRequestType type) {
+  switch (type) {
+    case ClientRequestType::kPutStart:
+      return "put_start";
+    case ClientRequestType::kPutCommit:
+      return "put_commit";
+    case ClientRequestType::kPutAbort:
+      return "put_abort";
+    case ClientRequestType::kGetStart:
+      return "get_start";
+    case ClientRequestType::kGetTransfer:
+      return "get_transfer";
+    case ClientRequestType::kCancelGet:
+      return "cancel_get";
+    case ClientRequestType::kReleaseViews:
+      return "release_views";
+  }
+  return "unknown";
+}
 
 class ClientServer::Impl {
  public:
@@ -60,6 +101,7 @@ class ClientServer::Impl {
     MutexLock lock(&mu_);
     return sessions_.size();
   }
+  const ClientRequestLatencies& latencies() const { return latencies_; }
 
  private:
   void AcceptLoop();
@@ -81,6 +123,7 @@ class ClientServer::Impl {
   mutable Mutex mu_;
   std::map<Connection*, std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Connection*> sessions_ ABSL_GUARDED_BY(mu_);  // client_id -> events conn
+  ClientRequestLatencies latencies_;  // each histogram is internally atomic
 };
 
 void ClientServer::Impl::Stop() {
@@ -241,6 +284,14 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
                                 bool* events) {
   v1::OwnerMessage resp;
   resp.set_id(req.id());
+  const auto parsed_at = std::chrono::steady_clock::now();
+  const std::optional<ClientRequestType> timed = TimedRequestType(req.body_case());
+  // Recorded before the reply is written, so a client that has its reply sees it counted.
+  auto record = [&] {
+    if (timed) {
+      latencies_[static_cast<int>(*timed)].Record(std::chrono::steady_clock::now() - parsed_at);
+    }
+  };
   absl::Status st;
   switch (req.body_case()) {
     case v1::ClientRequest::kHello: {
@@ -319,6 +370,7 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
         SendEvent(client, ev);
       }, /*defer_publish_wake=*/true);
       SetStatus(&resp, st);
+      record();
       const bool written = WriteFrame(c->fd, resp).ok();
       core_->WakePublisher();  // after the answer: the woken actor must not delay it
       return written;
@@ -371,6 +423,7 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
       break;
   }
   SetStatus(&resp, st);
+  record();
   return WriteFrame(c->fd, resp).ok();
 }
 
@@ -447,5 +500,6 @@ ClientServer::ClientServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 ClientServer::~ClientServer() { Stop(); }
 void ClientServer::Stop() { impl_->Stop(); }
 size_t ClientServer::sessions() const { return impl_->sessions(); }
+const ClientRequestLatencies& ClientServer::latencies() const { return impl_->latencies(); }
 
 }  // namespace fluxon

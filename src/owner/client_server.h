@@ -12,15 +12,35 @@
 //   to it (bounded; a session that stops reading past the bound is closed), and when it closes the
 //   owner aborts the session's prepared puts and releases its handles and views.
 // - Connections are bounded (max_connections); Stop closes every socket and joins every thread.
+// - Every put/get request (ClientRequestType) is timed from the moment its frame is parsed to the
+//   moment its reply is written, into that type's histogram, whatever the reply's status; it is
+//   recorded before the reply leaves, so a client holding its reply finds the request counted.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/latency_histogram.h"
 #include "owner/owner_core.h"
 
 namespace fluxon {
+
+// The client requests whose latency is recorded.
+enum class ClientRequestType {
+  kPutStart,
+  kPutCommit,
+  kPutAbort,
+  kGetStart,
+  kGetTransfer,
+  kCancelGet,
+  kReleaseViews,
+};
+inline constexpr int kNumClientRequestTypes = 7;
+// "put_start", "put_commit", ... (the `request` label of the latency histogram).
+const char* ClientRequestTypeName(ClientRequestType type);
+using ClientRequestLatencies = std::array<LatencyHistogram, kNumClientRequestTypes>;
 
 struct ClientServerOptions {
   std::string socket_path;
@@ -36,6 +56,8 @@ class ClientServer {
   ~ClientServer();
   void Stop();
   size_t sessions() const;
+  // Latency of each request type, indexed by ClientRequestType.
+  const ClientRequestLatencies& latencies() const;
 
   class Impl;
 

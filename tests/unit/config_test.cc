@@ -146,6 +146,20 @@ TEST(ConfigRejects, UnknownKeysRolesAndShapes) {
   EXPECT_THAT(Reject("owner: {segment: {size: 4GiB"), HasSubstr("YAML"));
 }
 
+TEST(Config, MetricsAddressDefaultsToLoopback) {
+  auto c = ParseConfig("role: embedded");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->admin.metrics_address, "127.0.0.1");
+  auto all = ParseConfig("admin: {metrics_address: 0.0.0.0, metrics_port: 9500}");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->admin.metrics_address, "0.0.0.0");
+  auto again = ParseConfig(DumpConfig(*all));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->admin.metrics_address, "0.0.0.0");
+  EXPECT_EQ(again->admin.metrics_port, 9500);
+  EXPECT_THAT(Reject("admin: {metrics_address: ''}"), HasSubstr("admin.metrics_address"));
+}
+
 TEST(Config, LoadFileNamesThePath) {
   auto missing = LoadConfigFile("/nonexistent/fluxon.yaml");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
