@@ -179,6 +179,12 @@ class KvClient::Impl {
     return resp;
   }
 
+  // A request whose answer carries nothing but its status.
+  absl::Status CallForStatus(v1::ClientRequest& req) {
+    FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, Call(req));
+    return StatusOf(resp);
+  }
+
   void EventsLoop() {
     for (;;) {
       v1::OwnerMessage m;
@@ -339,8 +345,7 @@ absl::Status KvClient::PutAbort(uint64_t plan_ptr) {
                           impl_->plans->Consume(plan_ptr, PlanKind::kPut));
   v1::ClientRequest req;
   req.mutable_put_abort()->set_put_id(static_cast<PutPlan*>(payload.get())->put_id);
-  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
-  return StatusOf(resp);
+  return impl_->CallForStatus(req);
 }
 
 absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>& keys,
@@ -442,8 +447,7 @@ absl::Status KvClient::CancelGetTransfer(const GetStartHandle& handle) {
   if (hs.owner_handle == 0) return absl::OkStatus();  // nothing was pinned
   v1::ClientRequest req;
   req.mutable_cancel_get()->set_handle_id(hs.owner_handle);
-  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
-  return StatusOf(resp);
+  return impl_->CallForStatus(req);
 }
 
 absl::Status KvClient::ReleaseViews(uint64_t plan_ptr) {
@@ -451,8 +455,7 @@ absl::Status KvClient::ReleaseViews(uint64_t plan_ptr) {
                           impl_->plans->Consume(plan_ptr, PlanKind::kGet));
   v1::ClientRequest req;
   req.mutable_release_views()->set_handle_id(static_cast<GetPlan*>(payload.get())->owner_handle);
-  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
-  return StatusOf(resp);
+  return impl_->CallForStatus(req);
 }
 
 absl::StatusOr<std::map<std::string, int64_t>> KvClient::Stats() {

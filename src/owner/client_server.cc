@@ -361,14 +361,17 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
     case v1::ClientRequest::kPutCommit: {
       const uint64_t put_id = req.put_commit().put_id();
       const uint64_t client = *client_id;
-      st = core_->PutCommit(client, put_id, [this, client, put_id](const absl::Status& s) {
-        v1::OwnerMessage ev;
-        v1::PutDoneEvent* pd = ev.mutable_put_done();
-        pd->set_put_id(put_id);
-        pd->set_code(static_cast<int32_t>(s.code()));
-        pd->set_message(std::string(s.message()));
-        SendEvent(client, ev);
-      }, /*defer_publish_wake=*/true);
+      st = core_->PutCommit(
+          client, put_id,
+          [this, client, put_id](const absl::Status& s) {
+            v1::OwnerMessage ev;
+            v1::PutDoneEvent* pd = ev.mutable_put_done();
+            pd->set_put_id(put_id);
+            pd->set_code(static_cast<int32_t>(s.code()));
+            pd->set_message(std::string(s.message()));
+            SendEvent(client, ev);
+          },
+          /*defer_publish_wake=*/true);
       SetStatus(&resp, st);
       record();
       const bool written = WriteFrame(c->fd, resp).ok();

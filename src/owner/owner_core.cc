@@ -222,8 +222,9 @@ absl::StatusOr<PutStartOutcome> OwnerCore::PutStart(uint64_t client_id, const Pu
   return out;
 }
 
-absl::Status OwnerCore::PutAbort(uint64_t client_id, uint64_t put_id) {
-  std::optional<std::shared_ptr<PutBatch>> taken;
+absl::StatusOr<std::shared_ptr<OwnerCore::PutBatch>> OwnerCore::TakePreparedBatch(
+    uint64_t client_id, uint64_t put_id) {
+  std::shared_ptr<PutBatch> taken;
   bool wrong_client = false;
   puts_.Update(put_id, [&](std::shared_ptr<PutBatch>* b, bool* erase) {
     if (b == nullptr) return 0;
@@ -240,7 +241,12 @@ absl::Status OwnerCore::PutAbort(uint64_t client_id, uint64_t put_id) {
     return absl::NotFoundError(
         absl::StrFormat("put %d is not prepared (committed or aborted)", put_id));
   }
-  PutBatch& b = **taken;
+  return taken;
+}
+
+absl::Status OwnerCore::PutAbort(uint64_t client_id, uint64_t put_id) {
+  FLUXON_ASSIGN_OR_RETURN(std::shared_ptr<PutBatch> taken, TakePreparedBatch(client_id, put_id));
+  PutBatch& b = *taken;
   for (size_t i = 0; i < b.keys.size(); ++i) {
     keys_.EraseIf(b.keys[i], [&](const std::shared_ptr<KeyEntry>& e) {
       return e->put_id == put_id && e->state == KeyEntry::State::kReserved;
@@ -259,24 +265,7 @@ void OwnerCore::WakePublisher() {
 
 absl::Status OwnerCore::PutCommit(uint64_t client_id, uint64_t put_id, PutDoneCallback done,
                                   bool defer_publish_wake) {
-  std::optional<std::shared_ptr<PutBatch>> taken;
-  bool wrong_client = false;
-  puts_.Update(put_id, [&](std::shared_ptr<PutBatch>* b, bool* erase) {
-    if (b == nullptr) return 0;
-    if ((*b)->client_id != client_id) {
-      wrong_client = true;
-      return 0;
-    }
-    taken = std::move(*b);
-    *erase = true;
-    return 0;
-  });
-  if (wrong_client) return absl::PermissionDeniedError("put belongs to another client");
-  if (!taken) {
-    return absl::NotFoundError(
-        absl::StrFormat("put %d is not prepared (committed or aborted)", put_id));
-  }
-  std::shared_ptr<PutBatch> batch = std::move(*taken);
+  FLUXON_ASSIGN_OR_RETURN(std::shared_ptr<PutBatch> batch, TakePreparedBatch(client_id, put_id));
   SlotPool& pool = memory_->pool();
   // V1: every value is local-read-ready before this returns.
   for (size_t i = 0; i < batch->keys.size(); ++i) {

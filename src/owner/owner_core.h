@@ -145,6 +145,8 @@ class OwnerCore {
   struct Counters;
 
   OwnerCore(MasterApi* master, OwnerOptions options);
+  // Removes a prepared put of `client_id` from the table (commit and abort both consume it).
+  absl::StatusOr<std::shared_ptr<PutBatch>> TakePreparedBatch(uint64_t client_id, uint64_t put_id);
   void PublishLoop();
   absl::Status PublishOne(PublishJob& job);  // the batch's outcome for its PutDone
   void MaintenanceLoop();
