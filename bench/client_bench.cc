@@ -15,11 +15,11 @@
 #include <cstring>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/node.h"
 #include "fluxon/client.h"
 #include "fluxon/units.h"
 #include "fluxon/v1/master.grpc.pb.h"
-#include "common/mutex.h"
 #include "master/master_core.h"
 
 namespace fluxon {

@@ -80,7 +80,7 @@ struct ClientConfig {
 
 struct AdminConfig {
   std::string listen_address = "127.0.0.1:50152";
-  int metrics_port = 9464;  // 0 disables the metrics endpoint
+  int metrics_port = 9464;                    // 0 disables the metrics endpoint
   std::string metrics_address = "127.0.0.1";  // where /metrics binds (0.0.0.0: every interface)
 };
 

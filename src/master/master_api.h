@@ -16,7 +16,6 @@
 
 namespace fluxon {
 
-
 class MasterApi {
  public:
   virtual ~MasterApi() = default;

@@ -86,7 +86,8 @@ TEST(OwnerStress, WritersReadersAndEvictionKeepValuesIntact) {
     for (int r = 0; r < Rounds(); ++r) {
       std::vector<std::string> keys;
       const int chain = rng() % 64;
-      for (int i = 0; i < 8; ++i) keys.push_back("c" + std::to_string(chain) + "-" + std::to_string(i));
+      for (int i = 0; i < 8; ++i)
+        keys.push_back("c" + std::to_string(chain) + "-" + std::to_string(i));
       auto g = owner.GetStart(200 + id, keys, {2, 2, 2, 2}, true);
       if (!g.ok()) {
         ++violations;
