@@ -20,7 +20,7 @@ from fluxon.hicache import FluxonHiCacheBackend
 
 try:
     from sglang.srt.observability.metrics_collector import StorageMetrics
-except ImportError:  # older releases keep it elsewhere; plain stats objects work too
+except Exception:  # older releases keep it elsewhere; plain stats objects work too
     StorageMetrics = None
 
 __all__ = ["FluxonHiCacheStorage"]
