@@ -33,4 +33,11 @@ if ! "$PYTHON" -c "import pytest, pybind11, scikit_build_core, numpy, yaml, prom
   echo "[install-deps] pip install ${PY_PACKAGES[*]}"
   "$PYTHON" -m pip install -q "${PY_PACKAGES[@]}"
 fi
+# SGLang's HiCache interface, pinned for the fluxon.sglang tests. --no-deps: the tests read its
+# source; importing it needs torch, whose PyPI build pulls several GB of CUDA libraries.
+SGLANG_VERSION=0.5.23
+if ! "$PYTHON" -c "from importlib.metadata import version as v; assert v('sglang') == '$SGLANG_VERSION'" 2>/dev/null; then
+  echo "[install-deps] pip install --no-deps sglang==$SGLANG_VERSION"
+  "$PYTHON" -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
+fi
 echo "[install-deps] done"

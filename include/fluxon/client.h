@@ -129,4 +129,14 @@ enum class CopyDirection { kToValues, kFromValues };
 absl::Status CopyPlanValues(uint64_t plan_ptr, uint8_t* host, uint64_t value_len,
                             CopyDirection direction, int threads = 4);
 
+// Scatter/gather copy between the first `value_count` values of a plan and host memory given as
+// segments: value i is the concatenation of segments [i*segs_per_value, (i+1)*segs_per_value) in
+// order (e.g. a host KV pool page's K and V buffers). `seg_ptrs` and `seg_sizes` have
+// value_count*segs_per_value entries, and every value's segments must add up to exactly
+// `value_len` (the plan's value size), so a copy never runs past a slot. Runs on `threads` threads.
+absl::Status CopyPlanSegments(uint64_t plan_ptr, uint64_t value_count, uint64_t value_len,
+                              const std::vector<uint64_t>& seg_ptrs,
+                              const std::vector<uint64_t>& seg_sizes, uint64_t segs_per_value,
+                              CopyDirection direction, int threads = 4);
+
 }  // namespace fluxon

@@ -52,6 +52,8 @@ __all__ = [
     "TimeoutError",
     "copy_to_plan",
     "copy_from_plan",
+    "copy_segments_to_plan",
+    "copy_segments_from_plan",
     "plan_value_ptrs",
 ]
 
@@ -303,3 +305,36 @@ def copy_to_plan(plan_ptr: int, host_ptr: int, value_len: int, threads: int = 4)
 def copy_from_plan(plan_ptr: int, host_ptr: int, value_len: int, threads: int = 4) -> None:
     """Copies the plan's values into contiguous host memory (no GIL)."""
     _call(_native.copy_plan, plan_ptr, host_ptr, value_len, False, threads)
+
+
+def copy_segments_to_plan(plan_ptr: int, seg_ptrs, seg_sizes, segs_per_value: int,
+                          value_len: int, threads: int = 4) -> None:
+    """Gathers host segments into the plan's first len(seg_ptrs)//segs_per_value values (no GIL).
+
+    Value i is the concatenation of segments [i*segs_per_value, (i+1)*segs_per_value); each
+    value's segments must add up to exactly value_len bytes.
+    """
+    n = _segment_value_count(seg_ptrs, seg_sizes, segs_per_value)
+    _call(_native.copy_segments, _check_int("plan_ptr", plan_ptr), n,
+          _check_int("value_len", value_len), seg_ptrs, seg_sizes, segs_per_value, True, threads)
+
+
+def copy_segments_from_plan(plan_ptr: int, seg_ptrs, seg_sizes, segs_per_value: int,
+                            value_len: int, threads: int = 4) -> None:
+    """Scatters the plan's first len(seg_ptrs)//segs_per_value values into host segments (no GIL)."""
+    n = _segment_value_count(seg_ptrs, seg_sizes, segs_per_value)
+    _call(_native.copy_segments, _check_int("plan_ptr", plan_ptr), n,
+          _check_int("value_len", value_len), seg_ptrs, seg_sizes, segs_per_value, False, threads)
+
+
+def _segment_value_count(seg_ptrs, seg_sizes, segs_per_value) -> int:
+    spv = _check_int("segs_per_value", segs_per_value)
+    if spv <= 0:
+        raise InvalidArgumentError(f"segs_per_value must be > 0, got {spv}")
+    if len(seg_ptrs) != len(seg_sizes):
+        raise InvalidArgumentError(
+            f"{len(seg_ptrs)} segment pointers but {len(seg_sizes)} segment sizes")
+    if len(seg_ptrs) % spv:
+        raise InvalidArgumentError(
+            f"{len(seg_ptrs)} segments is not a multiple of segs_per_value={spv}")
+    return len(seg_ptrs) // spv

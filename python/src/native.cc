@@ -212,6 +212,19 @@ void CopyPlan(uint64_t plan, uint64_t host, uint64_t value_len, bool to_values, 
   Check(s);
 }
 
+void CopySegments(uint64_t plan, uint64_t value_count, uint64_t value_len,
+                  const std::vector<uint64_t>& seg_ptrs, const std::vector<uint64_t>& seg_sizes,
+                  uint64_t segs_per_value, bool to_values, int threads) {
+  absl::Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = CopyPlanSegments(plan, value_count, value_len, seg_ptrs, seg_sizes, segs_per_value,
+                         to_values ? CopyDirection::kToValues : CopyDirection::kFromValues,
+                         threads);
+  }
+  Check(s);
+}
+
 std::vector<uint64_t> PlanValuePointers(uint64_t plan) {
   if (plan == 0) Raise(absl::InvalidArgumentError("null plan"));
   const auto* h = reinterpret_cast<const PlanBlobHeader*>(plan);
@@ -266,6 +279,9 @@ PYBIND11_MODULE(_native, m) {
       .def("stats", &PyClient::stats);
   m.def("copy_plan", &CopyPlan, py::arg("plan_ptr"), py::arg("host_ptr"), py::arg("value_len"),
         py::arg("to_values"), py::arg("threads") = 4);
+  m.def("copy_segments", &CopySegments, py::arg("plan_ptr"), py::arg("value_count"),
+        py::arg("value_len"), py::arg("seg_ptrs"), py::arg("seg_sizes"),
+        py::arg("segs_per_value"), py::arg("to_values"), py::arg("threads") = 4);
   m.def("plan_value_ptrs", &PlanValuePointers, py::arg("plan_ptr"));
   m.def("socket_from_config", &SocketFromConfig, py::arg("path"));
   m.def("slot_size_for", [](uint64_t v) { return SlotSizeFor(v); });

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/mutex.h"
 #include "fluxon/client.h"
@@ -506,6 +507,71 @@ absl::Status CopyPlanValues(uint64_t plan_ptr, uint8_t* host, uint64_t value_len
   const uint64_t per = (count + n_threads - 1) / n_threads;
   for (uint64_t t = 0; t < n_threads; ++t) {
     const uint64_t b = t * per, e = std::min(count, b + per);
+    if (b < e) pool.emplace_back(work, b, e);
+  }
+  for (auto& th : pool) th.join();
+  return absl::OkStatus();
+}
+
+absl::Status CopyPlanSegments(uint64_t plan_ptr, uint64_t value_count, uint64_t value_len,
+                              const std::vector<uint64_t>& seg_ptrs,
+                              const std::vector<uint64_t>& seg_sizes, uint64_t segs_per_value,
+                              CopyDirection direction, int threads) {
+  if (plan_ptr == 0) return absl::InvalidArgumentError("null plan");
+  const auto* header = reinterpret_cast<const PlanBlobHeader*>(plan_ptr);
+  if (header->magic != kPlanBlobMagic) {
+    return absl::InvalidArgumentError("not a live Fluxon plan (bad magic)");
+  }
+  if (value_count > header->count) {
+    return absl::InvalidArgumentError(absl::StrCat("value_count ", value_count,
+                                                   " exceeds the plan's ", header->count,
+                                                   " values"));
+  }
+  if (segs_per_value == 0) return absl::InvalidArgumentError("segs_per_value must be > 0");
+  if (seg_ptrs.size() != seg_sizes.size() || seg_ptrs.size() != value_count * segs_per_value) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected ", value_count * segs_per_value, " segments, got ", seg_ptrs.size(),
+        " pointers and ", seg_sizes.size(), " sizes"));
+  }
+  for (uint64_t i = 0; i < value_count; ++i) {
+    uint64_t total = 0;
+    for (uint64_t j = 0; j < segs_per_value; ++j) {
+      const uint64_t k = i * segs_per_value + j;
+      if (seg_ptrs[k] == 0 && seg_sizes[k] != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("segment ", k, " is a null pointer"));
+      }
+      total += seg_sizes[k];
+    }
+    if (total != value_len) {
+      return absl::InvalidArgumentError(absl::StrCat("value ", i, ": segments add up to ", total,
+                                                     " bytes, the value is ", value_len));
+    }
+  }
+  const uint64_t* ptrs = PlanValuePtrs(reinterpret_cast<const void*>(plan_ptr));
+  auto work = [&](uint64_t begin, uint64_t end) {
+    for (uint64_t i = begin; i < end; ++i) {
+      auto* value = reinterpret_cast<uint8_t*>(ptrs[i]);
+      for (uint64_t j = 0; j < segs_per_value; ++j) {
+        const uint64_t k = i * segs_per_value + j;
+        auto* seg = reinterpret_cast<uint8_t*>(seg_ptrs[k]);
+        if (direction == CopyDirection::kToValues) {
+          std::memcpy(value, seg, seg_sizes[k]);
+        } else {
+          std::memcpy(seg, value, seg_sizes[k]);
+        }
+        value += seg_sizes[k];
+      }
+    }
+  };
+  const uint64_t n_threads = std::max<uint64_t>(1, std::min<uint64_t>(threads, value_count));
+  if (n_threads <= 1) {
+    work(0, value_count);
+    return absl::OkStatus();
+  }
+  std::vector<std::thread> pool;
+  const uint64_t per = (value_count + n_threads - 1) / n_threads;
+  for (uint64_t t = 0; t < n_threads; ++t) {
+    const uint64_t b = t * per, e = std::min(value_count, b + per);
     if (b < e) pool.emplace_back(work, b, e);
   }
   for (auto& th : pool) th.join();
