@@ -574,17 +574,6 @@ absl::StatusOr<GetStartOutcome> OwnerCore::GetStart(uint64_t client_id,
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<OwnerCore::GetHandle>> OwnerCore::FindHandle(uint64_t client_id,
-                                                                            uint64_t handle_id,
-                                                                            bool expect_consumed) {
-  std::optional<std::shared_ptr<GetHandle>> h = handles_.Get(handle_id);
-  if (!h || (*h)->client_id != client_id) {
-    return absl::NotFoundError(absl::StrFormat(
-        "get handle %d is unknown (never issued, already released, or expired)", handle_id));
-  }
-  return *h;
-}
-
 absl::Status OwnerCore::GetTransfer(uint64_t client_id, uint64_t handle_id,
                                     uint32_t consume_prefix_len) {
   std::vector<HolderRef> tail;

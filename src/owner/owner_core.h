@@ -154,8 +154,6 @@ class OwnerCore {
   uint64_t EvictionNeedBytes() const;
   void ExpireHandles();
   void DropHandle(std::shared_ptr<GetHandle> handle);
-  absl::StatusOr<std::shared_ptr<GetHandle>> FindHandle(uint64_t client_id, uint64_t handle_id,
-                                                        bool expect_consumed);
   // Sleeps up to `d`; returns false when the owner is stopping.
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
