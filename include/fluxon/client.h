@@ -96,6 +96,11 @@ class KvClient {
   KvClient& operator=(const KvClient&) = delete;
 
   std::vector<SegmentMapping> WaitLocalSegmentsReady() const;
+  // Maps every page of the segment into this process now (MADV_POPULATE_WRITE), so CPU copies
+  // into values never take first-touch page faults. With an expected-capacity owner the pages
+  // already exist; with a dynamic owner this allocates the whole segment. CUDA registration
+  // (cudaHostRegister) does the same as a side effect.
+  absl::Status PrefaultSegment();
   // The plan-blob arena (register it with CUDA so kernels can read plans).
   std::pair<uint64_t, uint64_t> PlanArena() const;
 

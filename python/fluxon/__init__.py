@@ -232,6 +232,12 @@ class KvClient:
         node_id."""
         return self._c.segments()
 
+    def prefault_segment(self) -> None:
+        """Maps every segment page into this process now, so CPU copies into values take no
+        first-touch faults (CUDA registration does this too). With a dynamic-capacity owner this
+        allocates the whole segment."""
+        _call(self._c.prefault_segment)
+
     def plan_arena(self) -> tuple:
         """(address, length) of the plan-blob arena, for CUDA registration."""
         return self._c.plan_arena()

@@ -113,6 +113,15 @@ class PyClient {
 
   std::pair<uint64_t, uint64_t> plan_arena() const { return client_->PlanArena(); }
 
+  void prefault_segment() {
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = client_->PrefaultSegment();
+    }
+    Check(s);
+  }
+
   uint64_t put_start(const std::vector<std::string>& keys, int64_t value_len, bool reject_inflight,
                      bool reject_exist, bool write_through, bool make_replica_task,
                      std::vector<bool> mask, std::vector<uint32_t> groups, std::string lease_id) {
@@ -269,6 +278,7 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<const std::string&>(), py::arg("socket_path"))
       .def("segments", &PyClient::segments)
       .def("plan_arena", &PyClient::plan_arena)
+      .def("prefault_segment", &PyClient::prefault_segment)
       .def("put_start", &PyClient::put_start)
       .def("put_commit", &PyClient::put_commit)
       .def("put_abort", &PyClient::put_abort)
@@ -280,8 +290,8 @@ PYBIND11_MODULE(_native, m) {
   m.def("copy_plan", &CopyPlan, py::arg("plan_ptr"), py::arg("host_ptr"), py::arg("value_len"),
         py::arg("to_values"), py::arg("threads") = 4);
   m.def("copy_segments", &CopySegments, py::arg("plan_ptr"), py::arg("value_count"),
-        py::arg("value_len"), py::arg("seg_ptrs"), py::arg("seg_sizes"),
-        py::arg("segs_per_value"), py::arg("to_values"), py::arg("threads") = 4);
+        py::arg("value_len"), py::arg("seg_ptrs"), py::arg("seg_sizes"), py::arg("segs_per_value"),
+        py::arg("to_values"), py::arg("threads") = 4);
   m.def("plan_value_ptrs", &PlanValuePointers, py::arg("plan_ptr"));
   m.def("socket_from_config", &SocketFromConfig, py::arg("path"));
   m.def("slot_size_for", [](uint64_t v) { return SlotSizeFor(v); });

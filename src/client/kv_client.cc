@@ -271,6 +271,8 @@ std::vector<SegmentMapping> KvClient::WaitLocalSegmentsReady() const {
   return {m};
 }
 
+absl::Status KvClient::PrefaultSegment() { return impl_->segment->PopulateMapping(); }
+
 std::pair<uint64_t, uint64_t> KvClient::PlanArena() const {
   return {reinterpret_cast<uint64_t>(impl_->plans->arena_base()), impl_->plans->arena_bytes()};
 }
@@ -523,15 +525,14 @@ absl::Status CopyPlanSegments(uint64_t plan_ptr, uint64_t value_count, uint64_t 
     return absl::InvalidArgumentError("not a live Fluxon plan (bad magic)");
   }
   if (value_count > header->count) {
-    return absl::InvalidArgumentError(absl::StrCat("value_count ", value_count,
-                                                   " exceeds the plan's ", header->count,
-                                                   " values"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "value_count ", value_count, " exceeds the plan's ", header->count, " values"));
   }
   if (segs_per_value == 0) return absl::InvalidArgumentError("segs_per_value must be > 0");
   if (seg_ptrs.size() != seg_sizes.size() || seg_ptrs.size() != value_count * segs_per_value) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expected ", value_count * segs_per_value, " segments, got ", seg_ptrs.size(),
-        " pointers and ", seg_sizes.size(), " sizes"));
+    return absl::InvalidArgumentError(absl::StrCat("expected ", value_count * segs_per_value,
+                                                   " segments, got ", seg_ptrs.size(),
+                                                   " pointers and ", seg_sizes.size(), " sizes"));
   }
   for (uint64_t i = 0; i < value_count; ++i) {
     uint64_t total = 0;

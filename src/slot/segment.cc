@@ -230,6 +230,14 @@ absl::Status Segment::PopulateRange(uint64_t offset, uint64_t len) {
   return result;
 }
 
+absl::Status Segment::PopulateMapping() {
+  if (madvise(base_ + desc_.data_offset, data_bytes(), MADV_POPULATE_WRITE) != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("populating the segment mapping failed: %s", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Segment::ReleaseRange(uint64_t offset, uint64_t len) {
   if (!is_owner_) return absl::FailedPreconditionError("only the owner releases segment memory");
   absl::StatusOr<uint8_t*> start = Resolve(offset, len);

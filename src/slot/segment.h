@@ -68,6 +68,8 @@ class Segment {
   absl::StatusOr<uint8_t*> Resolve(uint64_t offset, uint64_t len) const;
   // Allocates (and places, when a NUMA node is set) the pages of a range. Owner only.
   absl::Status PopulateRange(uint64_t offset, uint64_t len);
+  // Maps every page of the grant area into this process's page tables (owner or client).
+  absl::Status PopulateMapping();
   // Returns the pages of a range to the kernel (the range reads as zeros afterwards). Owner only.
   absl::Status ReleaseRange(uint64_t offset, uint64_t len);
 

@@ -305,3 +305,10 @@ owner:
     assert np.array_equal(read(c, ["sep0", "sep1"]), data)
     assert c.stats()["publish_batches"] == 1
     assert_baseline(c)
+
+
+def test_prefault_segment_maps_the_segment_without_changing_values(client):
+    data = put(client, ["pf0", "pf1"])
+    client.prefault_segment()
+    assert np.array_equal(read(client, ["pf0", "pf1"]), data)
+    assert_baseline(client)

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Fluxon vs Mooncake Store on the same loopback, capacity, keys and page bytes (batch level).
+
+Both systems move pages between one host page pool (a numpy array standing in for SGLang's
+pinned host pool) and their stores, the way SGLang's backends drive them:
+- Mooncake: register_buffer on the pool, batch_is_exist, batch_put_from, batch_get_into, with a
+  real mooncake_master on 127.0.0.1 and the TCP transport;
+- Fluxon: get_start (exists/prefix), local_fast_put_start + native copy + local_fast_put_commit,
+  get_transfer + native copy + release_views, against an embedded fluxond.
+Equal capacity: Mooncake's global segment and Fluxon's owner segment have the same size.
+
+Prints put/get GB/s and pages/s and batch p50/p99, exists latency, and errors.
+
+    pip install mooncake-transfer-engine-non-cuda   # provides mooncake_master
+    PYTHONPATH=build/python python3 bench/mooncake_compare.py [--pages-per-batch 128] ...
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import fluxon
+
+
+def pct(xs, p):
+    return float(np.percentile(np.array(xs) * 1e3, p)) if xs else float("nan")
+
+
+class FluxonSide:
+    name = "fluxon"
+
+    def __init__(self, args, tmp):
+        self.sock = os.path.join(tmp, "owner.sock")
+        cfg = os.path.join(tmp, "fluxond.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"""
+role: embedded
+log_level: warn
+master: {{listen_address: "127.0.0.1:0"}}
+admin: {{listen_address: "127.0.0.1:0", metrics_port: 0}}
+owner:
+  socket_path: {self.sock}
+  segment: {{size: {args.capacity_bytes}}}
+  local_reserve:
+    expected_capacity: {{value_len: {args.value_len}, payload_capacity_bytes: {int(args.capacity_bytes * 0.9)}}}
+""")
+        self.proc = subprocess.Popen([args.fluxond, "--config", cfg], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        for _ in range(400):
+            if os.path.exists(self.sock):
+                break
+            time.sleep(0.05)
+        self.c = fluxon.KvClient(socket_path=self.sock)
+        # The counterpart of Mooncake's store warm-up: no first-touch faults in the measured copies
+        # (an SGLang process gets the same from registering the segment with CUDA).
+        self.c.prefault_segment()
+        self.value_len = args.value_len
+        self.threads = args.copy_threads
+
+    def exists(self, keys):
+        h = self.c.get_start(keys)
+        n = h.result.raw_prefix_hit_len
+        self.c.cancel_get_transfer(h)
+        return n
+
+    def put(self, keys, host_ptr):
+        plan = self.c.local_fast_put_start(keys, self.value_len)
+        fluxon.copy_to_plan(plan, host_ptr, self.value_len, self.threads)
+        self._last = self.c.local_fast_put_commit(plan)
+        return len(keys)
+
+    def get(self, keys, host_ptr):
+        h = self.c.get_start(keys)
+        if h.result.transferable_len == 0:
+            self.c.cancel_get_transfer(h)
+            return 0
+        plan = self.c.get_transfer(h)
+        fluxon.copy_from_plan(plan, host_ptr, self.value_len, self.threads)
+        self.c.release_views(plan)
+        return h.result.transferable_len
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+
+
+class MooncakeSide:
+    name = "mooncake"
+
+    def __init__(self, args, pool):
+        from mooncake.store import MooncakeDistributedStore
+        port = 50071
+        master = shutil.which("mooncake_master")
+        if master is None:
+            raise SystemExit("mooncake_master not found: pip install mooncake-transfer-engine-non-cuda")
+        self.proc = subprocess.Popen([master, f"--port={port}"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+        self.s = MooncakeDistributedStore()
+        rc = self.s.setup("127.0.0.1", "P2PHANDSHAKE", args.capacity_bytes, 16 << 20, "tcp", "",
+                          f"127.0.0.1:{port}")
+        if rc != 0:
+            raise SystemExit(f"mooncake setup failed: {rc}")
+        if self.s.register_buffer(pool.ctypes.data, pool.nbytes) != 0:
+            raise SystemExit("mooncake register_buffer failed")
+        self.value_len = args.value_len
+
+    def exists(self, keys):
+        flags = self.s.batch_is_exist(keys)
+        n = 0
+        while n < len(flags) and flags[n] == 1:
+            n += 1
+        return n
+
+    def put(self, keys, host_ptr):
+        v = self.value_len
+        r = self.s.batch_put_from(keys, [host_ptr + i * v for i in range(len(keys))], [v] * len(keys))
+        return sum(1 for x in r if x == 0)
+
+    def get(self, keys, host_ptr):
+        v = self.value_len
+        r = self.s.batch_get_into(keys, [host_ptr + i * v for i in range(len(keys))], [v] * len(keys))
+        return sum(1 for x in r if x == v)
+
+    def touch_store(self, batches, pool):
+        # Mooncake allocates its segment lazily: write every batch once and remove it, so its
+        # first-touch page faults stay out of the figures (Fluxon's prewarm does the same).
+        for i in range(batches):
+            self.put([f"touch-{i}-{j}" for j in range(len(pool) // 2)], pool.ctypes.data)
+        self.s.remove_all()
+
+    def close(self):
+        self.s.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+
+
+def run(side, args, pool, out):
+    v, b = args.value_len, args.pages_per_batch
+    batches = args.batches
+    # Warm-up (not measured): one batch each way, so first-touch faults of the destination buffer
+    # and of the stores' memory stay out of the figures.
+    out.fill(0)
+    warm = [f"{side.name}-warm-{j}" for j in range(b)]
+    side.put(warm, pool.ctypes.data)
+    if side.name == "fluxon":
+        side._last.wait(30)
+    side.get(warm, out.ctypes.data)
+    if hasattr(side, "touch_store"):
+        side.touch_store(batches, pool)
+    put_lat, get_lat, ex_lat = [], [], []
+    errors = 0
+    for i in range(batches):
+        keys = [f"{side.name}-{i}-{j}" for j in range(b)]
+        t0 = time.perf_counter()
+        ok = side.put(keys, pool.ctypes.data + (i % args.pool_batches) * b * v)
+        put_lat.append(time.perf_counter() - t0)
+        errors += b - ok
+    if side.name == "fluxon":
+        side._last.wait(30)
+    for i in range(batches):
+        keys = [f"{side.name}-{i}-{j}" for j in range(b)]
+        t0 = time.perf_counter()
+        n = side.exists(keys)
+        ex_lat.append(time.perf_counter() - t0)
+        errors += b - n
+    for i in range(batches):
+        keys = [f"{side.name}-{i}-{j}" for j in range(b)]
+        t0 = time.perf_counter()
+        n = side.get(keys, out.ctypes.data)
+        get_lat.append(time.perf_counter() - t0)
+        errors += b - n
+        src = pool[(i % args.pool_batches) * b:(i % args.pool_batches) * b + b]
+        if not np.array_equal(out[:b], src):
+            errors += 1
+    total = batches * b * v
+    return {
+        "put GB/s": total / sum(put_lat) / 1e9, "get GB/s": total / sum(get_lat) / 1e9,
+        "put pages/s": batches * b / sum(put_lat), "get pages/s": batches * b / sum(get_lat),
+        "put p50 ms": pct(put_lat, 50), "put p99 ms": pct(put_lat, 99),
+        "get p50 ms": pct(get_lat, 50), "get p99 ms": pct(get_lat, 99),
+        "exists p50 ms": pct(ex_lat, 50), "errors": errors,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--value-len", type=int, default=4_718_592)
+    ap.add_argument("--pages-per-batch", type=int, default=128)
+    ap.add_argument("--batches", type=int, default=6)
+    ap.add_argument("--pool-batches", type=int, default=2, help="host pool size in batches")
+    ap.add_argument("--capacity-bytes", type=int, default=4 << 30)
+    ap.add_argument("--copy-threads", type=int, default=2)
+    ap.add_argument("--fluxond", default=os.environ.get("FLUXOND", "build/src/fluxond"))
+    args = ap.parse_args()
+    v, b = args.value_len, args.pages_per_batch
+    if (args.batches + 1) * b * v > args.capacity_bytes * 0.85:
+        raise SystemExit("the batches do not fit the capacity; lower --batches")
+    rng = np.random.default_rng(7)
+    pool = rng.integers(0, 256, size=(args.pool_batches * b, v), dtype=np.uint8)
+    out = np.empty((b, v), dtype=np.uint8)
+    tmp = tempfile.mkdtemp(prefix="fxmc", dir="/tmp")
+    results = {}
+    fx = FluxonSide(args, tmp)
+    try:
+        results["fluxon"] = run(fx, args, pool, out)
+    finally:
+        fx.close()
+    mc = MooncakeSide(args, pool)
+    try:
+        mc.s.register_buffer(out.ctypes.data, out.nbytes)
+        results["mooncake"] = run(mc, args, pool, out)
+    finally:
+        mc.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n{args.batches} batches x {b} pages x {v} B, capacity {args.capacity_bytes} B each, loopback")
+    print(f"| figure | fluxon | mooncake | fluxon / mooncake |\n|---|---|---|---|")
+    for k in results["fluxon"]:
+        f, m = results["fluxon"][k], results["mooncake"][k]
+        ratio = (f / m if "GB/s" in k or "pages/s" in k else m / f if m and f else float("nan")) \
+            if k != "errors" else float("nan")
+        print(f"| {k} | {f:.3f} | {m:.3f} | {ratio:.2f}x |" if k != "errors" else f"| {k} | {f} | {m} | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
