@@ -16,6 +16,7 @@ Prints put/get GB/s and pages/s and batch p50/p99, exists latency, and errors.
 """
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
@@ -70,7 +71,15 @@ owner:
         return n
 
     def put(self, keys, host_ptr):
-        plan = self.c.local_fast_put_start(keys, self.value_len)
+        try:
+            plan = self.c.local_fast_put_start(keys, self.value_len)
+        except fluxon.KeyConflictError as e:
+            # Stored already (as SGLang's backend does): write only the others.
+            skip = set(e.conflict_indices)
+            rest = [k for i, k in enumerate(keys) if i not in skip]
+            return len(skip) + (self.put(rest, host_ptr) if rest else 0)
+        except fluxon.NoSpaceError:
+            return 0
         fluxon.copy_to_plan(plan, host_ptr, self.value_len, self.threads)
         self._last = self.c.local_fast_put_commit(plan)
         return len(keys)
@@ -189,6 +198,48 @@ def run(side, args, pool, out):
     }
 
 
+def chain_keys(session, n, prefix):
+    keys, parent = [], "root"
+    for i in range(n):
+        parent = hashlib.sha1(f"{parent}|{session}|{i}".encode()).hexdigest()[:24]
+        keys.append(f"{prefix}:{parent}")
+    return keys
+
+
+def multiturn(side, args, pool, out, progress):
+    """SGLang's multi-turn HiCache pattern: every turn a session's prompt is its whole context plus
+    new pages; restore the longest stored prefix, back up the rest, batches <= pages_per_batch."""
+    v, b = args.value_len, args.pages_per_batch
+    requested = hit = written = failed = 0
+    t0 = time.perf_counter()
+    for turn in range(args.turns):
+        for s in range(args.sessions):
+            pages = args.first_turn_pages + turn * args.pages_per_turn
+            keys = chain_keys(s, pages, side.name)
+            requested += pages
+            prefix = 0
+            while prefix < pages:
+                batch = keys[prefix:prefix + b]
+                n = side.exists(batch)
+                if n == 0:
+                    break
+                got = side.get(batch[:n], out.ctypes.data)
+                prefix += got
+                if got < len(batch):
+                    break
+            hit += prefix
+            for i in range(prefix, pages, b):
+                batch = keys[i:i + b]
+                ok = side.put(batch, pool.ctypes.data)
+                written += ok
+                failed += len(batch) - ok
+            progress.update(1)
+    if side.name == "fluxon":
+        side._last.wait(30)
+    return {"hit rate %": 100.0 * hit / requested, "pages/s": (hit + written) / (time.perf_counter() - t0),
+            "failed puts": failed}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--value-len", type=int, default=4_718_592)
@@ -198,7 +249,16 @@ def main():
     ap.add_argument("--capacity-bytes", type=int, default=4 << 30)
     ap.add_argument("--copy-threads", type=int, default=2)
     ap.add_argument("--fluxond", default=os.environ.get("FLUXOND", "build/src/fluxond"))
+    ap.add_argument("--multiturn-capacities", default="",
+                    help="comma list of capacities (e.g. 1GiB,2GiB): run the multi-turn hit-rate "
+                         "workload at each and write multiturn.png")
+    ap.add_argument("--sessions", type=int, default=16)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--first-turn-pages", type=int, default=16)
+    ap.add_argument("--pages-per-turn", type=int, default=8)
     args = ap.parse_args()
+    if args.multiturn_capacities:
+        return run_multiturn(args)
     v, b = args.value_len, args.pages_per_batch
     if (args.batches + 1) * b * v > args.capacity_bytes * 0.85:
         raise SystemExit("the batches do not fit the capacity; lower --batches")
@@ -226,6 +286,58 @@ def main():
         ratio = (f / m if "GB/s" in k or "pages/s" in k else m / f if m and f else float("nan")) \
             if k != "errors" else float("nan")
         print(f"| {k} | {f:.3f} | {m:.3f} | {ratio:.2f}x |" if k != "errors" else f"| {k} | {f} | {m} | |")
+    return 0
+
+
+def run_multiturn(args):
+    from tqdm import tqdm
+    units = {"GiB": 1 << 30, "MiB": 1 << 20}
+    caps = []
+    for c in args.multiturn_capacities.split(","):
+        num, unit = c[:-3], c[-3:]
+        caps.append(int(float(num) * units[unit]))
+    b, v = args.pages_per_batch, args.value_len
+    pool = np.random.default_rng(7).integers(0, 256, size=(b, v), dtype=np.uint8)
+    out = np.empty((b, v), dtype=np.uint8)
+    ws = sum(args.first_turn_pages + (args.turns - 1) * args.pages_per_turn for _ in range(args.sessions))
+    print(f"working set {ws} pages = {ws * v / 2**30:.2f} GiB")
+    rows = []
+    for cap in caps:
+        args.capacity_bytes = cap
+        for make in (lambda: FluxonSide(args, tempfile.mkdtemp(prefix="fxmt", dir="/tmp")),
+                     lambda: MooncakeSide(args, pool)):
+            side = make()
+            if side.name == "mooncake":
+                side.s.register_buffer(out.ctypes.data, out.nbytes)
+            try:
+                with tqdm(total=args.turns * args.sessions, desc=f"{side.name} {cap / 2**30:.1f} GiB",
+                          file=sys.stderr) as bar:
+                    r = multiturn(side, args, pool, out, bar)
+            finally:
+                side.close()
+            rows.append((cap, side.name, r))
+    print("\n| capacity GiB | system | hit rate % | pages/s | failed puts |\n|---|---|---|---|---|")
+    for cap, name, r in rows:
+        print(f"| {cap / 2**30:.1f} | {name} | {r['hit rate %']:.1f} | {r['pages/s']:.0f} | {r['failed puts']} |")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+        for name in ("fluxon", "mooncake"):
+            xs = [c / 2**30 for c, n, _ in rows if n == name]
+            ax[0].plot(xs, [r["hit rate %"] for c, n, r in rows if n == name], "o-", label=name)
+            ax[1].plot(xs, [r["pages/s"] for c, n, r in rows if n == name], "o-", label=name)
+        ax[0].set(xlabel="capacity (GiB)", ylabel="hit rate (%)", title="multi-turn hit rate")
+        ax[1].set(xlabel="capacity (GiB)", ylabel="pages/s", title="throughput")
+        for a in ax:
+            a.legend()
+            a.grid(True)
+        fig.tight_layout()
+        fig.savefig("multiturn.png", dpi=100)
+        print("plot: multiturn.png")
+    except ImportError:
+        print("matplotlib not installed: no plot")
     return 0
 
 
