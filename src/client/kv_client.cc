@@ -480,6 +480,26 @@ absl::StatusOr<std::map<std::string, int64_t>> KvClient::Stats() {
   return out;
 }
 
+namespace {
+// Runs work(begin, end) over [0, count) split into at most `threads` contiguous ranges, one
+// thread each (the caller's thread alone when one range suffices).
+template <typename Work>
+void ParallelRanges(uint64_t count, int threads, const Work& work) {
+  const uint64_t n = std::max<uint64_t>(1, std::min<uint64_t>(std::max(threads, 1), count));
+  if (n == 1) {
+    work(0, count);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const uint64_t per = (count + n - 1) / n;
+  for (uint64_t t = 0; t < n; ++t) {
+    const uint64_t b = t * per, e = std::min(count, b + per);
+    if (b < e) pool.emplace_back(work, b, e);
+  }
+  for (auto& th : pool) th.join();
+}
+}  // namespace
+
 absl::Status CopyPlanValues(uint64_t plan_ptr, uint8_t* host, uint64_t value_len,
                             CopyDirection direction, int threads) {
   if (plan_ptr == 0 || host == nullptr) return absl::InvalidArgumentError("null plan or buffer");
@@ -500,18 +520,7 @@ absl::Status CopyPlanValues(uint64_t plan_ptr, uint8_t* host, uint64_t value_len
       }
     }
   };
-  const uint64_t n_threads = std::max<uint64_t>(1, std::min<uint64_t>(threads, count));
-  if (n_threads == 1) {
-    work(0, count);
-    return absl::OkStatus();
-  }
-  std::vector<std::thread> pool;
-  const uint64_t per = (count + n_threads - 1) / n_threads;
-  for (uint64_t t = 0; t < n_threads; ++t) {
-    const uint64_t b = t * per, e = std::min(count, b + per);
-    if (b < e) pool.emplace_back(work, b, e);
-  }
-  for (auto& th : pool) th.join();
+  ParallelRanges(count, threads, work);
   return absl::OkStatus();
 }
 
@@ -564,18 +573,7 @@ absl::Status CopyPlanSegments(uint64_t plan_ptr, uint64_t value_count, uint64_t 
       }
     }
   };
-  const uint64_t n_threads = std::max<uint64_t>(1, std::min<uint64_t>(threads, value_count));
-  if (n_threads <= 1) {
-    work(0, value_count);
-    return absl::OkStatus();
-  }
-  std::vector<std::thread> pool;
-  const uint64_t per = (value_count + n_threads - 1) / n_threads;
-  for (uint64_t t = 0; t < n_threads; ++t) {
-    const uint64_t b = t * per, e = std::min(value_count, b + per);
-    if (b < e) pool.emplace_back(work, b, e);
-  }
-  for (auto& th : pool) th.join();
+  ParallelRanges(value_count, threads, work);
   return absl::OkStatus();
 }
 
