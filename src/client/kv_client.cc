@@ -156,16 +156,29 @@ class KvClient::Impl {
         return c;
       }
     }
+    v1::OwnerMessage hello;
+    int passed = -1;
+    FLUXON_ASSIGN_OR_RETURN(auto c, OpenConnection(client_id, &hello, &passed));
+    if (passed >= 0) close(passed);  // the segment is mapped once, from the first connection
+    return c;
+  }
+  // Opens a control connection and says Hello: client_id 0 opens the session, else the
+  // connection joins it (its puts and handles then belong to the session's events connection).
+  absl::StatusOr<std::unique_ptr<Connection>> OpenConnection(uint64_t session,
+                                                             v1::OwnerMessage* hello, int* seg_fd) {
     FLUXON_ASSIGN_OR_RETURN(int fd, ConnectUnix(options.socket_path));
     auto c = std::make_unique<Connection>(fd, options.busy_poll_us);
     v1::ClientRequest req;
     v1::Hello* h = req.mutable_hello();
     h->set_protocol_version(kProtocolVersion);
     h->set_client_name(options.client_name);
-    int passed = -1;
-    FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, c->Call(req, &passed));
-    if (passed >= 0) close(passed);  // only the first connection's fd is kept (see Connect)
-    FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+    h->set_client_id(session);
+    FLUXON_ASSIGN_OR_RETURN(*hello, c->Call(req, seg_fd));
+    absl::Status st = StatusOf(*hello);
+    if (!st.ok()) {
+      if (*seg_fd >= 0) close(*seg_fd);
+      return st;
+    }
     return c;
   }
   void Return(std::unique_ptr<Connection> c) {
@@ -219,15 +232,9 @@ absl::StatusOr<std::unique_ptr<KvClient>> KvClient::Connect(const ClientOptions&
   impl->options = options;
   FLUXON_ASSIGN_OR_RETURN(impl->plans, PlanRegistry::Create({options.plan_arena_bytes}));
   // The first control connection's Hello carries the session id and the segment fd.
-  FLUXON_ASSIGN_OR_RETURN(int fd, ConnectUnix(options.socket_path));
-  auto conn = std::make_unique<Connection>(fd, options.busy_poll_us);
-  v1::ClientRequest req;
-  v1::Hello* h = req.mutable_hello();
-  h->set_protocol_version(kProtocolVersion);
-  h->set_client_name(options.client_name);
+  v1::OwnerMessage resp;
   int seg_fd = -1;
-  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, conn->Call(req, &seg_fd));
-  FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+  FLUXON_ASSIGN_OR_RETURN(auto conn, impl->OpenConnection(0, &resp, &seg_fd));
   if (seg_fd < 0) return absl::DataLossError("owner did not pass its segment descriptor");
   const v1::SegmentInfo& si = resp.hello().segment();
   SegmentDescriptor desc{si.generation(), si.total_bytes(), si.data_offset(), si.node_id()};

@@ -319,7 +319,9 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
         }
         break;
       }
-      *client_id = core_->NewClientId();
+      // A session's further control connections carry its id: its puts, handles and PutDone
+      // events must stay with the one events connection that ends the session.
+      *client_id = h.client_id() != 0 ? h.client_id() : core_->NewClientId();
       const Segment& seg = core_->memory().segment();
       v1::HelloReply* hr = resp.mutable_hello();
       hr->set_client_id(*client_id);

@@ -447,6 +447,50 @@ TEST(OwnerSemantics, DisconnectReleasesPreparedPutsAndHandles) {
   EXPECT_EQ(node->owner()->KeyState("pending"), "absent");
 }
 
+TEST(OwnerSemantics, ThreadsSharingOneClientStayInOneSession) {
+  // Concurrent calls open more pooled control connections; their puts must still complete
+  // through the session's events connection, and disconnect must clean up all of them.
+  Config cfg = TestConfig();
+  auto node = StartNode(cfg);
+  {
+    auto c = Connect(cfg);
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 20; ++i) {
+          auto keys = Keys("mt" + std::to_string(t) + "-" + std::to_string(i) + "-", 4);
+          auto plan = c->LocalFastPutStart(keys, kValueLen, {});
+          if (!plan.ok()) {
+            ++failures;
+            continue;
+          }
+          auto fut = c->LocalFastPutCommit(*plan);
+          if (!fut.ok() || !fut->Wait(milliseconds(5000)).ok()) ++failures;
+          auto h = c->GetStart(keys);
+          if (!h.ok() || !h->result.all_hit || !c->CancelGetTransfer(*h).ok()) ++failures;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(failures.load(), 0);
+    ExpectBaseline(*node, c.get());
+    // Leave a prepared put and a handle behind on whichever connections the pool hands out.
+    std::vector<std::thread> leavers;
+    for (int t = 0; t < 4; ++t) {
+      leavers.emplace_back([&, t] {
+        (void)c->LocalFastPutStart({"left" + std::to_string(t)}, kValueLen, {});
+        (void)c->GetStart(Keys("mt0-0-", 4));
+      });
+    }
+    for (auto& th : leavers) th.join();
+  }
+  for (int i = 0; i < 100 && node->owner()->Stats()["prepared_puts"] != 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ExpectBaseline(*node);
+}
+
 TEST(OwnerSemantics, AnotherProcessReadsCommittedValues) {
   Config cfg = TestConfig();
   auto node = StartNode(cfg);
