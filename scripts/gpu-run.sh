@@ -17,12 +17,22 @@
 #     e2e  : only the end-to-end test
 #     bench: kv_transfer_bench (tables of GB/s and latency)
 #     bulk : kv_transfer_bench --bulk (the experimental cp.async.bulk kernel's tables)
+#     sglang: fluxon.sglang inside the real, pinned SGLang with real host pools
+#            (tests/gpu/test_sglang_real.py); part of test and all
 #     all  : test and bench (default); quick: tests in quick mode and the benchmark without sweeps
 #     Each step runs in its own process (a GPU fault in one cannot hide the others' results).
 #     Logs and the benchmark CSV go to $OUT (or ./gpu-out); the short tables are printed last.
 set -uo pipefail
 
 mode=${1:-}
+SGLANG_VERSION=0.5.23
+# Modules SGLang imports on the way to its HiCache classes (flat, no dependency resolution: the
+# GPU machine's torch, numpy, transformers and PIL are used as they are).
+SGLANG_IMPORT_DEPS="annotated-types asttokens dill executing fastapi gguf interegular ipython
+  ipython-pygments-lexers matplotlib-inline msgspec orjson parso pexpect prompt-toolkit ptyprocess
+  pure-eval pybase64 pydantic pydantic-core python-multipart pyzmq setproctitle stack-data
+  starlette traitlets typing-inspection uvicorn wcwidth apache-tvm-ffi==0.1.11
+  compressed-tensors==0.18.0 loguru opentelemetry-api truststore httpx2 httpcore2"
 case $mode in
   pack)
     set -e
@@ -43,7 +53,27 @@ case $mode in
     cp python/fluxon/*.py "$BUILD_DIR"/python/fluxon/_native*.so "$DEST/python/fluxon/"
     cp "$BUILD_DIR"/kernels/_fluxon_kernels*.so "$DEST/python/fluxon/"
     strip "$DEST"/python/fluxon/*.so
-    cp tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py "$DEST/tests/"
+    cp tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py tests/gpu/test_sglang_real.py \
+      "$DEST/tests/"
+    # The pinned SGLang (its Python sources; the compiled extensions are for another Python and
+    # are not imported on the HiCache path) and Python 3.12 wheels of the modules it imports at
+    # start-up that the GPU machine's torch environment lacks. sgl_kernel (SGLang's CUDA kernel
+    # wheel, hundreds of MB) is not carried: the device step stands in an import stub whose
+    # functions raise if called, and the HiCache storage path never calls them.
+    mkdir -p "$DEST/sglang/wheels"
+    W=$(mktemp -d)
+    PIPDL=(pip download -q --no-deps --only-binary=:all: --python-version 3.12
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
+      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
+    # SGLang publishes one wheel (cp311); its Python sources serve 3.12 as they are.
+    pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+      --platform manylinux_2_34_x86_64 -d "$W" "sglang==$SGLANG_VERSION"
+    (cd "$W" && python3 -m zipfile -e sglang-*.whl src)
+    rm -rf "$W"/src/sglang/multimodal_gen "$W"/src/sglang/test
+    find "$W"/src -name '*.so' -delete
+    tar -C "$W"/src -cJf "$DEST/sglang/sglang.tar.xz" sglang "sglang-$SGLANG_VERSION.dist-info"
+    "${PIPDL[@]}" -d "$DEST/sglang/wheels" $SGLANG_IMPORT_DEPS
+    rm -rf "$W"
     cp scripts/gpu-run.sh "$DEST/"
     # Non-system shared libraries (abseil, grpc, numa, ...); glibc and libstdc++ come from the
     # target.
@@ -94,6 +124,35 @@ case $mode in
       fi
       ;;
     esac
+    case $what in all | test | quick | sglang)
+      SGL=${TMPDIR:-/tmp}/fluxon-sglang-env
+      rm -rf "$SGL" && mkdir -p "$SGL/src" "$SGL/deps" "$SGL/stubs/sgl_kernel"
+      tar -xJf "$PACK/sglang/sglang.tar.xz" -C "$SGL/src"
+      python3 - "$PACK/sglang/wheels" >"$SGL/need.txt" <<'PY'
+import importlib.metadata as md, os, sys
+have = {d.metadata["Name"].lower().replace("-", "_") for d in md.distributions()}
+for w in sorted(os.listdir(sys.argv[1])):
+    if w.split("-")[0].lower() not in have:
+        print(os.path.join(sys.argv[1], w))
+PY
+      [ -s "$SGL/need.txt" ] && pip install -q --no-deps --target "$SGL/deps" $(cat "$SGL/need.txt") \
+        >"$OUTDIR/sglang-pip.log" 2>&1
+      if ! python3 -c "import sgl_kernel" 2>/dev/null; then
+        for d in sgl_kernel sgl_kernel/quantization sgl_kernel/kvcacheio; do
+          mkdir -p "$SGL/stubs/$d"
+          cat >"$SGL/stubs/$d/__init__.py" <<'PY'
+"""Import stub for SGLang's CUDA kernel wheel: names resolve, calls raise."""
+def __getattr__(name):
+    def missing(*args, **kwargs):
+        raise RuntimeError(f"sgl_kernel: {name} called, but sgl_kernel is a stub here")
+    return missing
+PY
+        done
+      fi
+      step sglang sglang.log env FLUXOND="$PACK/bin/fluxond" \
+        PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs:$PYTHONPATH" python3 "$PACK/tests/test_sglang_real.py"
+      ;;
+    esac
     if [ "$what" = e2e ]; then
       step e2e e2e.log env FLUXOND="$PACK/bin/fluxond" python3 "$PACK/tests/test_e2e_fluxond.py"
     fi
@@ -111,6 +170,8 @@ case $mode in
     [ -f "$OUTDIR/bench-bulk.log" ] && cat "$OUTDIR/bench-bulk.log"
     [ -f "$OUTDIR/e2e.log" ] && sed -n '/^## fluxond end-to-end/,$p' "$OUTDIR/e2e.log"
     [ -f "$OUTDIR/e2e.log" ] && grep -E "Error|Traceback" "$OUTDIR/e2e.log" | head -10
+    [ -f "$OUTDIR/sglang.log" ] && sed -n '/^## fluxon.sglang/,$p' "$OUTDIR/sglang.log"
+    [ -f "$OUTDIR/sglang.log" ] && grep -E "Error|Traceback" "$OUTDIR/sglang.log" | head -10
     for t in test test-bulk; do
       [ -f "$OUTDIR/$t.log" ] || continue
       sed -n '/^## GPU data-plane tests/,$p' "$OUTDIR/$t.log"

@@ -4,7 +4,8 @@
   run wherever the sglang wheel is installed.
 * The factory test imports SGLang and loads our class through StorageBackendFactory's dynamic
   path; it needs torch, which PyPI only serves as the CUDA build (its CUDA runtime libraries are
-  several GB), so it is skipped where torch cannot be imported.
+  several GB), so it is skipped where torch cannot be imported here; tests/gpu/test_sglang_real.py
+  does the same and more with real host pools on the GPU machine (scripts/gpu-run.sh).
 """
 
 import ast
