@@ -70,14 +70,17 @@ owner:
         self.c.cancel_get_transfer(h)
         return n
 
-    def put(self, keys, host_ptr):
+    def put(self, keys, host_ptr, parent=None):
         try:
-            plan = self.c.local_fast_put_start(keys, self.value_len)
+            # parent: the page before keys[0], as SGLang's backend passes it from prefix_keys.
+            plan = self.c.local_fast_put_start(keys, self.value_len,
+                                               fluxon.PutOptionalArgs(parent_key=parent))
         except fluxon.KeyConflictError as e:
             # Stored already (as SGLang's backend does): write only the others.
             skip = set(e.conflict_indices)
             rest = [k for i, k in enumerate(keys) if i not in skip]
-            return len(skip) + (self.put(rest, host_ptr) if rest else 0)
+            return len(skip) + (self.put(rest, host_ptr, parent if 0 not in skip else None)
+                                if rest else 0)
         except fluxon.NoSpaceError:
             return 0
         fluxon.copy_to_plan(plan, host_ptr, self.value_len, self.threads)
@@ -127,7 +130,7 @@ class MooncakeSide:
             n += 1
         return n
 
-    def put(self, keys, host_ptr):
+    def put(self, keys, host_ptr, parent=None):  # Mooncake has no such hint
         v = self.value_len
         r = self.s.batch_put_from(keys, [host_ptr + i * v for i in range(len(keys))], [v] * len(keys))
         return sum(1 for x in r if x == 0)
@@ -230,7 +233,7 @@ def multiturn(side, args, pool, out, progress):
             hit += prefix
             for i in range(prefix, pages, b):
                 batch = keys[i:i + b]
-                ok = side.put(batch, pool.ctypes.data)
+                ok = side.put(batch, pool.ctypes.data, keys[i - 1] if i > 0 else None)
                 written += ok
                 failed += len(batch) - ok
             progress.update(1)

@@ -21,6 +21,8 @@
 namespace fluxon {
 
 absl::Status ValidateKeys(std::span<const std::string> keys);
+// A put's parent-key hint names the page before the batch: it must not be one of its keys.
+absl::Status ValidateParentKey(const std::string& parent_key, std::span<const std::string> keys);
 absl::Status ValidateValueLen(int64_t value_len);
 absl::Status ValidateGroups(std::span<const uint32_t> group_lens, size_t num_keys);
 absl::Status ValidateReplicaMask(const std::vector<bool>& mask,

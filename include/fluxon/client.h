@@ -44,6 +44,9 @@ struct PutOptions {
   std::vector<bool> make_replica_task_mask;  // empty: broadcast make_replica_task
   std::vector<uint32_t> atomic_group_lens;   // empty: one key per group
   std::string lease_id;
+  // The key of the page just before keys[0] in its prompt (empty: unknown). A hint for eviction
+  // order only (chains are evicted from their tail); it must not be one of the batch's keys.
+  std::string parent_key;
 };
 
 // Completes when the batch's route is published (or definitively not).

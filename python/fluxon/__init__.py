@@ -146,6 +146,9 @@ class PutOptionalArgs:
     make_replica_task_mask: Optional[list] = None
     atomic_group_lens: Optional[list] = None
     lease_id: Optional[str] = None
+    # The key of the page just before keys[0] in its prompt: eviction keeps the chain together
+    # and takes it from its tail. A hint only; None: unknown.
+    parent_key: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -257,9 +260,14 @@ class KvClient:
         mask = _check_mask(opts.make_replica_task_mask, groups, len(keys))
         if opts.lease_id is not None and not isinstance(opts.lease_id, str):
             raise InvalidArgumentError("lease_id must be a str or None")
+        if opts.parent_key is not None and (not isinstance(opts.parent_key, str)
+                                            or opts.parent_key in keys):
+            raise InvalidArgumentError(
+                "parent_key must be a str that is not one of the batch's keys, or None")
         return _call(self._c.put_start, keys, value_len, bool(opts.reject_if_inflight_same_key),
                      bool(opts.reject_if_exist_same_key), bool(opts.write_through),
-                     bool(opts.make_replica_task), mask, groups, opts.lease_id or "")
+                     bool(opts.make_replica_task), mask, groups, opts.lease_id or "",
+                     opts.parent_key or "")
 
     def local_fast_put_commit(self, plan_ptr: int) -> KvFuture:
         return KvFuture(_call(self._c.put_commit, _check_int("plan_ptr", plan_ptr)))

@@ -284,12 +284,14 @@ class PageStore:
 
     def put_pages(self, keys: Sequence[str], seg_ptrs: Sequence[int], seg_sizes: Sequence[int],
                   segs_per_value: int, value_len: int,
-                  atomic_group_lens: Optional[Sequence[int]] = None) -> List[bool]:
+                  atomic_group_lens: Optional[Sequence[int]] = None,
+                  parent_key: Optional[str] = None) -> List[bool]:
         """Stores the pages whose keys are not stored yet; True for each page now stored.
 
         Keys already stored (or being stored by another writer) are skipped and count as stored.
         With `atomic_group_lens`, a group with any conflicting key is skipped whole (its other
-        keys report False): a group is never split across two puts.
+        keys report False): a group is never split across two puts. `parent_key`: the stored
+        key of the page before keys[0] (the owner evicts a chain from its tail).
         """
         n = len(keys)
         if n == 0:
@@ -316,7 +318,8 @@ class PageStore:
                     break
                 idx = [i for st, g in todo for i in range(st, st + g)]
                 opts = fluxon.PutOptionalArgs(
-                    atomic_group_lens=[g for _, g in todo] if atomic_group_lens else None)
+                    atomic_group_lens=[g for _, g in todo] if atomic_group_lens else None,
+                    parent_key=keys[idx[0] - 1] if idx[0] > 0 else parent_key)
                 try:
                     plan = c.local_fast_put_start([keys[i] for i in idx], value_len, opts)
                 except KeyConflictError as e:
@@ -559,7 +562,16 @@ class FluxonHiCacheBackend:
             logger.error("fluxon: batch_set_v1: %s", e)
             return [False] * len(keys)
         return store.put_pages([self._keys.key(k) for k in keys], ptrs, sizes,
-                               self._geom.segs_per_page, self._geom.page_bytes)
+                               self._geom.segs_per_page, self._geom.page_bytes,
+                               parent_key=self._parent_key(extra_info, keys))
+
+    def _parent_key(self, extra_info, keys) -> Optional[str]:
+        """The stored key of the page before keys[0]: the last of SGLang's prefix_keys."""
+        prefix = getattr(extra_info, "prefix_keys", None)
+        if not prefix or not isinstance(prefix[-1], str) or not prefix[-1]:
+            return None
+        parent = self._keys.key(prefix[-1])
+        return None if parent in (self._keys.key(k) for k in keys) else parent
 
     # -- legacy byte methods ----------------------------------------------------------------
 

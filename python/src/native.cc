@@ -124,7 +124,8 @@ class PyClient {
 
   uint64_t put_start(const std::vector<std::string>& keys, int64_t value_len, bool reject_inflight,
                      bool reject_exist, bool write_through, bool make_replica_task,
-                     std::vector<bool> mask, std::vector<uint32_t> groups, std::string lease_id) {
+                     std::vector<bool> mask, std::vector<uint32_t> groups, std::string lease_id,
+                     std::string parent_key) {
     PutOptions o;
     o.reject_if_inflight_same_key = reject_inflight;
     o.reject_if_exist_same_key = reject_exist;
@@ -133,6 +134,7 @@ class PyClient {
     o.make_replica_task_mask = std::move(mask);
     o.atomic_group_lens = std::move(groups);
     o.lease_id = std::move(lease_id);
+    o.parent_key = std::move(parent_key);
     std::vector<uint32_t> conflicts;
     absl::StatusOr<uint64_t> plan;
     {

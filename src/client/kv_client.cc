@@ -288,6 +288,7 @@ absl::StatusOr<uint64_t> KvClient::LocalFastPutStart(const std::vector<std::stri
                                                      int64_t value_len, const PutOptions& o,
                                                      std::vector<uint32_t>* conflict_indices) {
   FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
+  FLUXON_RETURN_IF_ERROR(ValidateParentKey(o.parent_key, keys));
   FLUXON_RETURN_IF_ERROR(ValidateValueLen(value_len));
   FLUXON_RETURN_IF_ERROR(ValidateGroups(o.atomic_group_lens, keys.size()));
   FLUXON_RETURN_IF_ERROR(
@@ -303,6 +304,7 @@ absl::StatusOr<uint64_t> KvClient::LocalFastPutStart(const std::vector<std::stri
   for (bool b : o.make_replica_task_mask) p->add_make_replica_task_mask(b);
   for (uint32_t g : o.atomic_group_lens) p->add_atomic_group_lens(g);
   p->set_lease_id(o.lease_id);
+  p->set_parent_key(o.parent_key);
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
   absl::Status st = StatusOf(resp);
   if (!st.ok()) {

@@ -22,6 +22,18 @@ absl::Status ValidateKeys(std::span<const std::string> keys) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateParentKey(const std::string& parent_key, std::span<const std::string> keys) {
+  if (parent_key.empty()) return absl::OkStatus();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i] == parent_key) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "parent_key '%s' is keys[%d] of the same batch; it names the page before keys[0]",
+          parent_key, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateValueLen(int64_t value_len) {
   if (value_len <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat("value_len must be > 0, got %d", value_len));

@@ -349,6 +349,7 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
                                       p.make_replica_task_mask().end());
       a.atomic_group_lens.assign(p.atomic_group_lens().begin(), p.atomic_group_lens().end());
       a.lease_id = p.lease_id();
+      a.parent_key = p.parent_key();
       std::vector<uint32_t> conflicts;
       absl::StatusOr<PutStartOutcome> r = core_->PutStart(*client_id, a, &conflicts);
       v1::PutStartReply* pr = resp.mutable_put_start();

@@ -27,6 +27,7 @@ struct OwnerCore::PutBatch {
   std::vector<SlotRef> slots;
   uint64_t value_len = 0;
   std::vector<uint32_t> group_lens;
+  std::string parent_key;
 };
 
 struct OwnerCore::GetHandle {
@@ -158,6 +159,7 @@ bool OwnerCore::SleepUnlessStopping(std::chrono::milliseconds d) {
 absl::StatusOr<PutStartOutcome> OwnerCore::PutStart(uint64_t client_id, const PutStartArgs& a,
                                                     std::vector<uint32_t>* conflicts) {
   FLUXON_RETURN_IF_ERROR(ValidateKeys(a.keys));
+  FLUXON_RETURN_IF_ERROR(ValidateParentKey(a.parent_key, a.keys));
   FLUXON_RETURN_IF_ERROR(ValidateValueLen(a.value_len));
   FLUXON_RETURN_IF_ERROR(ValidateGroups(a.atomic_group_lens, a.keys.size()));
   FLUXON_RETURN_IF_ERROR(
@@ -212,6 +214,7 @@ absl::StatusOr<PutStartOutcome> OwnerCore::PutStart(uint64_t client_id, const Pu
   batch->slots = std::move(*slots);
   batch->value_len = static_cast<uint64_t>(a.value_len);
   batch->group_lens = a.atomic_group_lens;
+  batch->parent_key = a.parent_key;
   PutStartOutcome out;
   out.put_id = put_id;
   out.offsets.reserve(batch->slots.size());
@@ -408,8 +411,18 @@ absl::Status OwnerCore::PublishOne(PublishJob& job) {
   }
   counters_->local_visible_entries.fetch_sub(b.keys.size(), std::memory_order_relaxed);
   counters_->committed_entries.fetch_add(b.keys.size() - not_published, std::memory_order_relaxed);
-  // A1: the whole batch is admitted after every member was promoted.
-  for (Cohort& c : cohorts) hot_.Admit(std::move(c));
+  // A1: the whole batch is admitted after every member was promoted, as one chain that continues
+  // the parent's when the client named the page before it.
+  uint64_t parent_cohort = 0;
+  if (!b.parent_key.empty()) {
+    keys_.Update(b.parent_key, [&](std::shared_ptr<KeyEntry>* e, bool*) {
+      if (e != nullptr && (*e)->state == KeyEntry::State::kCommitted) {
+        parent_cohort = (*e)->cohort_id;
+      }
+      return 0;
+    });
+  }
+  hot_.AdmitChain(std::move(cohorts), parent_cohort);
   if (not_published > 0) {
     counters_->superseded.fetch_add(not_published, std::memory_order_relaxed);
     if (!reply.ok()) counters_->publish_failures.fetch_add(1, std::memory_order_relaxed);

@@ -62,6 +62,7 @@ struct PutStartArgs {
   std::vector<bool> make_replica_task_mask;
   std::vector<uint32_t> atomic_group_lens;
   std::string lease_id;
+  std::string parent_key;  // eviction-order hint; empty: unknown
 };
 
 struct PutStartOutcome {

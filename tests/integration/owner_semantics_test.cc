@@ -342,6 +342,49 @@ TEST(OwnerSemantics, OverlappingGetsShareOneLeaderPerKey) {
   ExpectBaseline(*node, c1.get());
 }
 
+TEST(OwnerSemantics, ParentKeyContinuesAChainThatIsEvictedFromItsTail) {
+  Config cfg = TestConfig();
+  auto node = StartNode(cfg);
+  auto c = Connect(cfg);
+  auto a = Keys("chain-a", 4);
+  auto b = Keys("chain-b", 4);
+  PutValues(*c, a);
+  PutOptions o;
+  o.parent_key = a.back();  // b continues a's prompt
+  PutValues(*c, b, o);
+  // The restore of a's prefix is an access to the whole chain; its tail is still b's last page.
+  auto h = c->GetStart(a, true, {});
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(c->CancelGetTransfer(*h).ok());
+  for (int i = 3; i >= 0; --i) {
+    node->owner()->EvictSome(1);  // one cohort (one page) per round
+    EXPECT_EQ(node->owner()->KeyState(b[i]), "absent") << i;
+    for (const auto& k : a) EXPECT_EQ(node->owner()->KeyState(k), "committed") << k;
+  }
+  node->owner()->EvictSome(1);
+  EXPECT_EQ(node->owner()->KeyState(a[3]), "absent");
+  EXPECT_EQ(node->owner()->KeyState(a[2]), "committed");
+  ExpectBaseline(*node, c.get());
+}
+
+TEST(OwnerSemantics, ParentKeyInsideTheBatchIsRejectedWithNothingReserved) {
+  Config cfg = TestConfig();
+  auto node = StartNode(cfg);
+  auto c = Connect(cfg);
+  auto keys = Keys("pk", 3);
+  PutOptions o;
+  o.parent_key = keys[1];
+  auto plan = c->LocalFastPutStart(keys, kValueLen, o);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(plan.status().message()), ::testing::HasSubstr("parent_key"));
+  for (const auto& k : keys) EXPECT_EQ(node->owner()->KeyState(k), "absent");
+  // An unknown parent is only a hint: the put goes through.
+  o.parent_key = "never-stored";
+  PutValues(*c, keys, o);
+  for (const auto& k : keys) EXPECT_EQ(node->owner()->KeyState(k), "committed");
+  ExpectBaseline(*node, c.get());
+}
+
 TEST(OwnerSemantics, CapacityEvictionKeepsPinnedValuesAndRemovesRoutesFirst) {
   Config cfg = TestConfig(kGrantBytes);  // one grant: 128 slots of 4 MiB
   cfg.owner->local_reserve.claim_soft_timeout = milliseconds(5);

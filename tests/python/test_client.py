@@ -312,3 +312,19 @@ def test_prefault_segment_maps_the_segment_without_changing_values(client):
     client.prefault_segment()
     assert np.array_equal(read(client, ["pf0", "pf1"]), data)
     assert_baseline(client)
+
+
+def test_parent_key_hint_is_validated_and_optional(client):
+    keys = [f"pk-{i}" for i in range(3)]
+    with pytest.raises(fluxon.InvalidArgumentError, match="parent_key"):
+        client.local_fast_put_start(keys, 4096, fluxon.PutOptionalArgs(parent_key=keys[2]))
+    with pytest.raises(fluxon.InvalidArgumentError, match="parent_key"):
+        client.local_fast_put_start(keys, 4096, fluxon.PutOptionalArgs(parent_key=7))
+    h = client.get_start(keys)
+    assert h.result.raw_prefix_hit_len == 0  # nothing was reserved
+    client.cancel_get_transfer(h)
+    plan = client.local_fast_put_start(keys, 4096, fluxon.PutOptionalArgs(parent_key="unknown"))
+    client.local_fast_put_commit(plan).wait(timeout=10)
+    h = client.get_start(keys)
+    assert h.result.raw_prefix_hit_len == 3
+    client.cancel_get_transfer(h)
