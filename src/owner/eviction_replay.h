@@ -67,6 +67,7 @@ struct Result {
 using PageKey = std::pair<uint32_t, uint32_t>;  // (conversation, page index)
 
 // `parent_hint`: each batch names the page before it (as a client passing the parent key does).
+// Every restore is two accesses, as SGLang's are: the existence probe, then the read.
 template <typename Policy>
 Result Replay(const std::vector<Access>& trace, uint64_t capacity_pages, uint32_t batch_pages,
               bool parent_hint = true) {
@@ -81,7 +82,10 @@ Result Replay(const std::vector<Access>& trace, uint64_t capacity_pages, uint32_
     std::vector<uint64_t> touched;
     while (prefix < a.pages && stored.count({a.conversation, prefix})) ++prefix;
     for (uint32_t i = prefix; i-- > 0;) touched.push_back(stored.at({a.conversation, i}));
-    if (!touched.empty()) tier.Touch(touched);
+    if (!touched.empty()) {
+      tier.Touch(touched);  // batch_exists
+      tier.Touch(touched);  // batch_get
+    }
     r.hits += prefix;
     for (uint32_t i = prefix; i < a.pages; i += batch_pages) {
       const uint32_t n = std::min(batch_pages, a.pages - i);

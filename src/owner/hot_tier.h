@@ -111,7 +111,9 @@ class ReusePredictionPolicy {
       if (c.last == now) continue;  // already counted for this access
       Unindex(m->second.chain);
       const double gap = static_cast<double>(now - c.last);
-      if (c.has_period) {
+      if (c.has_period && gap < kRepeatFraction * c.period) {
+        // The same request again (a probe, then the read): not a new reuse gap.
+      } else if (c.has_period) {
         period_sum_ -= c.period;
         c.period = 0.5 * c.period + 0.5 * gap;
       } else {
@@ -182,6 +184,10 @@ class ReusePredictionPolicy {
 
  private:
   static constexpr uint64_t kRecentTicks = 4;
+  // Accesses closer than this fraction of a chain's period are one request seen twice (SGLang
+  // probes with batch_exists, then reads): counting them would halve every period and make
+  // live chains look overdue.
+  static constexpr double kRepeatFraction = 0.25;
   struct Chain {
     std::list<uint64_t> cohorts;  // head first
     uint64_t last = 0;            // logical time of the last access

@@ -313,3 +313,29 @@ def test_native_segment_copy_validates_and_gathers(client):
     fluxon.copy_segments_from_plan(gp, [x.ctypes.data, y.ctypes.data], [100, 8092], 2, 8192)
     client.release_views(gp)
     assert bytes(x) + bytes(y) == bytes(a) + bytes(b)
+
+
+def test_prefix_keys_become_the_owner_parent_hint(daemon, sock):
+    """SGLang's extra_info.prefix_keys[-1] is passed on as the put's parent key (stored-key form);
+    a prefix key that is one of the batch's own keys is not (the owner would refuse it)."""
+    from types import SimpleNamespace
+    pool = NumpyHostPool("page_first")
+    b = backend(storage_config(sock), pool)
+    keys = hashes(4, "chain")
+    sent = []
+    real = b._store.put_pages
+
+    def spy(*args, **kw):
+        sent.append(kw.get("parent_key"))
+        return real(*args, **kw)
+
+    b._store.put_pages = spy
+    assert b.batch_set_v1(keys[:2], host_indices(pool, [0, 1])) == [True, True]
+    info = SimpleNamespace(prefix_keys=keys[:2], extra_info=None)
+    assert b.batch_set_v1(keys[2:], host_indices(pool, [2, 3]), info) == [True, True]
+    assert b.batch_set_v1(keys[2:], host_indices(pool, [2, 3]),
+                          SimpleNamespace(prefix_keys=keys[2:3], extra_info=None)) == [True] * 2
+    assert sent[0] is None
+    assert sent[1] == b._keys.key(keys[1]) and sent[1] != keys[1]
+    assert sent[2] is None
+    assert b.batch_exists(keys) == 4
