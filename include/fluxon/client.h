@@ -124,6 +124,10 @@ class KvClient {
   // Owner counters plus this client's own (active plans and handles).
   absl::StatusOr<std::map<std::string, int64_t>> Stats();
 
+  // Deletes the owner's committed values whose key starts with `prefix` (non-empty): routes
+  // first, then slots. Values being read or written stay; {deleted, skipped_in_use}.
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> DeletePrefix(const std::string& prefix);
+
   class Impl;
 
  private:

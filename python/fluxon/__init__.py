@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 from . import _native
 from .errors import (
@@ -304,6 +304,13 @@ class KvClient:
 
     def stats(self) -> dict:
         return dict(_call(self._c.stats))
+
+    def delete_prefix(self, prefix: str) -> Tuple[int, int]:
+        """Deletes the owner's committed values whose key starts with `prefix` (non-empty);
+        values being read or written stay. Returns (deleted, skipped_in_use)."""
+        if not isinstance(prefix, str) or not prefix:
+            raise InvalidArgumentError("prefix must be a non-empty str")
+        return tuple(_call(self._c.delete_prefix, prefix))
 
 
 def plan_value_ptrs(plan_ptr: int) -> list:

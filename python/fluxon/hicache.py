@@ -230,6 +230,18 @@ class PageStore:
             self._client = None
             self._pending = []
 
+    def delete_prefix(self, prefix: str) -> Tuple[int, int]:
+        """Deletes the stored pages under `prefix`: (deleted, kept because in use); (0, 0) on
+        owner trouble."""
+        c = self._get_client()
+        if c is None:
+            return 0, 0
+        try:
+            return c.delete_prefix(prefix)
+        except FluxonError as e:
+            self._failed(c, "delete_prefix", e)
+            return 0, 0
+
     # -- data path --------------------------------------------------------------------------
 
     def exists_prefix(self, keys: Sequence[str]) -> int:
@@ -683,9 +695,15 @@ class FluxonHiCacheBackend:
     # -- management -------------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Fluxon's client API has no delete: stored pages stay until the owner evicts them."""
-        logger.warning("fluxon: clear() is not supported (no delete in the owner API); "
-                       "pages are evicted by the owner under memory pressure")
+        """Deletes every page stored under this backend's namespace (all layouts and ranks).
+
+        Pages a reader holds at that moment stay (they are counted in the log line); pages
+        written afterwards are stored as usual."""
+        if self._store is None:
+            return
+        deleted, in_use = self._store.delete_prefix(f"{self._namespace}:")
+        logger.info("fluxon: clear(): deleted %d pages under namespace %r (%d in use, kept)",
+                    deleted, self._namespace, in_use)
 
     def get_stats(self):
         """Pages and GB/s per prefetch/backup call since the last call (StorageMetrics fields)."""

@@ -209,6 +209,15 @@ class PyClient {
     return Unwrap(std::move(s));
   }
 
+  std::pair<uint64_t, uint64_t> delete_prefix(const std::string& prefix) {
+    absl::StatusOr<std::pair<uint64_t, uint64_t>> s;
+    {
+      py::gil_scoped_release nogil;
+      s = client_->DeletePrefix(prefix);
+    }
+    return Unwrap(std::move(s));
+  }
+
  private:
   std::unique_ptr<KvClient> client_;
 };
@@ -288,7 +297,8 @@ PYBIND11_MODULE(_native, m) {
       .def("get_transfer", &PyClient::get_transfer)
       .def("cancel_get_transfer", &PyClient::cancel_get_transfer)
       .def("release_views", &PyClient::release_views)
-      .def("stats", &PyClient::stats);
+      .def("stats", &PyClient::stats)
+      .def("delete_prefix", &PyClient::delete_prefix);
   m.def("copy_plan", &CopyPlan, py::arg("plan_ptr"), py::arg("host_ptr"), py::arg("value_len"),
         py::arg("to_values"), py::arg("threads") = 4);
   m.def("copy_segments", &CopySegments, py::arg("plan_ptr"), py::arg("value_count"),

@@ -470,6 +470,17 @@ absl::Status KvClient::ReleaseViews(uint64_t plan_ptr) {
   return impl_->CallForStatus(req);
 }
 
+absl::StatusOr<std::pair<uint64_t, uint64_t>> KvClient::DeletePrefix(const std::string& prefix) {
+  if (prefix.empty()) {
+    return absl::InvalidArgumentError("delete prefix must not be empty (name a namespace)");
+  }
+  v1::ClientRequest req;
+  req.mutable_delete_prefix()->set_prefix(prefix);
+  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
+  FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+  return std::make_pair(resp.delete_prefix().deleted(), resp.delete_prefix().skipped_in_use());
+}
+
 absl::StatusOr<std::map<std::string, int64_t>> KvClient::Stats() {
   v1::ClientRequest req;
   req.mutable_stats();

@@ -78,6 +78,8 @@ void RenderOwner(OwnerCore& owner, const FluxonNode& node, PrometheusText& out) 
               Get(s, "evicted_cohorts"));
   out.Counter("fluxon_evicted_pages_total", "Values evicted for capacity.",
               Get(s, "evicted_pages"));
+  out.Counter("fluxon_deleted_pages_total", "Values deleted on request (delete by prefix).",
+              Get(s, "deleted_pages"));
   out.Counter("fluxon_evicted_bytes_total", "Slot bytes freed by capacity eviction.",
               Get(s, "evicted_bytes"));
   out.Counter("fluxon_eviction_rounds_total", "Capacity eviction rounds run.",

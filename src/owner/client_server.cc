@@ -418,6 +418,15 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
     case v1::ClientRequest::kReleaseViews:
       st = core_->ReleaseViews(*client_id, req.release_views().handle_id());
       break;
+    case v1::ClientRequest::kDeletePrefix: {
+      absl::StatusOr<DeleteOutcome> r = core_->DeletePrefix(req.delete_prefix().prefix());
+      if (r.ok()) {
+        resp.mutable_delete_prefix()->set_deleted(r->deleted);
+        resp.mutable_delete_prefix()->set_skipped_in_use(r->skipped_in_use);
+      }
+      st = r.status();
+      break;
+    }
     case v1::ClientRequest::kStats: {
       auto* counters = resp.mutable_stats()->mutable_counters();
       for (const auto& [k, v] : core_->Stats()) (*counters)[k] = v;

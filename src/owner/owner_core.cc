@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include <map>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "fluxon/status.h"
 #include "fluxon/units.h"
@@ -74,7 +77,8 @@ struct OwnerCore::Counters {
       leader_started{0}, hits{0}, misses{0}, suffix_released{0}, handles_expired{0},
       evicted_cohorts{0}, evicted_pages{0}, evicted_bytes{0}, eviction_rounds{0},
       eviction_skipped_pinned{0}, route_remove_retries{0}, local_visible_entries{0},
-      committed_entries{0}, reserved_entries{0}, live_handles{0}, live_views{0}, disconnects{0};
+      committed_entries{0}, reserved_entries{0}, live_handles{0}, live_views{0}, disconnects{0},
+      deleted_pages{0};
 };
 
 absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& config,
@@ -762,83 +766,131 @@ uint64_t OwnerCore::EvictSome(uint64_t bytes) {
   counters_->eviction_rounds.fetch_add(1, std::memory_order_relaxed);
   std::vector<Cohort> victims = hot_.TakeVictims(bytes);
   uint64_t evicted = 0;
-  SlotPool& pool = memory_->pool();
   for (Cohort& cohort : victims) {
-    // Mark every member Evicting, only if nothing pins it (the entry holds the only reference).
-    std::vector<std::string> marked;
-    bool pinned = false;
-    for (const std::string& key : cohort.keys) {
-      const int r = keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool*) {
-        if (e == nullptr || (*e)->put_id != cohort.put_id) return 0;  // gone already
-        KeyEntry& k = **e;
-        if (k.state != KeyEntry::State::kCommitted || k.resident.use_count() != 1) return 2;
-        k.state = KeyEntry::State::kEvicting;
-        return 1;
-      });
-      if (r == 2) {
-        pinned = true;
+    uint64_t pages = 0;
+    switch (RemoveCohort(cohort, &pages)) {
+      case RemoveResult::kInUse:
+        counters_->eviction_skipped_pinned.fetch_add(1, std::memory_order_relaxed);
+        hot_.Readmit(std::move(cohort));  // S4: back to the tier, not dropped
+        continue;
+      case RemoveResult::kGone:
+        continue;
+      case RemoveResult::kStopping:
+        return evicted;
+      case RemoveResult::kRemoved:
         break;
-      }
-      if (r == 1) marked.push_back(key);
-    }
-    if (pinned) {
-      for (const std::string& key : marked) {
-        keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool*) {
-          if (e != nullptr && (*e)->put_id == cohort.put_id)
-            (*e)->state = KeyEntry::State::kCommitted;
-          return 0;
-        });
-      }
-      counters_->eviction_skipped_pinned.fetch_add(1, std::memory_order_relaxed);
-      hot_.Readmit(std::move(cohort));
-      continue;
-    }
-    if (marked.empty()) continue;
-    // S2: the routes go first; the slots are released only after the master removed them.
-    v1::RemoveRoutesRequest req;
-    req.set_node_id(options_.node_id);
-    req.set_generation(generation());
-    for (const std::string& key : marked) {
-      v1::RouteItem* item = req.add_items();
-      item->set_key(key);
-      item->set_put_id(cohort.put_id);
-    }
-    auto backoff = std::chrono::milliseconds(25);
-    for (;;) {
-      absl::StatusOr<v1::RemoveRoutesReply> r = master_->RemoveRoutes(req);
-      if (r.ok() || !IsUncertain(r.status())) {
-        if (!r.ok()) {
-          spdlog::warn(
-              "removing routes of cohort {}: {} (routes are gone with the old master state)",
-              cohort.id, r.status().ToString());
-        }
-        break;
-      }
-      counters_->route_remove_retries.fetch_add(1, std::memory_order_relaxed);
-      if (!SleepUnlessStopping(backoff)) return evicted;
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-    }
-    for (const std::string& key : marked) {
-      std::shared_ptr<KeyEntry> entry;
-      keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool* erase) {
-        if (e != nullptr && (*e)->put_id == cohort.put_id &&
-            (*e)->state == KeyEntry::State::kEvicting) {
-          entry = std::move(*e);
-          *erase = true;
-        }
-        return 0;
-      });
-      if (!entry) continue;
-      (void)pool.ReleaseRoute(entry->resident->slot);
-      entry->resident.reset();  // the last reference: the slot returns to Free
-      counters_->evicted_pages.fetch_add(1, std::memory_order_relaxed);
-      counters_->committed_entries.fetch_sub(1, std::memory_order_relaxed);
     }
     evicted += cohort.weight;
+    counters_->evicted_pages.fetch_add(pages, std::memory_order_relaxed);
     counters_->evicted_cohorts.fetch_add(1, std::memory_order_relaxed);
     counters_->evicted_bytes.fetch_add(cohort.weight, std::memory_order_relaxed);
   }
   return evicted;
+}
+
+absl::StatusOr<DeleteOutcome> OwnerCore::DeletePrefix(const std::string& prefix) {
+  if (prefix.empty()) {
+    return absl::InvalidArgumentError("delete prefix must not be empty (name a namespace)");
+  }
+  // Eviction cohorts (one atomic group each) go together, so a group is never split; keys not
+  // committed yet have no cohort and count as in use.
+  std::map<std::pair<uint64_t, uint64_t>, Cohort> by_cohort;
+  uint64_t uncommitted = 0;
+  keys_.ForEach([&](const std::string& key, const std::shared_ptr<KeyEntry>& e) {
+    if (!absl::StartsWith(key, prefix)) return;
+    if (e->cohort_id == 0) {
+      ++uncommitted;
+      return;
+    }
+    Cohort& c = by_cohort[{e->put_id, e->cohort_id}];
+    c.put_id = e->put_id;
+    c.keys.push_back(key);
+  });
+  DeleteOutcome out;
+  out.skipped_in_use = uncommitted;
+  for (auto& [id, cohort] : by_cohort) {
+    uint64_t pages = 0;
+    const RemoveResult r = RemoveCohort(cohort, &pages);
+    if (r == RemoveResult::kStopping) return absl::UnavailableError("owner is stopping");
+    if (r == RemoveResult::kInUse) out.skipped_in_use += cohort.keys.size();
+    out.deleted += pages;
+  }
+  counters_->deleted_pages.fetch_add(out.deleted, std::memory_order_relaxed);
+  spdlog::info("deleted {} values under prefix '{}' ({} in use, kept)", out.deleted, prefix,
+               out.skipped_in_use);
+  return out;
+}
+
+OwnerCore::RemoveResult OwnerCore::RemoveCohort(const Cohort& cohort, uint64_t* removed_pages) {
+  SlotPool& pool = memory_->pool();
+  // Mark every member Evicting, only if nothing pins it (the entry holds the only reference).
+  std::vector<std::string> marked;
+  bool in_use = false;
+  for (const std::string& key : cohort.keys) {
+    const int r = keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool*) {
+      if (e == nullptr || (*e)->put_id != cohort.put_id) return 0;  // gone already
+      KeyEntry& k = **e;
+      if (k.state != KeyEntry::State::kCommitted || k.resident.use_count() != 1) return 2;
+      k.state = KeyEntry::State::kEvicting;
+      return 1;
+    });
+    if (r == 2) {
+      in_use = true;
+      break;
+    }
+    if (r == 1) marked.push_back(key);
+  }
+  if (in_use) {
+    for (const std::string& key : marked) {
+      keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool*) {
+        if (e != nullptr && (*e)->put_id == cohort.put_id)
+          (*e)->state = KeyEntry::State::kCommitted;
+        return 0;
+      });
+    }
+    return RemoveResult::kInUse;
+  }
+  if (marked.empty()) return RemoveResult::kGone;
+  // S2: the routes go first; the slots are released only after the master removed them.
+  v1::RemoveRoutesRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_generation(generation());
+  for (const std::string& key : marked) {
+    v1::RouteItem* item = req.add_items();
+    item->set_key(key);
+    item->set_put_id(cohort.put_id);
+  }
+  auto backoff = std::chrono::milliseconds(25);
+  for (;;) {
+    absl::StatusOr<v1::RemoveRoutesReply> r = master_->RemoveRoutes(req);
+    if (r.ok() || !IsUncertain(r.status())) {
+      if (!r.ok()) {
+        spdlog::warn("removing routes of put {}: {} (routes are gone with the old master state)",
+                     cohort.put_id, r.status().ToString());
+      }
+      break;
+    }
+    counters_->route_remove_retries.fetch_add(1, std::memory_order_relaxed);
+    if (!SleepUnlessStopping(backoff)) return RemoveResult::kStopping;
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+  for (const std::string& key : marked) {
+    std::shared_ptr<KeyEntry> entry;
+    keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool* erase) {
+      if (e != nullptr && (*e)->put_id == cohort.put_id &&
+          (*e)->state == KeyEntry::State::kEvicting) {
+        entry = std::move(*e);
+        *erase = true;
+      }
+      return 0;
+    });
+    if (!entry) continue;
+    (void)pool.ReleaseRoute(entry->resident->slot);
+    entry->resident.reset();  // the last reference: the slot returns to Free
+    ++*removed_pages;
+    counters_->committed_entries.fetch_sub(1, std::memory_order_relaxed);
+  }
+  return RemoveResult::kRemoved;
 }
 
 void OwnerCore::MaintenanceLoop() {
@@ -902,6 +954,7 @@ std::map<std::string, int64_t> OwnerCore::Stats() const {
   FLUXON_STAT(evicted_cohorts);
   FLUXON_STAT(evicted_pages);
   FLUXON_STAT(evicted_bytes);
+  FLUXON_STAT(deleted_pages);
   FLUXON_STAT(eviction_rounds);
   FLUXON_STAT(eviction_skipped_pinned);
   FLUXON_STAT(route_remove_retries);

@@ -65,6 +65,11 @@ struct PutStartArgs {
   std::string parent_key;  // eviction-order hint; empty: unknown
 };
 
+struct DeleteOutcome {
+  uint64_t deleted = 0;         // values removed (route first, then slot)
+  uint64_t skipped_in_use = 0;  // values pinned by a reader or not committed yet
+};
+
 struct PutStartOutcome {
   uint64_t put_id = 0;
   std::vector<uint64_t> offsets;
@@ -128,6 +133,9 @@ class OwnerCore {
 
   // Evicts cold cohorts worth at least `bytes` (or all evictable ones); returns bytes evicted.
   uint64_t EvictSome(uint64_t bytes);
+  // Removes every committed, unpinned value whose key starts with `prefix` (non-empty), the same
+  // way eviction does (S2: routes removed at the master before slots are released).
+  absl::StatusOr<DeleteOutcome> DeletePrefix(const std::string& prefix);
 
   std::map<std::string, int64_t> Stats() const;
   // The owner's view of one key: "absent", "reserved", "local_visible", "committed", "evicting".
@@ -157,6 +165,10 @@ class OwnerCore {
   void DropHandle(std::shared_ptr<GetHandle> handle);
   // Sleeps up to `d`; returns false when the owner is stopping.
   bool SleepUnlessStopping(std::chrono::milliseconds d);
+  enum class RemoveResult { kRemoved, kInUse, kGone, kStopping };
+  // Removes the members of `cohort` that still carry its put_id, all or none: kInUse (nothing
+  // changed) if any member is pinned or not committed.
+  RemoveResult RemoveCohort(const Cohort& cohort, uint64_t* removed_pages);
 
   MasterApi* const master_;
   const OwnerOptions options_;

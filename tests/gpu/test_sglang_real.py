@@ -10,6 +10,7 @@ Runs where torch is importable (the GPU machine; `scripts/gpu-run.sh` step `sgla
   legacy byte methods (set / get / batch_set / batch_get / exists) with SGLang's own page tensors;
 * pages written under one layout miss under every other (same key strings, same namespace);
 * MLA: TP rank 0 writes, rank 1 writes nothing and reads rank 0's pages;
+* clear() deletes every page of the backend's namespace;
 * bad input is refused at registration with a clear error (page-size mismatch, no daemon).
 
 Usage: FLUXOND=path/to/fluxond python3 tests/gpu/test_sglang_real.py
@@ -236,6 +237,23 @@ def main():
                 StorageBackendFactory.create_backend("dynamic", cfg, pool).register_mem_pool_host(
                     pool)
 
+        def clear_empties_the_namespace():
+            with HostPool(False, "page_first") as pool:
+                backend = load(sock, pool, mla=False)
+                try:
+                    assert backend.batch_exists(keys) == PAGES  # the page_first case's pages
+                    backend.clear()
+                    assert backend.batch_exists(keys) == 0
+                finally:
+                    backend.close()
+            with HostPool(True, "page_first") as pool:  # every layout and rank of it
+                backend = load(sock, pool, mla=True)
+                try:
+                    assert backend.batch_exists(keys) == 0
+                finally:
+                    backend.close()
+
+        check("clear() empties the namespace", clear_empties_the_namespace)
         check("page-size mismatch refused", rejects(sock, mismatched_page_size))
         check("no daemon refused", rejects(sock, no_daemon))
     finally:

@@ -367,6 +367,52 @@ TEST(OwnerSemantics, ParentKeyContinuesAChainThatIsEvictedFromItsTail) {
   ExpectBaseline(*node, c.get());
 }
 
+TEST(OwnerSemantics, DeletePrefixRemovesRoutesThenSlotsAndKeepsWhatIsInUse) {
+  Config cfg = TestConfig();
+  auto node = StartNode(cfg);
+  auto c = Connect(cfg);
+  auto gone = Keys("ns1:a", 3);
+  auto held = Keys("ns1:b", 2);
+  auto other = Keys("ns2:a", 2);
+  PutValues(*c, gone);
+  PutOptions grouped;
+  grouped.atomic_group_lens = {2};
+  PutValues(*c, held, grouped);
+  PutValues(*c, other);
+  auto pin = c->GetStart({held[0]}, true, {});  // a reader holds one member of the group
+  ASSERT_TRUE(pin.ok());
+  ASSERT_EQ(pin->result.transferable_len, 1u);
+  const int64_t free_before = node->owner()->Stats()["slots_Free"];
+
+  EXPECT_EQ(c->DeletePrefix("").status().code(), absl::StatusCode::kInvalidArgument);
+  auto r = c->DeletePrefix("ns1:");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->first, 3u);   // deleted
+  EXPECT_EQ(r->second, 2u);  // the pinned group, kept whole
+  for (const auto& k : gone) {
+    EXPECT_EQ(node->owner()->KeyState(k), "absent") << k;
+    EXPECT_FALSE(RoutePublished(*node, k)) << k;  // S2: no route left to a freed slot
+  }
+  for (const auto& k : held) EXPECT_EQ(node->owner()->KeyState(k), "committed") << k;
+  for (const auto& k : other) EXPECT_TRUE(RoutePublished(*node, k)) << k;
+  EXPECT_EQ(node->owner()->Stats()["slots_Free"], free_before + 3);
+  EXPECT_EQ(node->owner()->Stats()["deleted_pages"], 3);
+  auto miss = c->GetStart(gone, true, {});
+  ASSERT_TRUE(miss.ok());
+  EXPECT_EQ(miss->result.raw_prefix_hit_len, 0u);
+  ASSERT_TRUE(c->CancelGetTransfer(*miss).ok());
+
+  // Released, the group goes on the next delete; the keys can be written again.
+  ASSERT_TRUE(c->CancelGetTransfer(*pin).ok());
+  r = c->DeletePrefix("ns1:");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->first, 2u);
+  EXPECT_EQ(r->second, 0u);
+  PutValues(*c, gone);
+  for (const auto& k : gone) EXPECT_EQ(node->owner()->KeyState(k), "committed");
+  ExpectBaseline(*node, c.get());
+}
+
 TEST(OwnerSemantics, ParentKeyInsideTheBatchIsRejectedWithNothingReserved) {
   Config cfg = TestConfig();
   auto node = StartNode(cfg);

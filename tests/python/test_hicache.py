@@ -339,3 +339,37 @@ def test_prefix_keys_become_the_owner_parent_hint(daemon, sock):
     assert sent[1] == b._keys.key(keys[1]) and sent[1] != keys[1]
     assert sent[2] is None
     assert b.batch_exists(keys) == 4
+
+
+def test_clear_deletes_this_namespace_only_and_keeps_pages_in_use(daemon, sock, client):
+    pool = NumpyHostPool("page_first")
+    a = backend(storage_config(sock, namespace="clear-a"), pool)
+    a_mla = backend(storage_config(sock, mla=True, namespace="clear-a"), NumpyHostPool("page_first", True))
+    b = backend(storage_config(sock, namespace="clear-b"), pool)
+    keys = hashes(3, "clr")
+    assert a.batch_set_v1(keys, host_indices(pool, [0, 1, 2])) == [True] * 3
+    assert a_mla.batch_set_v1(keys, host_indices(pool, [0, 1, 2])) == [True] * 3
+    assert b.batch_set_v1(keys, host_indices(pool, [0, 1, 2])) == [True] * 3
+    assert a.set("legacy-page", pool.get_dummy_flat_data_page())
+    # A reader holds a's first page while clear() runs: it stays, the rest go.
+    held = client.get_start([a._keys.key(keys[0])])
+    assert held.result.transferable_len == 1
+    a.clear()
+    assert a.batch_exists(keys) == 1 and a.batch_exists(keys[1:]) == 0
+    assert a_mla.batch_exists(keys) == 0  # the whole namespace, every layout and rank
+    assert not a.exists("legacy-page")
+    assert b.batch_exists(keys) == 3  # another namespace is untouched
+    client.cancel_get_transfer(held)
+    a.clear()
+    assert a.batch_exists(keys) == 0
+    # Cleared keys can be written again.
+    assert a.batch_set_v1(keys, host_indices(pool, [0, 1, 2])) == [True] * 3
+    assert a.batch_exists(keys) == 3
+
+
+def test_delete_prefix_validates(client):
+    with pytest.raises(fluxon.InvalidArgumentError):
+        client.delete_prefix("")
+    with pytest.raises(fluxon.InvalidArgumentError):
+        client.delete_prefix(None)
+    assert client.delete_prefix("no-such-prefix:") == (0, 0)
