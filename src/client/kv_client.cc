@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/mutex.h"
+#include "common/streaming_copy.h"
 #include "fluxon/client.h"
 #include "fluxon/plan_blob.h"
 #include "fluxon/status.h"
@@ -534,9 +535,9 @@ absl::Status CopyPlanValues(uint64_t plan_ptr, uint8_t* host, uint64_t value_len
       auto* value = reinterpret_cast<uint8_t*>(ptrs[i]);
       uint8_t* h = host + i * value_len;
       if (direction == CopyDirection::kToValues) {
-        std::memcpy(value, h, value_len);
+        StreamingCopy(value, h, value_len);
       } else {
-        std::memcpy(h, value, value_len);
+        StreamingCopy(h, value, value_len);
       }
     }
   };
@@ -585,9 +586,9 @@ absl::Status CopyPlanSegments(uint64_t plan_ptr, uint64_t value_count, uint64_t 
         const uint64_t k = i * segs_per_value + j;
         auto* seg = reinterpret_cast<uint8_t*>(seg_ptrs[k]);
         if (direction == CopyDirection::kToValues) {
-          std::memcpy(value, seg, seg_sizes[k]);
+          StreamingCopy(value, seg, seg_sizes[k]);
         } else {
-          std::memcpy(seg, value, seg_sizes[k]);
+          StreamingCopy(seg, value, seg_sizes[k]);
         }
         value += seg_sizes[k];
       }
