@@ -737,15 +737,15 @@ void OwnerCore::SignalPressure() {
   actor_cv_.SignalAll();
 }
 
-uint64_t OwnerCore::EvictionNeedBytes() const {
+OwnerCore::EvictionNeed OwnerCore::EvictionNeedBytes() const {
   const SlotPoolStats s = memory_->pool().Stats();
   // Waiting claims ask for eviction only when the pool cannot grow: growth comes first.
   const bool can_grow = memory_->pool().CanGrow();
-  uint64_t need = 0;
+  EvictionNeed need;
   uint64_t used = 0;
   for (const SizeClassStats& c : s.classes) {
     if (!can_grow && c.pending_demand_slots > c.free_slots) {
-      need += (c.pending_demand_slots - c.free_slots) * c.slot_size;
+      need.deficit += (c.pending_demand_slots - c.free_slots) * c.slot_size;
     }
     used += (c.grants * c.slots_per_grant - c.free_slots) * c.slot_size;
   }
@@ -758,7 +758,7 @@ uint64_t OwnerCore::EvictionNeedBytes() const {
     capacity = s.grant_capacity * kGrantBytes;
   }
   const uint64_t high = static_cast<uint64_t>(options_.hot_capacity_ratio * capacity);
-  if (used > high) need = std::max(need, used - high);
+  if (used > high) need.over_watermark = used - high;
   return need;
 }
 
@@ -896,6 +896,8 @@ OwnerCore::RemoveResult OwnerCore::RemoveCohort(const Cohort& cohort, uint64_t* 
 void OwnerCore::MaintenanceLoop() {
   auto next_eviction = Clock::now();
   auto backoff = options_.evict_min_interval;
+  auto next_watermark_eviction = Clock::now();
+  auto watermark_backoff = options_.evict_min_interval;
   for (;;) {
     {
       MutexLock lock(&actor_mu_);
@@ -909,12 +911,27 @@ void OwnerCore::MaintenanceLoop() {
     memory_->pool().ShrinkIdleGrants();
     memory_->pool().RefillLowClasses(0.25);
     if (candidates_changed_.exchange(false, std::memory_order_relaxed)) {
-      backoff = options_.evict_min_interval;
+      backoff = watermark_backoff = options_.evict_min_interval;
       next_eviction = std::min(next_eviction, Clock::now());
+      next_watermark_eviction = Clock::now();
     }
-    const uint64_t need = EvictionNeedBytes();
-    if (need == 0 || Clock::now() < next_eviction) continue;
-    const uint64_t evicted = EvictSome(std::min(need, options_.evict_max_bytes_per_round));
+    // Two paths (design §7): the hot tier over its capacity window evicts the overage at once
+    // (regular capacity eviction, as a size-bounded cache does on insert); claims still short of
+    // slots after that get the rate-limited pressure fallback (<= evict_max_bytes_per_round per
+    // round, rounds >= evict_min_interval apart). Either backs off when nothing was evictable.
+    EvictionNeed need = EvictionNeedBytes();
+    const auto now = Clock::now();
+    if (need.over_watermark > 0 && now >= next_watermark_eviction) {
+      if (EvictSome(need.over_watermark) > 0) {
+        watermark_backoff = options_.evict_min_interval;
+        need = EvictionNeedBytes();  // the deficit may be covered now
+      } else {
+        watermark_backoff = std::min(watermark_backoff * 2, std::chrono::milliseconds(2000));
+        next_watermark_eviction = now + watermark_backoff;
+      }
+    }
+    if (need.deficit == 0 || now < next_eviction) continue;
+    const uint64_t evicted = EvictSome(std::min(need.deficit, options_.evict_max_bytes_per_round));
     if (evicted == 0) {
       // Nothing evictable (all pinned or in flight): back off instead of spinning.
       backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));

@@ -160,7 +160,11 @@ class OwnerCore {
   absl::Status PublishOne(PublishJob& job);  // the batch's outcome for its PutDone
   void MaintenanceLoop();
   void SignalPressure();
-  uint64_t EvictionNeedBytes() const;
+  struct EvictionNeed {
+    uint64_t over_watermark = 0;  // used bytes above hot_capacity_ratio of the capacity
+    uint64_t deficit = 0;         // bytes waiting claims lack when the pool cannot grow
+  };
+  EvictionNeed EvictionNeedBytes() const;
   void ExpireHandles();
   void DropHandle(std::shared_ptr<GetHandle> handle);
   // Sleeps up to `d`; returns false when the owner is stopping.

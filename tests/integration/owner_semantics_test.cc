@@ -431,6 +431,31 @@ TEST(OwnerSemantics, ParentKeyInsideTheBatchIsRejectedWithNothingReserved) {
   ExpectBaseline(*node, c.get());
 }
 
+// Design §7: the hot tier over its capacity window evicts the overage at once, like a
+// size-bounded cache on insert; only the NoSpace fallback for waiting claims is rate-limited
+// (<= eviction_max_bytes_per_round per round, rounds >= eviction_interval apart).
+TEST(OwnerSemantics, WatermarkOverageIsEvictedAtOnceNotInRateLimitedRounds) {
+  Config cfg = TestConfig(2 * kGrantBytes);  // 256 slots of 4 MiB
+  cfg.owner->hot_capacity_ratio = 0.5;       // window: 128 slots
+  cfg.owner->eviction_interval = milliseconds(30'000);
+  cfg.owner->eviction_max_bytes_per_round = 64ull << 20;  // 16 slots per fallback round
+  auto node = StartNode(cfg);
+  auto c = Connect(cfg);
+  const int64_t vlen = 4 << 20;
+  for (int b = 0; b < 12; ++b) PutValues(*c, Keys("w" + std::to_string(b) + "-", 16), {}, vlen);
+  // 192 committed against a window of 128: 64 over, four fallback rounds' worth (two minutes at
+  // the fallback's pace); the watermark path takes them in one go.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (node->owner()->Stats()["slots_Committed"] > 128 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  auto s = node->owner()->Stats();
+  EXPECT_LE(s["slots_Committed"], 128);
+  EXPECT_GE(s["evicted_pages"], 64);
+  ExpectBaseline(*node, c.get());
+}
+
 TEST(OwnerSemantics, CapacityEvictionKeepsPinnedValuesAndRemovesRoutesFirst) {
   Config cfg = TestConfig(kGrantBytes);  // one grant: 128 slots of 4 MiB
   cfg.owner->local_reserve.claim_soft_timeout = milliseconds(5);
