@@ -442,7 +442,7 @@ TEST(OwnerSemantics, WatermarkOverageIsEvictedAtOnceNotInRateLimitedRounds) {
   auto node = StartNode(cfg);
   auto c = Connect(cfg);
   const int64_t vlen = 4 << 20;
-  for (int b = 0; b < 12; ++b) PutValues(*c, Keys("w" + std::to_string(b) + "-", 16), {}, vlen);
+  PutValues(*c, Keys("w", 192), {}, vlen);  // one batch, one admission
   // 192 committed against a window of 128: 64 over, four fallback rounds' worth (two minutes at
   // the fallback's pace); the watermark path takes them in one go.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
