@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -277,6 +278,20 @@ class HotTier {
     weight_ += cohort.weight;
     policy_.Insert(cohort.id, cohort.after, clock_, /*refresh=*/false);
     cohorts_.emplace(cohort.id, std::move(cohort));
+  }
+  // Drops a cohort whose every key starts with `prefix` (its values were deleted on request);
+  // a cohort with a key outside the prefix stays, since its other values are still live.
+  bool ForgetIfAllUnder(uint64_t id, std::string_view prefix) {
+    MutexLock lock(&mu_);
+    auto it = cohorts_.find(id);
+    if (it == cohorts_.end()) return false;
+    for (const std::string& k : it->second.keys) {
+      if (k.compare(0, prefix.size(), prefix) != 0) return false;
+    }
+    policy_.Erase(id);
+    weight_ -= it->second.weight;
+    cohorts_.erase(it);
+    return true;
   }
   uint64_t weight() const {
     MutexLock lock(&mu_);

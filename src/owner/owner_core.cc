@@ -813,6 +813,7 @@ absl::StatusOr<DeleteOutcome> OwnerCore::DeletePrefix(const std::string& prefix)
     const RemoveResult r = RemoveCohort(cohort, &pages);
     if (r == RemoveResult::kStopping) return absl::UnavailableError("owner is stopping");
     if (r == RemoveResult::kInUse) out.skipped_in_use += cohort.keys.size();
+    if (r == RemoveResult::kRemoved) hot_.ForgetIfAllUnder(id.second, prefix);
     out.deleted += pages;
   }
   counters_->deleted_pages.fetch_add(out.deleted, std::memory_order_relaxed);

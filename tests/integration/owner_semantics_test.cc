@@ -383,6 +383,7 @@ TEST(OwnerSemantics, DeletePrefixRemovesRoutesThenSlotsAndKeepsWhatIsInUse) {
   ASSERT_TRUE(pin.ok());
   ASSERT_EQ(pin->result.transferable_len, 1u);
   const int64_t free_before = node->owner()->Stats()["slots_Free"];
+  const int64_t cohorts_before = node->owner()->Stats()["hot_cohorts"];  // 3 + 1 + 2
 
   EXPECT_EQ(c->DeletePrefix("").status().code(), absl::StatusCode::kInvalidArgument);
   auto r = c->DeletePrefix("ns1:");
@@ -397,6 +398,7 @@ TEST(OwnerSemantics, DeletePrefixRemovesRoutesThenSlotsAndKeepsWhatIsInUse) {
   for (const auto& k : other) EXPECT_TRUE(RoutePublished(*node, k)) << k;
   EXPECT_EQ(node->owner()->Stats()["slots_Free"], free_before + 3);
   EXPECT_EQ(node->owner()->Stats()["deleted_pages"], 3);
+  EXPECT_EQ(node->owner()->Stats()["hot_cohorts"], cohorts_before - 3);  // no stale bookkeeping
   auto miss = c->GetStart(gone, true, {});
   ASSERT_TRUE(miss.ok());
   EXPECT_EQ(miss->result.raw_prefix_hit_len, 0u);

@@ -65,8 +65,8 @@ TEST(HotTierTest, AProbeThenAReadIsOneAccess) {
   // ticks and A was last seen later, so A is predicted back last and goes first. Counting A's
   // probe as an access of its own would shrink A's period to about half and take B instead.
   HotTier<> tier;
-  tier.AdmitChain(Chain(1, 1));   // A
-  tier.AdmitChain(Chain(10, 1));  // B
+  tier.AdmitChain(Chain(1, 1));            // A
+  tier.AdmitChain(Chain(10, 1));           // B
   auto tick = [&] { tier.Touch({999}); };  // another request: the clock advances
   for (int round = 0; round < 4; ++round) {
     tier.Touch({10});  // B
@@ -103,6 +103,19 @@ TEST(HotTierTest, OverdueChainGoesBeforeLiveOnes) {
   }
   // A's last access is 10 ticks old with a period of 3: overdue, whereas B and C are due soon.
   EXPECT_EQ(Ids(tier.TakeVictims(1)), (std::vector<uint64_t>{1}));
+}
+
+TEST(HotTierTest, ForgetDropsOnlyCohortsWhollyUnderThePrefix) {
+  HotTier<> tier;
+  Cohort a = Make(1, 10), mixed = Make(2, 20);
+  a.keys = {"ns:a", "ns:b"};
+  mixed.keys = {"ns:c", "other:d"};
+  tier.AdmitChain({a, mixed});
+  EXPECT_FALSE(tier.ForgetIfAllUnder(2, "ns:"));
+  EXPECT_TRUE(tier.ForgetIfAllUnder(1, "ns:"));
+  EXPECT_FALSE(tier.ForgetIfAllUnder(1, "ns:"));  // gone already
+  EXPECT_EQ(tier.weight(), 20u);
+  EXPECT_EQ(Ids(tier.TakeVictims(100)), (std::vector<uint64_t>{2}));
 }
 
 TEST(HotTierTest, LruPolicyEvictsLeastRecentlyUsed) {
