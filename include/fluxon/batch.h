@@ -21,6 +21,8 @@
 namespace fluxon {
 
 absl::Status ValidateKeys(std::span<const std::string> keys);
+// A delete-by-prefix names a namespace: an empty prefix (everything) is refused.
+absl::Status ValidateDeletePrefix(const std::string& prefix);
 // A put's parent-key hint names the page before the batch: it must not be one of its keys.
 absl::Status ValidateParentKey(const std::string& parent_key, std::span<const std::string> keys);
 absl::Status ValidateValueLen(int64_t value_len);

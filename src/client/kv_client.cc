@@ -472,9 +472,7 @@ absl::Status KvClient::ReleaseViews(uint64_t plan_ptr) {
 }
 
 absl::StatusOr<std::pair<uint64_t, uint64_t>> KvClient::DeletePrefix(const std::string& prefix) {
-  if (prefix.empty()) {
-    return absl::InvalidArgumentError("delete prefix must not be empty (name a namespace)");
-  }
+  FLUXON_RETURN_IF_ERROR(ValidateDeletePrefix(prefix));
   v1::ClientRequest req;
   req.mutable_delete_prefix()->set_prefix(prefix);
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));

@@ -22,6 +22,13 @@ absl::Status ValidateKeys(std::span<const std::string> keys) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateDeletePrefix(const std::string& prefix) {
+  if (prefix.empty()) {
+    return absl::InvalidArgumentError("delete prefix must not be empty (name a namespace)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateParentKey(const std::string& parent_key, std::span<const std::string> keys) {
   if (parent_key.empty()) return absl::OkStatus();
   for (size_t i = 0; i < keys.size(); ++i) {

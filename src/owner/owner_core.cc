@@ -78,7 +78,7 @@ struct OwnerCore::Counters {
       evicted_cohorts{0}, evicted_pages{0}, evicted_bytes{0}, eviction_rounds{0},
       eviction_skipped_pinned{0}, route_remove_retries{0}, local_visible_entries{0},
       committed_entries{0}, reserved_entries{0}, live_handles{0}, live_views{0}, disconnects{0},
-      deleted_pages{0};
+      deleted_pages{0}, route_remove_calls{0};
 };
 
 absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& config,
@@ -737,7 +737,7 @@ void OwnerCore::SignalPressure() {
   actor_cv_.SignalAll();
 }
 
-OwnerCore::EvictionNeed OwnerCore::EvictionNeedBytes() const {
+OwnerCore::EvictionNeed OwnerCore::MeasureEvictionNeed() const {
   const SlotPoolStats s = memory_->pool().Stats();
   // Waiting claims ask for eviction only when the pool cannot grow: growth comes first.
   const bool can_grow = memory_->pool().CanGrow();
@@ -765,23 +765,19 @@ OwnerCore::EvictionNeed OwnerCore::EvictionNeedBytes() const {
 uint64_t OwnerCore::EvictSome(uint64_t bytes) {
   counters_->eviction_rounds.fetch_add(1, std::memory_order_relaxed);
   std::vector<Cohort> victims = hot_.TakeVictims(bytes);
+  const std::vector<Removal> removals = RemoveCohorts(victims);
+  if (removals.empty()) return 0;  // stopping
   uint64_t evicted = 0;
-  for (Cohort& cohort : victims) {
-    uint64_t pages = 0;
-    switch (RemoveCohort(cohort, &pages)) {
-      case RemoveResult::kInUse:
-        counters_->eviction_skipped_pinned.fetch_add(1, std::memory_order_relaxed);
-        hot_.Readmit(std::move(cohort));  // S4: back to the tier, not dropped
-        continue;
-      case RemoveResult::kGone:
-        continue;
-      case RemoveResult::kStopping:
-        return evicted;
-      case RemoveResult::kRemoved:
-        break;
+  for (size_t i = 0; i < victims.size(); ++i) {
+    Cohort& cohort = victims[i];
+    if (removals[i].result == RemoveResult::kInUse) {
+      counters_->eviction_skipped_pinned.fetch_add(1, std::memory_order_relaxed);
+      hot_.Readmit(std::move(cohort));  // S4: back to the tier, not dropped
+      continue;
     }
+    if (removals[i].result == RemoveResult::kGone) continue;
     evicted += cohort.weight;
-    counters_->evicted_pages.fetch_add(pages, std::memory_order_relaxed);
+    counters_->evicted_pages.fetch_add(removals[i].pages, std::memory_order_relaxed);
     counters_->evicted_cohorts.fetch_add(1, std::memory_order_relaxed);
     counters_->evicted_bytes.fetch_add(cohort.weight, std::memory_order_relaxed);
   }
@@ -789,12 +785,10 @@ uint64_t OwnerCore::EvictSome(uint64_t bytes) {
 }
 
 absl::StatusOr<DeleteOutcome> OwnerCore::DeletePrefix(const std::string& prefix) {
-  if (prefix.empty()) {
-    return absl::InvalidArgumentError("delete prefix must not be empty (name a namespace)");
-  }
+  FLUXON_RETURN_IF_ERROR(ValidateDeletePrefix(prefix));
   // Eviction cohorts (one atomic group each) go together, so a group is never split; keys not
   // committed yet have no cohort and count as in use.
-  std::map<std::pair<uint64_t, uint64_t>, Cohort> by_cohort;
+  std::map<std::pair<uint64_t, uint64_t>, Cohort> by_cohort;  // (put_id, cohort id)
   uint64_t uncommitted = 0;
   keys_.ForEach([&](const std::string& key, const std::shared_ptr<KeyEntry>& e) {
     if (!absl::StartsWith(key, prefix)) return;
@@ -803,18 +797,21 @@ absl::StatusOr<DeleteOutcome> OwnerCore::DeletePrefix(const std::string& prefix)
       return;
     }
     Cohort& c = by_cohort[{e->put_id, e->cohort_id}];
+    c.id = e->cohort_id;
     c.put_id = e->put_id;
     c.keys.push_back(key);
   });
+  std::vector<Cohort> cohorts;
+  cohorts.reserve(by_cohort.size());
+  for (auto& [id, cohort] : by_cohort) cohorts.push_back(std::move(cohort));
+  const std::vector<Removal> removals = RemoveCohorts(cohorts);
+  if (removals.empty() && !cohorts.empty()) return absl::UnavailableError("owner is stopping");
   DeleteOutcome out;
   out.skipped_in_use = uncommitted;
-  for (auto& [id, cohort] : by_cohort) {
-    uint64_t pages = 0;
-    const RemoveResult r = RemoveCohort(cohort, &pages);
-    if (r == RemoveResult::kStopping) return absl::UnavailableError("owner is stopping");
-    if (r == RemoveResult::kInUse) out.skipped_in_use += cohort.keys.size();
-    if (r == RemoveResult::kRemoved) hot_.ForgetIfAllUnder(id.second, prefix);
-    out.deleted += pages;
+  for (size_t i = 0; i < cohorts.size(); ++i) {
+    if (removals[i].result == RemoveResult::kInUse) out.skipped_in_use += cohorts[i].keys.size();
+    if (removals[i].result == RemoveResult::kRemoved) hot_.ForgetIfAllUnder(cohorts[i].id, prefix);
+    out.deleted += removals[i].pages;
   }
   counters_->deleted_pages.fetch_add(out.deleted, std::memory_order_relaxed);
   spdlog::info("deleted {} values under prefix '{}' ({} in use, kept)", out.deleted, prefix,
@@ -822,63 +819,60 @@ absl::StatusOr<DeleteOutcome> OwnerCore::DeletePrefix(const std::string& prefix)
   return out;
 }
 
-OwnerCore::RemoveResult OwnerCore::RemoveCohort(const Cohort& cohort, uint64_t* removed_pages) {
-  SlotPool& pool = memory_->pool();
-  // Mark every member Evicting, only if nothing pins it (the entry holds the only reference).
-  std::vector<std::string> marked;
-  bool in_use = false;
-  for (const std::string& key : cohort.keys) {
-    const int r = keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool*) {
-      if (e == nullptr || (*e)->put_id != cohort.put_id) return 0;  // gone already
-      KeyEntry& k = **e;
-      if (k.state != KeyEntry::State::kCommitted || k.resident.use_count() != 1) return 2;
-      k.state = KeyEntry::State::kEvicting;
-      return 1;
-    });
-    if (r == 2) {
-      in_use = true;
-      break;
-    }
-    if (r == 1) marked.push_back(key);
-  }
-  if (in_use) {
-    for (const std::string& key : marked) {
-      keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool*) {
-        if (e != nullptr && (*e)->put_id == cohort.put_id)
-          (*e)->state = KeyEntry::State::kCommitted;
-        return 0;
+std::vector<OwnerCore::Removal> OwnerCore::RemoveCohorts(const std::vector<Cohort>& cohorts) {
+  std::vector<Removal> out(cohorts.size());
+  // (cohort index, key) of every member marked Evicting.
+  std::vector<std::pair<size_t, std::string>> marked;
+  for (size_t i = 0; i < cohorts.size(); ++i) {
+    const Cohort& cohort = cohorts[i];
+    // Mark every member Evicting, only if nothing pins it (the entry holds the only reference).
+    const size_t first = marked.size();
+    bool in_use = false;
+    for (const std::string& key : cohort.keys) {
+      const int r = keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool*) {
+        if (e == nullptr || (*e)->put_id != cohort.put_id) return 0;  // gone already
+        KeyEntry& k = **e;
+        if (k.state != KeyEntry::State::kCommitted || k.resident.use_count() != 1) return 2;
+        k.state = KeyEntry::State::kEvicting;
+        return 1;
       });
-    }
-    return RemoveResult::kInUse;
-  }
-  if (marked.empty()) return RemoveResult::kGone;
-  // S2: the routes go first; the slots are released only after the master removed them.
-  v1::RemoveRoutesRequest req;
-  req.set_node_id(options_.node_id);
-  req.set_generation(generation());
-  for (const std::string& key : marked) {
-    v1::RouteItem* item = req.add_items();
-    item->set_key(key);
-    item->set_put_id(cohort.put_id);
-  }
-  auto backoff = std::chrono::milliseconds(25);
-  for (;;) {
-    absl::StatusOr<v1::RemoveRoutesReply> r = master_->RemoveRoutes(req);
-    if (r.ok() || !IsUncertain(r.status())) {
-      if (!r.ok()) {
-        spdlog::warn("removing routes of put {}: {} (routes are gone with the old master state)",
-                     cohort.put_id, r.status().ToString());
+      if (r == 2) {
+        in_use = true;
+        break;
       }
-      break;
+      if (r == 1) marked.emplace_back(i, key);
     }
-    counters_->route_remove_retries.fetch_add(1, std::memory_order_relaxed);
-    if (!SleepUnlessStopping(backoff)) return RemoveResult::kStopping;
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    if (in_use) {
+      for (size_t m = first; m < marked.size(); ++m) {
+        keys_.Update(marked[m].second, [&](std::shared_ptr<KeyEntry>* e, bool*) {
+          if (e != nullptr && (*e)->put_id == cohort.put_id)
+            (*e)->state = KeyEntry::State::kCommitted;
+          return 0;
+        });
+      }
+      marked.resize(first);
+      out[i].result = RemoveResult::kInUse;
+    } else if (marked.size() > first) {
+      out[i].result = RemoveResult::kRemoved;
+    }
   }
-  for (const std::string& key : marked) {
+  // S2: the routes go first; the slots are released only after the master removed them.
+  for (size_t begin = 0; begin < marked.size(); begin += kRouteRemoveBatch) {
+    v1::RemoveRoutesRequest req;
+    req.set_node_id(options_.node_id);
+    req.set_generation(generation());
+    for (size_t m = begin; m < std::min(marked.size(), begin + kRouteRemoveBatch); ++m) {
+      v1::RouteItem* item = req.add_items();
+      item->set_key(marked[m].second);
+      item->set_put_id(cohorts[marked[m].first].put_id);
+    }
+    if (!RemoveRoutesWithRetry(req)) return {};
+  }
+  SlotPool& pool = memory_->pool();
+  for (const auto& [i, key] : marked) {
     std::shared_ptr<KeyEntry> entry;
-    keys_.Update(key, [&](std::shared_ptr<KeyEntry>* e, bool* erase) {
-      if (e != nullptr && (*e)->put_id == cohort.put_id &&
+    keys_.Update(key, [&, i = i](std::shared_ptr<KeyEntry>* e, bool* erase) {
+      if (e != nullptr && (*e)->put_id == cohorts[i].put_id &&
           (*e)->state == KeyEntry::State::kEvicting) {
         entry = std::move(*e);
         *erase = true;
@@ -888,10 +882,28 @@ OwnerCore::RemoveResult OwnerCore::RemoveCohort(const Cohort& cohort, uint64_t* 
     if (!entry) continue;
     (void)pool.ReleaseRoute(entry->resident->slot);
     entry->resident.reset();  // the last reference: the slot returns to Free
-    ++*removed_pages;
+    ++out[i].pages;
     counters_->committed_entries.fetch_sub(1, std::memory_order_relaxed);
   }
-  return RemoveResult::kRemoved;
+  return out;
+}
+
+bool OwnerCore::RemoveRoutesWithRetry(const v1::RemoveRoutesRequest& req) {
+  auto backoff = std::chrono::milliseconds(25);
+  for (;;) {
+    counters_->route_remove_calls.fetch_add(1, std::memory_order_relaxed);
+    absl::StatusOr<v1::RemoveRoutesReply> r = master_->RemoveRoutes(req);
+    if (r.ok() || !IsUncertain(r.status())) {
+      if (!r.ok()) {
+        spdlog::warn("removing {} routes: {} (routes are gone with the old master state)",
+                     req.items_size(), r.status().ToString());
+      }
+      return true;
+    }
+    counters_->route_remove_retries.fetch_add(1, std::memory_order_relaxed);
+    if (!SleepUnlessStopping(backoff)) return false;
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
 }
 
 void OwnerCore::MaintenanceLoop() {
@@ -920,12 +932,12 @@ void OwnerCore::MaintenanceLoop() {
     // (regular capacity eviction, as a size-bounded cache does on insert); claims still short of
     // slots after that get the rate-limited pressure fallback (<= evict_max_bytes_per_round per
     // round, rounds >= evict_min_interval apart). Either backs off when nothing was evictable.
-    EvictionNeed need = EvictionNeedBytes();
+    EvictionNeed need = MeasureEvictionNeed();
     const auto now = Clock::now();
     if (need.over_watermark > 0 && now >= next_watermark_eviction) {
       if (EvictSome(need.over_watermark) > 0) {
         watermark_backoff = options_.evict_min_interval;
-        need = EvictionNeedBytes();  // the deficit may be covered now
+        need = MeasureEvictionNeed();  // the deficit may be covered now
       } else {
         watermark_backoff = std::min(watermark_backoff * 2, std::chrono::milliseconds(2000));
         next_watermark_eviction = now + watermark_backoff;
@@ -976,6 +988,7 @@ std::map<std::string, int64_t> OwnerCore::Stats() const {
   FLUXON_STAT(eviction_rounds);
   FLUXON_STAT(eviction_skipped_pinned);
   FLUXON_STAT(route_remove_retries);
+  FLUXON_STAT(route_remove_calls);
   FLUXON_STAT(local_visible_entries);
   FLUXON_STAT(committed_entries);
   FLUXON_STAT(reserved_entries);

@@ -164,15 +164,25 @@ class OwnerCore {
     uint64_t over_watermark = 0;  // used bytes above hot_capacity_ratio of the capacity
     uint64_t deficit = 0;         // bytes waiting claims lack when the pool cannot grow
   };
-  EvictionNeed EvictionNeedBytes() const;
+  EvictionNeed MeasureEvictionNeed() const;
   void ExpireHandles();
   void DropHandle(std::shared_ptr<GetHandle> handle);
   // Sleeps up to `d`; returns false when the owner is stopping.
   bool SleepUnlessStopping(std::chrono::milliseconds d);
-  enum class RemoveResult { kRemoved, kInUse, kGone, kStopping };
-  // Removes the members of `cohort` that still carry its put_id, all or none: kInUse (nothing
-  // changed) if any member is pinned or not committed.
-  RemoveResult RemoveCohort(const Cohort& cohort, uint64_t* removed_pages);
+  // Keys per RemoveRoutes call when eviction or a delete removes many (bounds one message).
+  static constexpr size_t kRouteRemoveBatch = 4096;
+  enum class RemoveResult { kRemoved, kInUse, kGone };
+  struct Removal {
+    RemoveResult result = RemoveResult::kGone;
+    uint64_t pages = 0;  // values freed
+  };
+  // Removes the members of each cohort that still carry its put_id, each cohort all or none
+  // (kInUse, nothing changed, if a member is pinned or not committed). The routes of all of
+  // them go to the master together, in RemoveRoutes calls of at most kRouteRemoveBatch keys,
+  // before any slot is released (S2). Empty when the owner stopped meanwhile.
+  std::vector<Removal> RemoveCohorts(const std::vector<Cohort>& cohorts);
+  // False when the owner stopped while retrying an uncertain outcome.
+  bool RemoveRoutesWithRetry(const v1::RemoveRoutesRequest& req);
 
   MasterApi* const master_;
   const OwnerOptions options_;

@@ -455,6 +455,8 @@ TEST(OwnerSemantics, WatermarkOverageIsEvictedAtOnceNotInRateLimitedRounds) {
   auto s = node->owner()->Stats();
   EXPECT_LE(s["slots_Committed"], 128);
   EXPECT_GE(s["evicted_pages"], 64);
+  // One RemoveRoutes per eviction round, not one per evicted page (64 cohorts of one key here).
+  EXPECT_LE(s["route_remove_calls"], 4);
   ExpectBaseline(*node, c.get());
 }
 
