@@ -573,17 +573,18 @@ class FluxonHiCacheBackend:
         except InvalidArgumentError as e:
             logger.error("fluxon: batch_set_v1: %s", e)
             return [False] * len(keys)
-        return store.put_pages([self._keys.key(k) for k in keys], ptrs, sizes,
-                               self._geom.segs_per_page, self._geom.page_bytes,
-                               parent_key=self._parent_key(extra_info, keys))
+        stored = [self._keys.key(k) for k in keys]
+        return store.put_pages(stored, ptrs, sizes, self._geom.segs_per_page,
+                               self._geom.page_bytes,
+                               parent_key=self._parent_key(extra_info, stored))
 
-    def _parent_key(self, extra_info, keys) -> Optional[str]:
-        """The stored key of the page before keys[0]: the last of SGLang's prefix_keys."""
+    def _parent_key(self, extra_info, stored_keys) -> Optional[str]:
+        """The stored key of the page before the batch: the last of SGLang's prefix_keys."""
         prefix = getattr(extra_info, "prefix_keys", None)
         if not prefix or not isinstance(prefix[-1], str) or not prefix[-1]:
             return None
         parent = self._keys.key(prefix[-1])
-        return None if parent in (self._keys.key(k) for k in keys) else parent
+        return None if parent in stored_keys else parent
 
     # -- legacy byte methods ----------------------------------------------------------------
 

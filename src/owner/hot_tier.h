@@ -181,7 +181,6 @@ class ReusePredictionPolicy {
     }
     return chains_.at(best ? best->second : *fallback).cohorts.back();
   }
-  size_t chains() const { return chains_.size(); }
 
  private:
   static constexpr uint64_t kRecentTicks = 4;
@@ -242,11 +241,6 @@ class HotTier {
       after = cohort.id;
       cohorts_.emplace(cohort.id, std::move(cohort));
     }
-  }
-  void Admit(Cohort cohort) {
-    std::vector<Cohort> one;
-    one.push_back(std::move(cohort));
-    AdmitChain(std::move(one));
   }
   // One access to these cohorts (a restored prefix, passed tail first).
   void Touch(const std::vector<uint64_t>& ids) {

@@ -120,9 +120,9 @@ TEST(HotTierTest, ForgetDropsOnlyCohortsWhollyUnderThePrefix) {
 
 TEST(HotTierTest, LruPolicyEvictsLeastRecentlyUsed) {
   HotTier<LruPolicy> tier;
-  tier.Admit(Make(1));
-  tier.Admit(Make(2));
-  tier.Admit(Make(3));
+  tier.AdmitChain({Make(1)});
+  tier.AdmitChain({Make(2)});
+  tier.AdmitChain({Make(3)});
   tier.Touch({1});
   EXPECT_EQ(Ids(tier.TakeVictims(2)), (std::vector<uint64_t>{2, 3}));
 }
