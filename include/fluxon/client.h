@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "fluxon/batch.h"
+#include "fluxon/plan_blob.h"
 
 namespace fluxon {
 
@@ -89,6 +90,10 @@ struct ClientOptions {
   size_t plan_arena_bytes = 16 << 20;
   // After sending a request, poll for the answer this long before sleeping (0: always sleep).
   int64_t busy_poll_us = 200;
+  // Every call waits at most this long for the owner's answer; then it fails with
+  // DeadlineExceeded and its connection is dropped (a late answer can never be mistaken for the
+  // next call's). A dead owner fails calls with Unavailable at once.
+  std::chrono::milliseconds call_timeout{60'000};
 };
 
 class KvClient {
@@ -106,6 +111,10 @@ class KvClient {
   absl::Status PrefaultSegment();
   // The plan-blob arena (register it with CUDA so kernels can read plans).
   std::pair<uint64_t, uint64_t> PlanArena() const;
+  // A live plan of this client (any kind when `expected` is unset): NotFound for an address it
+  // never issued (a forged integer is never dereferenced), FailedPrecondition once consumed.
+  absl::StatusOr<PlanView> PeekPlan(uint64_t plan_ptr,
+                                    std::optional<PlanKind> expected = std::nullopt) const;
 
   absl::StatusOr<uint64_t> LocalFastPutStart(const std::vector<std::string>& keys,
                                              int64_t value_len, const PutOptions& options,

@@ -59,6 +59,21 @@ struct OwnerConfig {
   std::chrono::milliseconds eviction_interval{200};
   std::chrono::milliseconds handle_ttl{30'000};  // unconsumed get_start handles expire
   int64_t busy_poll_us = 200;  // a client connection's thread polls this long before sleeping
+  // Leases: a prepared put not committed or aborted within put_lease is aborted; views (a get
+  // plan's pins) not released within view_lease are released, through the same paths as an
+  // explicit abort / release_views (counted as puts_expired / views_expired).
+  std::chrono::milliseconds put_lease{60'000};
+  std::chrono::milliseconds view_lease{300'000};
+  // A commit waits at most this long for room in the bounded publish queue (the master is slow
+  // or down); then the put is aborted and the commit fails with Unavailable.
+  std::chrono::milliseconds commit_wait_timeout{30'000};
+  // Client connections: at most max_connections open; a new connection must say Hello within
+  // hello_timeout; a frame must arrive whole within frame_timeout of its first byte.
+  int64_t max_connections = 1024;
+  std::chrono::milliseconds hello_timeout{10'000};
+  std::chrono::milliseconds frame_timeout{10'000};
+  // How often the owner tells the master it is alive (the master's owner_lease must be longer).
+  std::chrono::milliseconds heartbeat_interval{1'000};
 };
 
 struct FaultConfig {
@@ -72,16 +87,23 @@ struct MasterConfig {
   std::string listen_address = "127.0.0.1:50151";
   double replica_cache_capacity_ratio = 0.95;
   std::chrono::milliseconds inflight_ttl{60'000};
+  // An owner not heard from (registration, heartbeat, publish, route removal) for owner_lease is
+  // no longer live: only then may another process register its node_id.
+  std::chrono::milliseconds owner_lease{5'000};
 };
 
 struct ClientConfig {
   std::string socket_path = "/tmp/fluxon/owner.sock";
+  // Every client call waits at most this long for the owner's answer (then TimeoutError).
+  std::chrono::milliseconds call_timeout{60'000};
 };
 
 struct AdminConfig {
   std::string listen_address = "127.0.0.1:50152";
   int metrics_port = 9464;                    // 0 disables the metrics endpoint
   std::string metrics_address = "127.0.0.1";  // where /metrics binds (0.0.0.0: every interface)
+  // State-changing admin calls (fault injection set/clear) are refused unless this is true.
+  bool allow_mutations = false;
 };
 
 struct Config {

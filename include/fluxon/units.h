@@ -17,6 +17,16 @@ inline constexpr uint64_t kSlotAlignment = 4 * kKiB;
 inline constexpr uint64_t kMinSlotBytes = 4 * kKiB;
 inline constexpr uint64_t kMaxValueBytes = kGrantBytes;
 
+// Request limits, checked by the client before it sends anything and again by the owner before
+// anything is reserved. A key's bytes are stored several times over (key table, route table,
+// hot tier), so the limit bounds memory no counter sees. kMaxBatchKeys keeps a batch's plan blob
+// (16 + 8 * count bytes) well inside the plan arena and a request inside one frame.
+inline constexpr uint64_t kMaxKeyBytes = 4 * kKiB;
+inline constexpr uint64_t kMaxBatchKeys = 65'536;
+// The largest value any *_ms setting accepts (24 h): past it, deadline arithmetic on
+// steady_clock would overflow.
+inline constexpr int64_t kMaxSettingMs = 24ll * 3600 * 1000;
+
 constexpr uint64_t AlignUp(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }

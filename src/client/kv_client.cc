@@ -279,6 +279,11 @@ std::vector<SegmentMapping> KvClient::WaitLocalSegmentsReady() const {
   return {m};
 }
 
+absl::StatusOr<PlanView> KvClient::PeekPlan(uint64_t plan_ptr,
+                                            std::optional<PlanKind> expected) const {
+  return impl_->plans->Peek(plan_ptr, expected);
+}
+
 absl::Status KvClient::PrefaultSegment() { return impl_->segment->PopulateMapping(); }
 
 std::pair<uint64_t, uint64_t> KvClient::PlanArena() const {
