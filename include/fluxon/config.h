@@ -2,9 +2,24 @@
 //
 // Validation rules (each rejection names the offending key):
 // - sizes and timeouts must be positive; claim_hard_timeout_ms > claim_soft_timeout_ms;
+// - every *_ms setting (and a fault's delay_ms, which may be 0) is at most kMaxSettingMs
+//   (86400000 ms, 24 h): past it, deadline arithmetic on steady_clock overflows; an integer too
+//   large for int64 is reported against the same bound;
+// - owner.max_connections is an integer in [1, 65536]; owner.busy_poll_us is in [0, 100000];
+// - owner.heartbeat_interval_ms < master.owner_lease_ms for role=embedded (both in one file), or
+//   the master would expire its own owner between heartbeats;
 // - expected_capacity.value_len must be in (0, 512 MiB]; the grants it prewarms must fit in
 //   owner.segment.size;
+// - owner.segment.size is at least one 512 MiB grant and at most the machine's physical memory
+//   (MemTotal; MachineLimits injects it);
+// - owner.socket_path and client.socket_path are non-empty and shorter than 108 bytes
+//   (sizeof(sockaddr_un::sun_path), which includes the terminating NUL);
+// - master.listen_address, admin.listen_address and owner.master_address (when set) are
+//   host:port, host a hostname, an IPv4 address or a bracketed IPv6 address ([::1]:50151), port
+//   in [0, 65535]; port 0 (the kernel picks) only for listen addresses; admin.metrics_address is
+//   an IP address alone (IPv4 or unbracketed IPv6: the metrics server resolves no names);
 // - ratios must lie strictly inside (0, 1);
+// - a key may appear only once in any mapping (yaml-cpp would keep both and read the first);
 // - owner-only keys (the `owner` section, expected capacity) are rejected on master and client
 //   configs; unknown keys are rejected everywhere (a typo must not silently fall back to a
 //   default).
@@ -120,7 +135,16 @@ struct Config {
 // The documented built-in config `fluxond` runs with no arguments (also configs/single-node.yaml).
 Config DefaultEmbeddedConfig();
 
+// What the validator knows about the machine the config will run on. Tests inject these;
+// ParseConfig(text) and LoadConfigFile read them from this machine (ThisMachineLimits).
+struct MachineLimits {
+  uint64_t physical_memory_bytes = 0;  // 0: unknown; owner.segment.size is then not checked
+};
+// MemTotal from /proc/meminfo, else sysconf(_SC_PHYS_PAGES) * page size, else 0.
+MachineLimits ThisMachineLimits();
+
 absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text);
+absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLimits& machine);
 absl::StatusOr<Config> LoadConfigFile(const std::string& path);
 // The resolved config (defaults filled in) as YAML that ParseConfig accepts.
 std::string DumpConfig(const Config& config);

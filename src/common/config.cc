@@ -1,16 +1,23 @@
 #include "fluxon/config.h"
 
+#include <arpa/inet.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 
@@ -73,6 +80,93 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
 
 namespace {
 
+// [+-]?[0-9]+ (surrounding blanks allowed): what SimpleAtoi would take if the value fit.
+bool IsDecimalInteger(absl::string_view s) {
+  s = absl::StripAsciiWhitespace(s);
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+  if (s.empty()) return false;
+  for (char ch : s) {
+    if (!absl::ascii_isdigit(ch)) return false;
+  }
+  return true;
+}
+
+bool IsIpv4(absl::string_view s) {
+  in_addr a;
+  return inet_pton(AF_INET, std::string(s).c_str(), &a) == 1;
+}
+
+// An IPv6 literal, optionally with a %scope suffix (fe80::1%eth0).
+bool IsIpv6(absl::string_view s) {
+  const size_t pct = s.find('%');
+  if (pct != absl::string_view::npos) {
+    if (pct + 1 == s.size()) return false;
+    s = s.substr(0, pct);
+  }
+  in6_addr a;
+  return inet_pton(AF_INET6, std::string(s).c_str(), &a) == 1;
+}
+
+// An RFC 1123 host name: dot-separated labels of 1..63 letters, digits and '-', neither first nor
+// last '-', 253 bytes at most. All-numeric labels are an IPv4 address or nothing.
+bool IsHostname(absl::string_view s) {
+  if (s.empty() || s.size() > 253) return false;
+  bool all_numeric = true;
+  for (absl::string_view label : absl::StrSplit(s, '.')) {
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
+      return false;
+    }
+    for (char ch : label) {
+      if (!absl::ascii_isalnum(ch) && ch != '-') return false;
+      if (!absl::ascii_isdigit(ch)) all_numeric = false;
+    }
+  }
+  return !all_numeric;
+}
+
+// Why `address` is not host:port (empty when it is). The host is a hostname, an IPv4 address or
+// a bracketed IPv6 address; the port a decimal in [0, 65535], 0 only when allow_port_zero.
+std::string HostPortProblem(absl::string_view address, bool allow_port_zero) {
+  absl::string_view host, port;
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close == absl::string_view::npos) return "'[' without a closing ']'";
+    host = address.substr(1, close - 1);
+    absl::string_view rest = address.substr(close + 1);
+    if (!absl::ConsumePrefix(&rest, ":")) return "no :port after the bracketed host";
+    port = rest;
+    if (!IsIpv6(host)) return absl::StrFormat("host '[%s]' is not an IPv6 address", host);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == absl::string_view::npos) return "no :port";
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.empty()) return "empty host";
+    if (absl::StrContains(host, ':')) {
+      return "an IPv6 host must be bracketed, e.g. [::1]:50151";
+    }
+    if (!IsIpv4(host) && !IsHostname(host)) {
+      return absl::StrFormat("host '%s' is not a hostname, IPv4 or bracketed IPv6 address", host);
+    }
+  }
+  bool digits = !port.empty();
+  for (char ch : port) digits = digits && absl::ascii_isdigit(ch);
+  if (!digits) return absl::StrFormat("port '%s' is not a number in [0, 65535]", port);
+  int p = 0;
+  if (port.size() > 5 || !absl::SimpleAtoi(port, &p) || p > 65535) {
+    return absl::StrFormat("port %s is not in [0, 65535]", port);
+  }
+  if (p == 0 && !allow_port_zero) {
+    return "port 0 is only for listen addresses (the kernel picks); name the peer's port";
+  }
+  return "";
+}
+
+// Human-readable size for messages: "4.0 GiB".
+std::string HumanGiB(uint64_t bytes) {
+  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / kGiB);
+}
+
 // Reads one mapping, remembering which keys were consumed so leftovers can be reported.
 class Section {
  public:
@@ -110,11 +204,33 @@ class Section {
     if (!n.IsScalar() || !absl::SimpleAtoi(n.Scalar(), out)) return Bad(k, "must be an integer");
     return absl::OkStatus();
   }
+  // A millisecond setting in (0, kMaxSettingMs].
   absl::Status PositiveMs(const std::string& k, std::chrono::milliseconds* out) {
+    return BoundedMs(k, 1, out);
+  }
+  // A millisecond setting in [min_ms, kMaxSettingMs] (min_ms is 0 or 1). The bound keeps every
+  // deadline (now() + setting, in any clock's ticks) far from overflow; a decimal integer too
+  // large for int64 is reported against the same bound rather than as "not an integer".
+  absl::Status BoundedMs(const std::string& k, int64_t min_ms, std::chrono::milliseconds* out) {
     if (!Has(k)) return absl::OkStatus();
+    const YAML::Node n = Get(k);
+    if (!n.IsScalar()) return Bad(k, "must be an integer");
+    const std::string& s = n.Scalar();
     int64_t v = 0;
-    FLUXON_RETURN_IF_ERROR(Int(k, &v));
-    if (v <= 0) return Bad(k, absl::StrFormat("must be > 0 ms, got %d", v));
+    if (!absl::SimpleAtoi(s, &v)) {
+      if (!IsDecimalInteger(s)) return Bad(k, "must be an integer");
+      v = absl::StartsWith(absl::StripAsciiWhitespace(s), "-")
+              ? std::numeric_limits<int64_t>::min()
+              : std::numeric_limits<int64_t>::max();
+    }
+    if (v < min_ms) {
+      return Bad(k, min_ms > 0 ? absl::StrFormat("must be > 0 ms, got %s", s)
+                               : absl::StrFormat("must be >= 0 ms, got %s", s));
+    }
+    if (v > kMaxSettingMs) {
+      return Bad(k, absl::StrFormat("must be at most %d ms (%d h), got %s", kMaxSettingMs,
+                                    kMaxSettingMs / 3'600'000, s));
+    }
     *out = std::chrono::milliseconds(v);
     return absl::OkStatus();
   }
@@ -137,6 +253,26 @@ class Section {
     if (!n.IsScalar() || !absl::SimpleAtod(n.Scalar(), &v)) return Bad(k, "must be a number");
     if (!(v > 0.0 && v < 1.0)) return Bad(k, absl::StrFormat("must lie in (0, 1), got %g", v));
     *out = v;
+    return absl::OkStatus();
+  }
+  // Rejects a host:port value (see HostPortProblem); an unset key keeps its default.
+  absl::Status CheckHostPort(const std::string& k, const std::string& value,
+                             bool allow_port_zero) const {
+    if (value.empty()) return Bad(k, "must not be empty (host:port)");
+    const std::string why = HostPortProblem(value, allow_port_zero);
+    if (why.empty()) return absl::OkStatus();
+    return Bad(k, absl::StrFormat("'%s' is not host:port (%s)", value, why));
+  }
+  // A Unix socket path must fit sockaddr_un::sun_path with its terminating NUL, or bind/connect
+  // fail at run time.
+  absl::Status CheckSocketPath(const std::string& k, const std::string& value) const {
+    if (value.empty()) return Bad(k, "must not be empty");
+    constexpr size_t kSunPath = sizeof(sockaddr_un{}.sun_path);
+    if (value.size() >= kSunPath) {
+      return Bad(k, absl::StrFormat("is %d bytes; a Unix socket path must be shorter than %d bytes "
+                                    "(sun_path, including the NUL)",
+                                    value.size(), kSunPath));
+    }
     return absl::OkStatus();
   }
   absl::StatusOr<Section> Child(const std::string& k) {
@@ -172,7 +308,36 @@ absl::StatusOr<Role> ParseRole(const std::string& s) {
       absl::StrFormat("role: '%s' is not one of embedded, master, owner, remote_cache, client", s));
 }
 
-absl::Status ParseOwner(Section& sec, OwnerConfig* o) {
+// Every map in the document has each key once, recursively (fault entries included). yaml-cpp
+// keeps both copies of a repeated key and node[k] reads only the first, so a later override
+// would be silently ignored.
+absl::Status CheckNoDuplicateKeys(const YAML::Node& node, const std::string& path) {
+  if (node.IsMap()) {
+    std::set<std::string> keys;
+    for (const auto& kv : node) {
+      if (!kv.first.IsScalar()) {
+        return absl::InvalidArgumentError(absl::StrFormat("config: a key under %s is not a string",
+                                                          path.empty() ? "the top level" : path));
+      }
+      const std::string& k = kv.first.Scalar();
+      const std::string full = path.empty() ? k : path + "." + k;
+      if (!keys.insert(k).second) {
+        return absl::InvalidArgumentError(absl::StrFormat("config: key %s appears twice", full));
+      }
+    }
+    for (const auto& kv : node) {
+      const std::string& k = kv.first.Scalar();
+      FLUXON_RETURN_IF_ERROR(CheckNoDuplicateKeys(kv.second, path.empty() ? k : path + "." + k));
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      FLUXON_RETURN_IF_ERROR(CheckNoDuplicateKeys(node[i], absl::StrFormat("%s[%d]", path, i)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseOwner(Section& sec, OwnerConfig* o, const MachineLimits& machine) {
   if (sec.Has("segment")) {
     FLUXON_ASSIGN_OR_RETURN(Section seg, sec.Child("segment"));
     FLUXON_RETURN_IF_ERROR(seg.PositiveBytes("size", &o->segment.size_bytes));
@@ -223,7 +388,22 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o) {
   if (o->busy_poll_us < 0 || o->busy_poll_us > 100'000) {
     return sec.Bad("busy_poll_us", "must be in [0, 100000]");
   }
-  if (o->socket_path.empty()) return sec.Bad("socket_path", "must not be empty");
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("put_lease_ms", &o->put_lease));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("view_lease_ms", &o->view_lease));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("commit_wait_timeout_ms", &o->commit_wait_timeout));
+  FLUXON_RETURN_IF_ERROR(sec.Int("max_connections", &o->max_connections));
+  if (o->max_connections < 1 || o->max_connections > 65'536) {
+    return sec.Bad("max_connections",
+                   absl::StrFormat("must be in [1, 65536], got %d", o->max_connections));
+  }
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("hello_timeout_ms", &o->hello_timeout));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("frame_timeout_ms", &o->frame_timeout));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("heartbeat_interval_ms", &o->heartbeat_interval));
+  FLUXON_RETURN_IF_ERROR(sec.CheckSocketPath("socket_path", o->socket_path));
+  if (!o->master_address.empty()) {
+    FLUXON_RETURN_IF_ERROR(
+        sec.CheckHostPort("master_address", o->master_address, /*allow_port_zero=*/false));
+  }
   FLUXON_RETURN_IF_ERROR(sec.Finish());
 
   if (o->local_reserve.expected_capacity) {
@@ -242,20 +422,60 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o) {
         absl::StrFormat("%s: %d bytes is smaller than one 512 MiB grant", sec.Key("segment.size"),
                         o->segment.size_bytes));
   }
+  // Host memory cannot back a segment larger than the machine: mapping or populating it fails at
+  // start, or the OOM killer takes the owner once it fills.
+  if (machine.physical_memory_bytes != 0 && o->segment.size_bytes > machine.physical_memory_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d bytes (%s) is larger than this machine's physical memory, %d bytes (%s)",
+        sec.Key("segment.size"), o->segment.size_bytes, HumanGiB(o->segment.size_bytes),
+        machine.physical_memory_bytes, HumanGiB(machine.physical_memory_bytes)));
+  }
   return absl::OkStatus();
 }
 
 absl::Status ParseMaster(Section& sec, MasterConfig* m) {
   FLUXON_RETURN_IF_ERROR(sec.Str("listen_address", &m->listen_address));
   FLUXON_RETURN_IF_ERROR(
+      sec.CheckHostPort("listen_address", m->listen_address, /*allow_port_zero=*/true));
+  FLUXON_RETURN_IF_ERROR(
       sec.Ratio("replica_cache_capacity_ratio", &m->replica_cache_capacity_ratio));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("inflight_ttl_ms", &m->inflight_ttl));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("owner_lease_ms", &m->owner_lease));
   return sec.Finish();
 }
 
 }  // namespace
 
+MachineLimits ThisMachineLimits() {
+  MachineLimits m;
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, "MemTotal:")) continue;
+    rest = absl::StripAsciiWhitespace(rest);
+    uint64_t kib = 0;
+    if (absl::ConsumeSuffix(&rest, "kB") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), &kib)) {
+      m.physical_memory_bytes = kib * kKiB;
+    }
+    break;
+  }
+  if (m.physical_memory_bytes == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page_size > 0) {
+      m.physical_memory_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+    }
+  }
+  return m;
+}
+
 absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
+  return ParseConfig(yaml_text, ThisMachineLimits());
+}
+
+absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLimits& machine) {
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml_text));
@@ -264,6 +484,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
   }
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) return absl::InvalidArgumentError("config must be a YAML mapping");
+  FLUXON_RETURN_IF_ERROR(CheckNoDuplicateKeys(root, ""));
   Section top(root, "");
   Config c;
   std::string role = "embedded";
@@ -289,7 +510,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
     c.owner = OwnerConfig{};
     if (top.Has("owner")) {
       FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("owner"));
-      FLUXON_RETURN_IF_ERROR(ParseOwner(sec, &*c.owner));
+      FLUXON_RETURN_IF_ERROR(ParseOwner(sec, &*c.owner, machine));
     }
     if ((c.role == Role::kOwner || c.role == Role::kRemoteCache) &&
         c.owner->master_address.empty()) {
@@ -310,6 +531,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
       FLUXON_RETURN_IF_ERROR(ParseMaster(sec, &*c.master));
     }
   }
+  // One process runs both: the master must not expire its own owner between two heartbeats.
+  if (c.role == Role::kEmbedded && c.owner->heartbeat_interval >= c.master->owner_lease) {
+    return top.Bad(
+        "owner.heartbeat_interval_ms",
+        absl::StrFormat("must be less than master.owner_lease_ms (%d ms), got %d ms",
+                        c.master->owner_lease.count(), c.owner->heartbeat_interval.count()));
+  }
   if (top.Has("client")) {
     if (c.role != Role::kClient) {
       return top.Bad("client", "client section is only allowed for role=client");
@@ -317,6 +545,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
     FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("client"));
     c.client = ClientConfig{};
     FLUXON_RETURN_IF_ERROR(sec.Str("socket_path", &c.client->socket_path));
+    FLUXON_RETURN_IF_ERROR(sec.CheckSocketPath("socket_path", c.client->socket_path));
+    FLUXON_RETURN_IF_ERROR(sec.PositiveMs("call_timeout_ms", &c.client->call_timeout));
     FLUXON_RETURN_IF_ERROR(sec.Finish());
   } else if (c.role == Role::kClient) {
     c.client = ClientConfig{};
@@ -324,12 +554,23 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
   if (top.Has("admin")) {
     FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("admin"));
     FLUXON_RETURN_IF_ERROR(sec.Str("listen_address", &c.admin.listen_address));
+    FLUXON_RETURN_IF_ERROR(
+        sec.CheckHostPort("listen_address", c.admin.listen_address, /*allow_port_zero=*/true));
     int64_t port = c.admin.metrics_port;
     FLUXON_RETURN_IF_ERROR(sec.Int("metrics_port", &port));
     if (port < 0 || port > 65535) return sec.Bad("metrics_port", "must be in [0, 65535]");
     c.admin.metrics_port = static_cast<int>(port);
     FLUXON_RETURN_IF_ERROR(sec.Str("metrics_address", &c.admin.metrics_address));
     if (c.admin.metrics_address.empty()) return sec.Bad("metrics_address", "must not be empty");
+    // The metrics server binds asio::ip::make_address(metrics_address): an IP literal, no port,
+    // no brackets, no name lookup.
+    if (!IsIpv4(c.admin.metrics_address) && !IsIpv6(c.admin.metrics_address)) {
+      return sec.Bad("metrics_address",
+                     absl::StrFormat("'%s' is not an IP address (IPv4 or unbracketed IPv6, no "
+                                     "port; host names are not resolved)",
+                                     c.admin.metrics_address));
+    }
+    FLUXON_RETURN_IF_ERROR(sec.Bool("allow_mutations", &c.admin.allow_mutations));
     FLUXON_RETURN_IF_ERROR(sec.Finish());
   }
   if (top.Has("faults")) {
@@ -346,12 +587,12 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
       if (!kActions.contains(fc.action)) {
         return f.Bad("action", "must be one of delay, drop, duplicate, fail");
       }
-      int64_t delay = 0, count = -1;
-      FLUXON_RETURN_IF_ERROR(f.Int("delay_ms", &delay));
+      int64_t count = -1;
+      FLUXON_RETURN_IF_ERROR(f.BoundedMs("delay_ms", 0, &fc.delay));
       FLUXON_RETURN_IF_ERROR(f.Int("count", &count));
-      if (delay < 0) return f.Bad("delay_ms", "must be >= 0");
-      if (count == 0 || count < -1) return f.Bad("count", "must be positive or -1 (until cleared)");
-      fc.delay = std::chrono::milliseconds(delay);
+      if (count == 0 || count < -1 || count > std::numeric_limits<int>::max()) {
+        return f.Bad("count", "must be positive (at most 2^31-1) or -1 (until cleared)");
+      }
       fc.count = static_cast<int>(count);
       FLUXON_RETURN_IF_ERROR(f.Finish());
       c.faults.push_back(fc);
@@ -386,6 +627,7 @@ std::string DumpConfig(const Config& c) {
     out << YAML::Key << "replica_cache_capacity_ratio" << YAML::Value
         << c.master->replica_cache_capacity_ratio;
     out << YAML::Key << "inflight_ttl_ms" << YAML::Value << c.master->inflight_ttl.count();
+    out << YAML::Key << "owner_lease_ms" << YAML::Value << c.master->owner_lease.count();
     out << YAML::EndMap;
   }
   if (c.owner) {
@@ -421,6 +663,13 @@ std::string DumpConfig(const Config& c) {
     out << YAML::Key << "eviction_interval_ms" << YAML::Value << o.eviction_interval.count();
     out << YAML::Key << "handle_ttl_ms" << YAML::Value << o.handle_ttl.count();
     out << YAML::Key << "busy_poll_us" << YAML::Value << o.busy_poll_us;
+    out << YAML::Key << "put_lease_ms" << YAML::Value << o.put_lease.count();
+    out << YAML::Key << "view_lease_ms" << YAML::Value << o.view_lease.count();
+    out << YAML::Key << "commit_wait_timeout_ms" << YAML::Value << o.commit_wait_timeout.count();
+    out << YAML::Key << "max_connections" << YAML::Value << o.max_connections;
+    out << YAML::Key << "hello_timeout_ms" << YAML::Value << o.hello_timeout.count();
+    out << YAML::Key << "frame_timeout_ms" << YAML::Value << o.frame_timeout.count();
+    out << YAML::Key << "heartbeat_interval_ms" << YAML::Value << o.heartbeat_interval.count();
     if (!o.master_address.empty()) {
       out << YAML::Key << "master_address" << YAML::Value << o.master_address;
     }
@@ -429,12 +678,14 @@ std::string DumpConfig(const Config& c) {
   if (c.client) {
     out << YAML::Key << "client" << YAML::Value << YAML::BeginMap;
     out << YAML::Key << "socket_path" << YAML::Value << c.client->socket_path;
+    out << YAML::Key << "call_timeout_ms" << YAML::Value << c.client->call_timeout.count();
     out << YAML::EndMap;
   }
   out << YAML::Key << "admin" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen_address" << YAML::Value << c.admin.listen_address;
   out << YAML::Key << "metrics_port" << YAML::Value << c.admin.metrics_port;
   out << YAML::Key << "metrics_address" << YAML::Value << c.admin.metrics_address;
+  out << YAML::Key << "allow_mutations" << YAML::Value << c.admin.allow_mutations;
   out << YAML::EndMap;
   if (!c.faults.empty()) {
     out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <string>
+
+#include "fluxon/units.h"
 
 namespace fluxon {
 namespace {
@@ -14,6 +17,14 @@ std::string Reject(const std::string& yaml) {
   absl::StatusOr<Config> c = ParseConfig(yaml);
   EXPECT_FALSE(c.ok()) << "accepted:\n" << yaml;
   return c.ok() ? "" : std::string(c.status().message());
+}
+
+// A machine with 1 TiB of memory, so tests with big segments do not depend on the host.
+constexpr MachineLimits kBigMachine{.physical_memory_bytes = 1ull << 40};
+
+void ExpectAccepted(const std::string& yaml) {
+  absl::StatusOr<Config> c = ParseConfig(yaml, kBigMachine);
+  EXPECT_TRUE(c.ok()) << c.status() << "\n" << yaml;
 }
 
 TEST(Config, EmptyConfigIsTheEmbeddedDefault) {
@@ -37,7 +48,8 @@ owner:
     expected_capacity: {value_len: 4718592, payload_capacity_bytes: 109951162777}
     claim_soft_timeout_ms: 20
     claim_hard_timeout_ms: 1000
-)");
+)",
+                       kBigMachine);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->owner->segment.size_bytes, 128ull << 30);
   EXPECT_EQ(c->owner->segment.numa_node, 0);
@@ -174,6 +186,331 @@ TEST(Config, ShippedSingleNodeConfigIsValid) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->role, Role::kEmbedded);
   EXPECT_EQ(DumpConfig(*c), DumpConfig(DefaultEmbeddedConfig()));
+}
+
+TEST(Config, NewFieldsParseAndRoundTrip) {
+  auto c = ParseConfig(R"(
+role: embedded
+owner:
+  put_lease_ms: 1234
+  view_lease_ms: 2345
+  commit_wait_timeout_ms: 3456
+  max_connections: 77
+  hello_timeout_ms: 456
+  frame_timeout_ms: 567
+  heartbeat_interval_ms: 250
+master: {owner_lease_ms: 4000}
+admin: {allow_mutations: true}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const OwnerConfig& o = *c->owner;
+  EXPECT_EQ(o.put_lease.count(), 1234);
+  EXPECT_EQ(o.view_lease.count(), 2345);
+  EXPECT_EQ(o.commit_wait_timeout.count(), 3456);
+  EXPECT_EQ(o.max_connections, 77);
+  EXPECT_EQ(o.hello_timeout.count(), 456);
+  EXPECT_EQ(o.frame_timeout.count(), 567);
+  EXPECT_EQ(o.heartbeat_interval.count(), 250);
+  EXPECT_EQ(c->master->owner_lease.count(), 4000);
+  EXPECT_TRUE(c->admin.allow_mutations);
+
+  const std::string dumped = DumpConfig(*c);
+  for (const char* line :
+       {"put_lease_ms: 1234", "view_lease_ms: 2345", "commit_wait_timeout_ms: 3456",
+        "max_connections: 77", "hello_timeout_ms: 456", "frame_timeout_ms: 567",
+        "heartbeat_interval_ms: 250", "owner_lease_ms: 4000", "allow_mutations: true"}) {
+    EXPECT_THAT(dumped, HasSubstr(line));
+  }
+  auto again = ParseConfig(dumped);
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << dumped;
+  EXPECT_EQ(DumpConfig(*again), dumped);
+  EXPECT_EQ(again->owner->view_lease.count(), 2345);
+  EXPECT_EQ(again->master->owner_lease.count(), 4000);
+  EXPECT_TRUE(again->admin.allow_mutations);
+
+  auto client =
+      ParseConfig("role: client\nclient: {socket_path: /tmp/x.sock, call_timeout_ms: 42}");
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ(client->client->call_timeout.count(), 42);
+  auto client_again = ParseConfig(DumpConfig(*client));
+  ASSERT_TRUE(client_again.ok()) << client_again.status();
+  EXPECT_EQ(client_again->client->call_timeout.count(), 42);
+  EXPECT_EQ(client_again->client->socket_path, "/tmp/x.sock");
+}
+
+TEST(Config, NewFieldDefaultsMatchTheHeader) {
+  auto c = ParseConfig("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const OwnerConfig defaults;
+  EXPECT_EQ(c->owner->put_lease, defaults.put_lease);
+  EXPECT_EQ(c->owner->max_connections, defaults.max_connections);
+  EXPECT_EQ(c->owner->heartbeat_interval, defaults.heartbeat_interval);
+  EXPECT_EQ(c->master->owner_lease, MasterConfig{}.owner_lease);
+  EXPECT_FALSE(c->admin.allow_mutations);
+  EXPECT_THAT(Reject("admin: {allow_mutations: perhaps}"), HasSubstr("admin.allow_mutations"));
+}
+
+// Every *_ms key, with the section it lives in and a role that has that section.
+struct MsKey {
+  const char* role;
+  const char* section;  // dotted path of the mapping holding the key
+  const char* key;
+};
+constexpr MsKey kMsKeys[] = {
+    {"embedded", "owner.local_reserve", "claim_soft_timeout_ms"},
+    {"embedded", "owner.local_reserve", "shrink_idle_ms"},
+    {"embedded", "owner", "eviction_interval_ms"},
+    {"embedded", "owner", "handle_ttl_ms"},
+    {"embedded", "owner", "put_lease_ms"},
+    {"embedded", "owner", "view_lease_ms"},
+    {"embedded", "owner", "commit_wait_timeout_ms"},
+    {"embedded", "owner", "hello_timeout_ms"},
+    {"embedded", "owner", "frame_timeout_ms"},
+    {"owner", "owner", "heartbeat_interval_ms"},
+    {"embedded", "master", "inflight_ttl_ms"},
+    {"embedded", "master", "owner_lease_ms"},
+    {"client", "client", "call_timeout_ms"},
+};
+
+// YAML setting `section.key: value` (nested block mappings), plus what the role needs.
+std::string MsYaml(const MsKey& k, const std::string& value) {
+  std::string yaml = std::string("role: ") + k.role + "\n";
+  const std::string section = k.section;
+  std::string indent;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = section.find('.', start);
+    yaml += indent + section.substr(start, dot - start) + ":\n";
+    indent += "  ";
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  if (std::string(k.role) == "owner") yaml += indent + "master_address: '10.0.0.1:50151'\n";
+  // claim_hard_timeout_ms must stay above claim_soft_timeout_ms.
+  if (std::string(k.key) == "claim_soft_timeout_ms") yaml += indent + "claim_hard_timeout_ms: 1\n";
+  return yaml + indent + k.key + ": " + value + "\n";
+}
+
+TEST(ConfigRejects, MillisecondSettingsAboveTheMaximum) {
+  ASSERT_EQ(kMaxSettingMs, 86'400'000);
+  const std::string max = std::to_string(kMaxSettingMs);
+  const std::string over = std::to_string(kMaxSettingMs + 1);
+  for (const MsKey& k : kMsKeys) {
+    const std::string name = std::string(k.section) + "." + k.key;
+    SCOPED_TRACE(name);
+    const std::string at_max = MsYaml(k, max);
+    if (std::string(k.key) == "claim_soft_timeout_ms") {
+      // The soft timeout itself is accepted at the maximum; only the hard one above it is not.
+      EXPECT_THAT(Reject(at_max), HasSubstr("owner.local_reserve.claim_hard_timeout_ms: must be "
+                                            "greater than claim_soft_timeout_ms (86400000)"));
+    } else {
+      ExpectAccepted(at_max);
+    }
+    for (const std::string& bad :
+         {over, std::string("9223372036854775807"), std::string("99999999999999999999999")}) {
+      EXPECT_THAT(Reject(MsYaml(k, bad)),
+                  HasSubstr(name + ": must be at most 86400000 ms (24 h), got " + bad));
+    }
+    EXPECT_THAT(Reject(MsYaml(k, "-99999999999999999999999")), HasSubstr(name + ": must be > 0"));
+    EXPECT_THAT(Reject(MsYaml(k, "soon")), HasSubstr(name + ": must be an integer"));
+  }
+  // The hard claim timeout (checked against soft) has the same bound.
+  ExpectAccepted("owner: {local_reserve: {claim_hard_timeout_ms: " + max + "}}");
+  EXPECT_THAT(Reject("owner: {local_reserve: {claim_hard_timeout_ms: " + over + "}}"),
+              HasSubstr("owner.local_reserve.claim_hard_timeout_ms: must be at most 86400000 ms"));
+}
+
+TEST(ConfigRejects, HandleTtlInt64MaxOverflow) {
+  EXPECT_THAT(Reject("owner: {handle_ttl_ms: 9223372036854775807}"),
+              HasSubstr("owner.handle_ttl_ms: must be at most 86400000 ms (24 h)"));
+}
+
+TEST(ConfigRejects, FaultDelayBounds) {
+  const std::string fault = "faults: [{point: p, action: delay, delay_ms: ";
+  ExpectAccepted(fault + "0}]");
+  ExpectAccepted(fault + std::to_string(kMaxSettingMs) + "}]");
+  EXPECT_THAT(Reject(fault + std::to_string(kMaxSettingMs + 1) + "}]"),
+              HasSubstr("faults[0].delay_ms: must be at most 86400000 ms (24 h)"));
+  EXPECT_THAT(Reject(fault + "9223372036854775807}]"),
+              HasSubstr("faults[0].delay_ms: must be at most 86400000 ms"));
+  EXPECT_THAT(Reject(fault + "-1}]"), HasSubstr("faults[0].delay_ms: must be >= 0"));
+  EXPECT_THAT(Reject("faults: [{point: p, action: fail, count: 4294967296}]"),
+              HasSubstr("faults[0].count"));
+  auto c = ParseConfig(fault + "25, count: 3}]");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->faults.size(), 1u);
+  EXPECT_EQ(c->faults[0].delay.count(), 25);
+  auto again = ParseConfig(DumpConfig(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->faults[0].delay.count(), 25);
+  EXPECT_EQ(again->faults[0].count, 3);
+}
+
+TEST(ConfigRejects, MaxConnectionsOutsideRange) {
+  ExpectAccepted("owner: {max_connections: 1}");
+  ExpectAccepted("owner: {max_connections: 65536}");
+  for (const char* v : {"0", "-1", "65537", "9223372036854775807"}) {
+    EXPECT_THAT(Reject(std::string("owner: {max_connections: ") + v + "}"),
+                HasSubstr("owner.max_connections: must be in [1, 65536]"));
+  }
+  EXPECT_THAT(Reject("owner: {max_connections: lots}"),
+              HasSubstr("owner.max_connections: must be an integer"));
+}
+
+TEST(ConfigRejects, ConnectionTimeoutsNotPositive) {
+  for (const char* key : {"hello_timeout_ms", "frame_timeout_ms", "put_lease_ms", "view_lease_ms",
+                          "commit_wait_timeout_ms", "heartbeat_interval_ms"}) {
+    for (const char* v : {"0", "-1"}) {
+      EXPECT_THAT(Reject(std::string("owner: {") + key + ": " + v + "}"),
+                  HasSubstr(std::string("owner.") + key + ": must be > 0 ms"));
+    }
+  }
+  EXPECT_THAT(Reject("master: {owner_lease_ms: 0}"), HasSubstr("master.owner_lease_ms"));
+  EXPECT_THAT(Reject("role: client\nclient: {call_timeout_ms: 0}"),
+              HasSubstr("client.call_timeout_ms: must be > 0 ms"));
+}
+
+TEST(ConfigRejects, HeartbeatNotBelowOwnerLease) {
+  ExpectAccepted("owner: {heartbeat_interval_ms: 4999}\nmaster: {owner_lease_ms: 5000}");
+  EXPECT_THAT(Reject("owner: {heartbeat_interval_ms: 5000}\nmaster: {owner_lease_ms: 5000}"),
+              HasSubstr("owner.heartbeat_interval_ms: must be less than master.owner_lease_ms "
+                        "(5000 ms), got 5000 ms"));
+  // Against the default lease (5000 ms) too.
+  EXPECT_THAT(Reject("owner: {heartbeat_interval_ms: 6000}"),
+              HasSubstr("owner.heartbeat_interval_ms: must be less than master.owner_lease_ms"));
+  EXPECT_THAT(Reject("master: {owner_lease_ms: 1000}"), HasSubstr("owner.heartbeat_interval_ms"));
+  // role=owner: the master (and its lease) live elsewhere; nothing to compare against.
+  ExpectAccepted(
+      "role: owner\nowner: {master_address: '10.0.0.1:50151', heartbeat_interval_ms: "
+      "60000}");
+}
+
+TEST(ConfigRejects, SegmentLargerThanPhysicalMemory) {
+  const MachineLimits small{.physical_memory_bytes = 8ull << 30};
+  EXPECT_TRUE(ParseConfig("owner: {segment: {size: 8GiB}}", small).ok());
+  auto over = ParseConfig("owner: {segment: {size: 9GiB}}", small);
+  ASSERT_FALSE(over.ok());
+  EXPECT_THAT(std::string(over.status().message()),
+              HasSubstr("owner.segment.size: 9663676416 bytes (9.0 GiB) is larger than this "
+                        "machine's physical memory, 8589934592 bytes (8.0 GiB)"));
+  // Unknown memory (0): not checked.
+  EXPECT_TRUE(ParseConfig("owner: {segment: {size: 9GiB}}", MachineLimits{}).ok());
+  // This machine: no test host has 1 PiB.
+  EXPECT_GT(ThisMachineLimits().physical_memory_bytes, 0u);
+  EXPECT_THAT(Reject("owner: {segment: {size: 1024TiB}}"),
+              HasSubstr("owner.segment.size: 1125899906842624 bytes"));
+  EXPECT_THAT(Reject("owner: {segment: {size: 1024TiB}}"), HasSubstr("physical memory"));
+}
+
+TEST(ConfigRejects, SocketPathTooLong) {
+  const std::string base = "/tmp/";
+  const std::string p107 = base + std::string(107 - base.size(), 'a');
+  const std::string p108 = base + std::string(108 - base.size(), 'a');
+  ASSERT_EQ(p107.size(), 107u);
+  auto ok = ParseConfig("owner: {socket_path: " + p107 + "}");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->owner->socket_path, p107);
+  EXPECT_THAT(Reject("owner: {socket_path: " + p108 + "}"),
+              HasSubstr("owner.socket_path: is 108 bytes; a Unix socket path must be shorter "
+                        "than 108 bytes"));
+  EXPECT_TRUE(ParseConfig("role: client\nclient: {socket_path: " + p107 + "}").ok());
+  EXPECT_THAT(Reject("role: client\nclient: {socket_path: " + p108 + "}"),
+              HasSubstr("client.socket_path: is 108 bytes"));
+  EXPECT_THAT(Reject("role: client\nclient: {socket_path: ''}"),
+              HasSubstr("client.socket_path: must not be empty"));
+  EXPECT_THAT(Reject("owner: {socket_path: ''}"),
+              HasSubstr("owner.socket_path: must not be empty"));
+}
+
+TEST(Config, AcceptsListenAddresses) {
+  for (const char* a : {"127.0.0.1:0", "0.0.0.0:50151", "localhost:50151", "[::1]:50151", "[::]:0",
+                        "host-1.example.com:65535", "10.0.0.1:1"}) {
+    SCOPED_TRACE(a);
+    ExpectAccepted(std::string("master: {listen_address: '") + a + "'}");
+    ExpectAccepted(std::string("admin: {listen_address: '") + a + "'}");
+  }
+  for (const char* a : {"10.0.0.1:50151", "localhost:50151", "[::1]:50151", "master-0:1"}) {
+    SCOPED_TRACE(a);
+    ExpectAccepted(std::string("role: owner\nowner: {master_address: '") + a + "'}");
+  }
+}
+
+TEST(ConfigRejects, BadAddresses) {
+  const char* kBad[] = {
+      "127.0.0.1",   "127.0.0.1:99999", ":",         "host:abc", "",
+      ":50151",      "127.0.0.1:",      "::1:50151", "[::1]",    "[::1",
+      "[zz]:50151",  "-bad:1",          "a..b:1",    "a b:1",    "1.2.3.4.5:1",
+      "999.0.0.1:1", "host:-1",         "host:+80",  "host:1 ",  "host:000000080"};
+  for (const char* a : kBad) {
+    SCOPED_TRACE(a);
+    EXPECT_THAT(Reject(std::string("master: {listen_address: '") + a + "'}"),
+                HasSubstr("master.listen_address: "));
+    EXPECT_THAT(Reject(std::string("admin: {listen_address: '") + a + "'}"),
+                HasSubstr("admin.listen_address: "));
+  }
+  EXPECT_THAT(Reject("master: {listen_address: '127.0.0.1'}"),
+              HasSubstr("master.listen_address: '127.0.0.1' is not host:port (no :port)"));
+  EXPECT_THAT(Reject("master: {listen_address: '127.0.0.1:99999'}"),
+              HasSubstr("port 99999 is not in [0, 65535]"));
+  EXPECT_THAT(Reject("master: {listen_address: 'host:abc'}"),
+              HasSubstr("port 'abc' is not a number in [0, 65535]"));
+  EXPECT_THAT(Reject("master: {listen_address: '::1:50151'}"), HasSubstr("[::1]:50151"));
+  EXPECT_THAT(Reject("master: {listen_address: ''}"),
+              HasSubstr("master.listen_address: must not be empty"));
+  // master_address, when set, names the peer: same syntax, and port 0 means nothing there.
+  for (const char* a : kBad) {
+    if (std::string(a).empty()) continue;  // empty is "unset", reported as required below
+    SCOPED_TRACE(a);
+    EXPECT_THAT(Reject(std::string("role: owner\nowner: {master_address: '") + a + "'}"),
+                HasSubstr("owner.master_address: "));
+  }
+  EXPECT_THAT(Reject("role: owner\nowner: {master_address: '10.0.0.1:0'}"),
+              HasSubstr("owner.master_address: '10.0.0.1:0' is not host:port (port 0 is only"));
+  EXPECT_THAT(Reject("role: owner\nowner: {master_address: ''}"),
+              HasSubstr("owner.master_address: is required"));
+  // Embedded roles may still name a master_address; it is checked when set.
+  EXPECT_THAT(Reject("owner: {master_address: 'nope'}"), HasSubstr("owner.master_address"));
+}
+
+TEST(ConfigRejects, BadMetricsAddress) {
+  for (const char* a : {"127.0.0.1", "0.0.0.0", "::1", "::", "10.1.2.3"}) {
+    SCOPED_TRACE(a);
+    ExpectAccepted(std::string("admin: {metrics_address: '") + a + "'}");
+  }
+  for (const char* a : {"127.0.0.1:9464", "localhost", "[::1]", "999.1.1.1", "a b", ":"}) {
+    SCOPED_TRACE(a);
+    EXPECT_THAT(Reject(std::string("admin: {metrics_address: '") + a + "'}"),
+                HasSubstr("admin.metrics_address: '" + std::string(a) + "' is not an IP address"));
+  }
+}
+
+TEST(ConfigRejects, DuplicateKeys) {
+  EXPECT_THAT(Reject("node_id: 1\nnode_id: 2\n"), HasSubstr("config: key node_id appears twice"));
+  EXPECT_THAT(Reject("owner:\n  handle_ttl_ms: 1000\n  handle_ttl_ms: 2000\n"),
+              HasSubstr("config: key owner.handle_ttl_ms appears twice"));
+  EXPECT_THAT(Reject("owner:\n  local_reserve:\n    shrink_idle_ms: 1\n    shrink_idle_ms: 1\n"),
+              HasSubstr("config: key owner.local_reserve.shrink_idle_ms appears twice"));
+  EXPECT_THAT(Reject("owner: {segment: {size: 1GiB}}\nowner: {segment: {size: 2GiB}}\n"),
+              HasSubstr("config: key owner appears twice"));
+  EXPECT_THAT(Reject("faults:\n- {point: a, action: fail}\n- {point: b, action: fail, count: 1, "
+                     "count: 2}\n"),
+              HasSubstr("config: key faults[1].count appears twice"));
+  // The same key in two different mappings is fine.
+  ExpectAccepted(
+      "owner: {socket_path: /tmp/a.sock}\nmaster: {listen_address: '127.0.0.1:0'}\n"
+      "admin: {listen_address: '127.0.0.1:0'}");
+}
+
+TEST(Config, ShippedConfigsPassCheck) {
+  for (const char* name : {"/configs/single-node.yaml", "/tests/configs/prewarm.yaml"}) {
+    auto c = LoadConfigFile(std::string(FLUXON_SOURCE_DIR) + name);
+    EXPECT_TRUE(c.ok()) << name << ": " << c.status();
+  }
+  auto overflow =
+      LoadConfigFile(std::string(FLUXON_SOURCE_DIR) + "/tests/configs/overflow_ms.yaml");
+  ASSERT_FALSE(overflow.ok());
+  EXPECT_THAT(std::string(overflow.status().message()),
+              HasSubstr("owner.handle_ttl_ms: must be at most 86400000 ms (24 h)"));
 }
 
 }  // namespace
