@@ -20,6 +20,7 @@
 
 namespace fluxon {
 
+// 1..kMaxBatchKeys distinct, non-empty keys of at most kMaxKeyBytes each (units.h).
 absl::Status ValidateKeys(std::span<const std::string> keys);
 // A delete-by-prefix names a namespace: an empty prefix (everything) is refused.
 absl::Status ValidateDeletePrefix(const std::string& prefix);

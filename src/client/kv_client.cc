@@ -82,17 +82,41 @@ absl::Status StatusOf(const v1::OwnerMessage& m) {
   return absl::Status(static_cast<absl::StatusCode>(m.code()), m.message());
 }
 
-// One blocking request/response socket; one request at a time.
+// One blocking request/response socket; one request at a time. Every call is bounded by
+// `call_timeout`; a connection whose call failed is never reused (a late answer would otherwise
+// be read as the next call's).
 class Connection {
  public:
-  Connection(int fd, int64_t busy_poll_us) : fd_(fd), busy_poll_us_(busy_poll_us) {}
+  Connection(int fd, int64_t busy_poll_us, std::chrono::milliseconds call_timeout)
+      : fd_(fd), busy_poll_us_(busy_poll_us), call_timeout_(call_timeout) {}
   ~Connection() { close(fd_); }
   absl::StatusOr<v1::OwnerMessage> Call(v1::ClientRequest& req, int* received_fd = nullptr) {
     req.set_id(++next_id_);
+    if (req.ByteSizeLong() + 4 > kMaxFrameBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "request of %d bytes exceeds the %d-byte frame limit (fewer or shorter keys per batch)",
+          req.ByteSizeLong(), kMaxFrameBytes));
+    }
     FLUXON_RETURN_IF_ERROR(WriteFrame(fd_, req));
-    FLUXON_RETURN_IF_ERROR(WaitReadable(fd_, busy_poll_us_));
+    const auto deadline = std::chrono::steady_clock::now() + call_timeout_;
+    absl::Status st = WaitReadable(fd_, busy_poll_us_, deadline);
     v1::OwnerMessage resp;
-    FLUXON_RETURN_IF_ERROR(ReadFrame(fd_, &resp, received_fd));
+    if (st.ok()) {
+      FrameReadOptions read;
+      read.deadline = deadline;
+      read.received_fd = received_fd;
+      st = ReadFrame(fd_, &resp, read);
+    }
+    if (st.code() == absl::StatusCode::kDeadlineExceeded) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("the owner did not answer within %d ms (call_timeout); is it stuck?",
+                          call_timeout_.count()));
+    }
+    FLUXON_RETURN_IF_ERROR(st);
+    if (resp.id() == 0 && resp.code() != 0) {
+      // The owner refused or closed this connection and said why.
+      return absl::Status(static_cast<absl::StatusCode>(resp.code()), resp.message());
+    }
     if (resp.id() != req.id()) return absl::DataLossError("owner answered another request");
     return resp;
   }
@@ -101,6 +125,7 @@ class Connection {
  private:
   const int fd_;
   const int64_t busy_poll_us_;
+  const std::chrono::milliseconds call_timeout_;
   uint64_t next_id_ = 0;
 };
 
@@ -120,16 +145,28 @@ struct HandleState {
 
 }  // namespace
 
+// The client's side of one owner session. The session is bound to the owner that opened it (its
+// segment generation) and ends for good when the owner closes it (the events connection ends) or
+// a new connection finds another owner or no session: the client is then detached and every
+// call fails with Unavailable, so a stale mapping never serves or takes bytes (the caller makes
+// a new client, which maps the new segment).
 class KvClient::Impl {
  public:
   ClientOptions options;
   uint64_t client_id = 0;
+  std::string session_secret;
+  uint64_t generation = 0;  // of the segment this client mapped
   std::unique_ptr<Segment> segment;
   std::string segment_label;
   std::unique_ptr<PlanRegistry> plans;
 
   Mutex pool_mu;
   std::vector<std::unique_ptr<Connection>> idle ABSL_GUARDED_BY(pool_mu);
+
+  std::atomic<bool> detached{false};
+  std::atomic<bool> closing{false};
+  mutable Mutex detach_mu;
+  std::string detach_reason ABSL_GUARDED_BY(detach_mu);
 
   int events_fd = -1;
   std::thread events_thread;
@@ -143,12 +180,37 @@ class KvClient::Impl {
   std::atomic<uint64_t> next_handle{1};
 
   ~Impl() {
+    closing = true;
     if (events_fd >= 0) shutdown(events_fd, SHUT_RDWR);
     if (events_thread.joinable()) events_thread.join();
     if (events_fd >= 0) close(events_fd);
   }
 
+  // Ends this client's use of the session, once; later calls fail with the reason.
+  void Detach(const std::string& reason) {
+    {
+      MutexLock lock(&detach_mu);
+      if (detached.load()) return;
+      detach_reason = reason;
+      detached = true;
+    }
+    std::vector<std::unique_ptr<Connection>> dropped;
+    {
+      MutexLock lock(&pool_mu);
+      dropped.swap(idle);
+    }
+    if (events_fd >= 0) shutdown(events_fd, SHUT_RDWR);  // fails pending futures
+  }
+  absl::Status CheckAttached() const {
+    if (!detached.load(std::memory_order_acquire)) return absl::OkStatus();
+    MutexLock lock(&detach_mu);
+    return absl::UnavailableError(
+        absl::StrCat("this client's session with the owner has ended (", detach_reason,
+                     "); its plans and handles are void: create a new client"));
+  }
+
   absl::StatusOr<std::unique_ptr<Connection>> Acquire() {
+    FLUXON_RETURN_IF_ERROR(CheckAttached());
     {
       MutexLock lock(&pool_mu);
       if (!idle.empty()) {
@@ -159,31 +221,50 @@ class KvClient::Impl {
     }
     v1::OwnerMessage hello;
     int passed = -1;
-    FLUXON_ASSIGN_OR_RETURN(auto c, OpenConnection(client_id, &hello, &passed));
+    absl::StatusOr<std::unique_ptr<Connection>> c = OpenConnection(true, &hello, &passed);
     if (passed >= 0) close(passed);  // the segment is mapped once, from the first connection
+    if (!c.ok()) {
+      if (c.status().code() == absl::StatusCode::kPermissionDenied) {
+        // The owner does not know this session: it restarted (or ended the session).
+        Detach(absl::StrCat("the owner refused to rejoin the session: ", c.status().message()));
+        return CheckAttached();
+      }
+      return c.status();
+    }
+    const uint64_t gen = hello.hello().segment().generation();
+    if (gen != generation) {
+      Detach(absl::StrFormat("the owner restarted: segment generation %d, this client mapped %d",
+                             gen, generation));
+      return CheckAttached();
+    }
     return c;
   }
-  // Opens a control connection and says Hello: client_id 0 opens the session, else the
-  // connection joins it (its puts and handles then belong to the session's events connection).
-  absl::StatusOr<std::unique_ptr<Connection>> OpenConnection(uint64_t session,
-                                                             v1::OwnerMessage* hello, int* seg_fd) {
+  // Opens a control connection and says Hello: `join` false opens the session, true joins it
+  // (its puts and handles then belong to the session, whatever connection carries them).
+  absl::StatusOr<std::unique_ptr<Connection>> OpenConnection(bool join, v1::OwnerMessage* hello,
+                                                             int* seg_fd) {
     FLUXON_ASSIGN_OR_RETURN(int fd, ConnectUnix(options.socket_path));
-    auto c = std::make_unique<Connection>(fd, options.busy_poll_us);
+    auto c = std::make_unique<Connection>(fd, options.busy_poll_us, options.call_timeout);
     v1::ClientRequest req;
     v1::Hello* h = req.mutable_hello();
     h->set_protocol_version(kProtocolVersion);
     h->set_client_name(options.client_name);
-    h->set_client_id(session);
+    if (join) {
+      h->set_client_id(client_id);
+      h->set_session_secret(session_secret);
+    }
     FLUXON_ASSIGN_OR_RETURN(*hello, c->Call(req, seg_fd));
     absl::Status st = StatusOf(*hello);
     if (!st.ok()) {
       if (*seg_fd >= 0) close(*seg_fd);
+      *seg_fd = -1;
       return st;
     }
     return c;
   }
   void Return(std::unique_ptr<Connection> c) {
     MutexLock lock(&pool_mu);
+    if (detached.load()) return;  // closes it
     if (idle.size() < 16) idle.push_back(std::move(c));
   }
   // One request on a pooled connection; a broken connection is dropped, not returned.
@@ -216,6 +297,9 @@ class KvClient::Impl {
       st->Complete(
           absl::Status(static_cast<absl::StatusCode>(m.put_done().code()), m.put_done().message()));
     }
+    if (!closing.load()) {
+      Detach("the owner closed the session (it stopped or restarted)");
+    }
     absl::flat_hash_map<uint64_t, std::shared_ptr<KvFuture::State>> orphaned;
     {
       MutexLock lock(&futures_mu);
@@ -229,14 +313,21 @@ class KvClient::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<KvClient>> KvClient::Connect(const ClientOptions& options) {
+  if (options.call_timeout.count() <= 0) {
+    return absl::InvalidArgumentError("call_timeout must be > 0");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   FLUXON_ASSIGN_OR_RETURN(impl->plans, PlanRegistry::Create({options.plan_arena_bytes}));
-  // The first control connection's Hello carries the session id and the segment fd.
+  // The first control connection's Hello opens the session and carries the segment fd.
   v1::OwnerMessage resp;
   int seg_fd = -1;
-  FLUXON_ASSIGN_OR_RETURN(auto conn, impl->OpenConnection(0, &resp, &seg_fd));
+  FLUXON_ASSIGN_OR_RETURN(auto conn, impl->OpenConnection(false, &resp, &seg_fd));
   if (seg_fd < 0) return absl::DataLossError("owner did not pass its segment descriptor");
+  if (resp.hello().client_id() == 0 || resp.hello().session_secret().empty()) {
+    close(seg_fd);
+    return absl::DataLossError("owner did not open a session (no id or secret)");
+  }
   const v1::SegmentInfo& si = resp.hello().segment();
   SegmentDescriptor desc{si.generation(), si.total_bytes(), si.data_offset(), si.node_id()};
   absl::StatusOr<std::unique_ptr<Segment>> seg = Segment::AttachFd(seg_fd, desc);
@@ -244,7 +335,9 @@ absl::StatusOr<std::unique_ptr<KvClient>> KvClient::Connect(const ClientOptions&
   if (!seg.ok()) return seg.status();
   impl->segment = std::move(*seg);
   impl->segment_label = si.segment_label();
+  impl->generation = si.generation();
   impl->client_id = resp.hello().client_id();
+  impl->session_secret = resp.hello().session_secret();
   impl->Return(std::move(conn));
 
   FLUXON_ASSIGN_OR_RETURN(impl->events_fd, ConnectUnix(options.socket_path));
@@ -254,10 +347,13 @@ absl::StatusOr<std::unique_ptr<KvClient>> KvClient::Connect(const ClientOptions&
   eh->set_client_name(options.client_name);
   eh->set_events(true);
   eh->set_client_id(impl->client_id);
+  eh->set_session_secret(impl->session_secret);
   ev.set_id(1);
   FLUXON_RETURN_IF_ERROR(WriteFrame(impl->events_fd, ev));
   v1::OwnerMessage ack;
-  FLUXON_RETURN_IF_ERROR(ReadFrame(impl->events_fd, &ack));
+  FrameReadOptions read;
+  read.deadline = std::chrono::steady_clock::now() + options.call_timeout;
+  FLUXON_RETURN_IF_ERROR(ReadFrame(impl->events_fd, &ack, read));
   FLUXON_RETURN_IF_ERROR(StatusOf(ack));
   Impl* raw = impl.get();
   impl->events_thread = std::thread([raw] { raw->EventsLoop(); });
@@ -281,6 +377,7 @@ std::vector<SegmentMapping> KvClient::WaitLocalSegmentsReady() const {
 
 absl::StatusOr<PlanView> KvClient::PeekPlan(uint64_t plan_ptr,
                                             std::optional<PlanKind> expected) const {
+  FLUXON_RETURN_IF_ERROR(impl_->CheckAttached());
   return impl_->plans->Peek(plan_ptr, expected);
 }
 

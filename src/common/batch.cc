@@ -8,11 +8,19 @@ namespace fluxon {
 
 absl::Status ValidateKeys(std::span<const std::string> keys) {
   if (keys.empty()) return absl::InvalidArgumentError("keys must not be empty");
+  if (keys.size() > kMaxBatchKeys) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a batch holds at most %d keys, got %d (split it)", kMaxBatchKeys, keys.size()));
+  }
   absl::flat_hash_set<absl::string_view> seen;
   seen.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     if (keys[i].empty()) {
       return absl::InvalidArgumentError(absl::StrFormat("keys[%d] is an empty string", i));
+    }
+    if (keys[i].size() > kMaxKeyBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "keys[%d] is %d bytes; keys are at most %d bytes", i, keys[i].size(), kMaxKeyBytes));
     }
     if (!seen.insert(keys[i]).second) {
       return absl::InvalidArgumentError(
@@ -26,11 +34,19 @@ absl::Status ValidateDeletePrefix(const std::string& prefix) {
   if (prefix.empty()) {
     return absl::InvalidArgumentError("delete prefix must not be empty (name a namespace)");
   }
+  if (prefix.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "delete prefix is %d bytes; keys are at most %d bytes", prefix.size(), kMaxKeyBytes));
+  }
   return absl::OkStatus();
 }
 
 absl::Status ValidateParentKey(const std::string& parent_key, std::span<const std::string> keys) {
   if (parent_key.empty()) return absl::OkStatus();
+  if (parent_key.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "parent_key is %d bytes; keys are at most %d bytes", parent_key.size(), kMaxKeyBytes));
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     if (keys[i] == parent_key) {
       return absl::InvalidArgumentError(absl::StrFormat(

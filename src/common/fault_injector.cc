@@ -42,6 +42,8 @@ void FaultInjector::Set(FaultRule rule) {
 
 void FaultInjector::Clear(absl::string_view point) {
   MutexLock lock(&mu_);
+  ++clears_;
+  cv_.SignalAll();
   if (point.empty()) {
     rules_.clear();
     return;
@@ -49,6 +51,22 @@ void FaultInjector::Clear(absl::string_view point) {
   rules_.erase(std::remove_if(rules_.begin(), rules_.end(),
                               [&](const FaultRule& r) { return r.point == point; }),
                rules_.end());
+}
+
+void FaultInjector::Sleep(const FaultRule& fired) {
+  const auto deadline = std::chrono::steady_clock::now() + fired.delay;
+  MutexLock lock(&mu_);
+  const uint64_t clears_at_start = clears_;
+  while (!shut_down_ && clears_ == clears_at_start) {
+    if (!cv_.WaitUntil(&mu_, deadline)) break;
+  }
+}
+
+void FaultInjector::Shutdown() {
+  MutexLock lock(&mu_);
+  shut_down_ = true;
+  rules_.clear();
+  cv_.SignalAll();
 }
 
 std::vector<FaultRule> FaultInjector::List() const {

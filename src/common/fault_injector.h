@@ -4,7 +4,9 @@
 // the admin service; used by the tests of A1/A2, T1 and V1.
 //
 // Invariants: a rule with count N fires exactly N times (count -1: until cleared); rules are
-// looked up under one short lock, never held while the fault acts.
+// looked up under one short lock, never held while the fault acts. A delay is a bounded,
+// interruptible wait: any Clear ends the delays sleeping at that moment (the operator removed
+// the fault), and Shutdown ends them for good (a stopping node never waits out a fault).
 #pragma once
 
 #include <chrono>
@@ -37,10 +39,17 @@ class FaultInjector {
   std::vector<FaultRule> List() const;
   // Consumes one firing of the rule at `point`, if any.
   std::optional<FaultRule> Take(absl::string_view point);
+  // Sleeps for a fired delay rule's delay, or until a Clear or Shutdown.
+  void Sleep(const FaultRule& fired);
+  // Ends every current and future delay at once.
+  void Shutdown();
 
  private:
   mutable Mutex mu_;
+  CondVar cv_;
   std::vector<FaultRule> rules_ ABSL_GUARDED_BY(mu_);
+  uint64_t clears_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace fluxon

@@ -43,6 +43,7 @@ class GrpcMasterClient final : public MasterApi {
     return reply;                                                                 \
   }
   FLUXON_GRPC_CALL(RegisterOwner, RegisterOwnerRequest, RegisterOwnerReply)
+  FLUXON_GRPC_CALL(UnregisterOwner, UnregisterOwnerRequest, UnregisterOwnerReply)
   FLUXON_GRPC_CALL(PublishBatch, PublishBatchRequest, PublishBatchReply)
   FLUXON_GRPC_CALL(Lookup, LookupRequest, LookupReply)
   FLUXON_GRPC_CALL(RemoveRoutes, RemoveRoutesRequest, RemoveRoutesReply)
@@ -60,6 +61,10 @@ class MasterServiceImpl final : public v1::MasterService::Service {
   grpc::Status RegisterOwner(grpc::ServerContext*, const v1::RegisterOwnerRequest* r,
                              v1::RegisterOwnerReply* out) override {
     return Answer(master_->RegisterOwner(*r), out);
+  }
+  grpc::Status UnregisterOwner(grpc::ServerContext*, const v1::UnregisterOwnerRequest* r,
+                               v1::UnregisterOwnerReply* out) override {
+    return Answer(master_->UnregisterOwner(*r), out);
   }
   grpc::Status PublishBatch(grpc::ServerContext*, const v1::PublishBatchRequest* r,
                             v1::PublishBatchReply* out) override {
@@ -169,6 +174,9 @@ class AdminServiceImpl final : public v1::AdminService::Service {
     return Answer(master_->ListKeys(*r), out);
   }
   grpc::Status SetFault(grpc::ServerContext*, const v1::SetFaultRequest* r, v1::Empty*) override {
+    if (grpc::Status refused = RefuseUnlessMutationsAllowed("fault set"); !refused.ok()) {
+      return refused;
+    }
     absl::StatusOr<FaultAction> action = ParseFaultAction(r->rule().action());
     if (!action.ok()) return ToGrpc(action.status());
     if (r->rule().point().empty())
@@ -185,6 +193,9 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   }
   grpc::Status ClearFaults(grpc::ServerContext*, const v1::ClearFaultsRequest* r,
                            v1::Empty*) override {
+    if (grpc::Status refused = RefuseUnlessMutationsAllowed("fault clear"); !refused.ok()) {
+      return refused;
+    }
     node_->faults().Clear(r->point());
     return grpc::Status::OK;
   }
@@ -201,6 +212,16 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   }
 
  private:
+  // State-changing admin calls are off unless the config enables them (admin.allow_mutations):
+  // the admin port has no authentication yet, so any local user could otherwise use them.
+  grpc::Status RefuseUnlessMutationsAllowed(const char* what) const {
+    if (node_->config().admin.allow_mutations) return grpc::Status::OK;
+    spdlog::warn("refused admin call '{}': admin.allow_mutations is off", what);
+    return grpc::Status(grpc::PERMISSION_DENIED,
+                        std::string(what) +
+                            " changes the node's state and is disabled: set admin.allow_mutations: "
+                            "true in the node's config to enable it");
+  }
   static grpc::Status NoMaster() {
     return grpc::Status(grpc::FAILED_PRECONDITION, "this node cannot reach a master");
   }

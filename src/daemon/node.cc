@@ -17,7 +17,11 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
     FLUXON_ASSIGN_OR_RETURN(FaultAction action, ParseFaultAction(f.action));
     node->faults_.Set(FaultRule{f.point, action, f.delay, f.count});
   }
-  if (RoleHasMaster(config.role)) node->master_ = std::make_unique<MasterCore>();
+  if (RoleHasMaster(config.role)) {
+    MasterOptions mo;
+    mo.owner_lease = config.master->owner_lease;
+    node->master_ = std::make_unique<MasterCore>(mo);
+  }
   if (RoleHasOwner(config.role)) {
     MasterApi* master = node->master_.get();
     if (master == nullptr) {
@@ -32,6 +36,10 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
     oo.evict_max_bytes_per_round = config.owner->eviction_max_bytes_per_round;
     oo.evict_min_interval = config.owner->eviction_interval;
     oo.handle_ttl = config.owner->handle_ttl;
+    oo.put_lease = config.owner->put_lease;
+    oo.view_lease = config.owner->view_lease;
+    oo.commit_wait_timeout = config.owner->commit_wait_timeout;
+    oo.heartbeat_interval = config.owner->heartbeat_interval;
     FLUXON_ASSIGN_OR_RETURN(node->owner_,
                             OwnerCore::Create(*config.owner, node->master_for_owner_.get(), oo));
   }
@@ -43,6 +51,9 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
       cs.socket_path = config.owner->socket_path;
       cs.socket_group = config.owner->socket_group;
       cs.busy_poll_us = config.owner->busy_poll_us;
+      cs.max_connections = static_cast<size_t>(config.owner->max_connections);
+      cs.hello_timeout = config.owner->hello_timeout;
+      cs.frame_timeout = config.owner->frame_timeout;
       FLUXON_ASSIGN_OR_RETURN(node->clients_, ClientServer::Start(node->owner_.get(), cs));
     }
   }
@@ -62,6 +73,10 @@ FluxonNode::FluxonNode(Config config) : config_(std::move(config)) {}
 FluxonNode::~FluxonNode() { Stop(); }
 
 void FluxonNode::Stop() {
+  // First end every wait a request may be in (fault delays, claims, commit backpressure), so
+  // the servers below can join their threads without waiting out a timeout.
+  faults_.Shutdown();
+  if (owner_) owner_->BeginStop();
   if (metrics_) metrics_->Stop();
   if (clients_) clients_->Stop();
   if (grpc_) grpc_->Stop();

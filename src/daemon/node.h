@@ -10,7 +10,8 @@
 //
 // Invariants: components start in dependency order and stop in reverse (the metrics endpoint and
 // sockets first, so no request or scrape arrives at a stopped core; the owner before the master
-// it publishes to).
+// it publishes to). Stop first ends every wait a request can be in (fault delays, slot claims,
+// publish backpressure), so it finishes within a bound whatever the load or the master's state.
 #pragma once
 
 #include <chrono>

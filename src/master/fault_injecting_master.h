@@ -1,9 +1,8 @@
 // FaultInjectingMaster: a MasterApi decorator that applies the FaultInjector's rules at the fault
 // points "master.<Method>". drop = the call is applied but its response is lost (Unavailable);
-// duplicate = applied twice; fail = never applied (Unavailable); delay = applied after a sleep.
+// duplicate = applied twice; fail = never applied (Unavailable); delay = applied after a sleep
+// that ends early when the rule is cleared or the injector shuts down.
 #pragma once
-
-#include <thread>
 
 #include "common/fault_injector.h"
 #include "master/master_api.h"
@@ -16,6 +15,10 @@ class FaultInjectingMaster final : public MasterApi {
 
   absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(const v1::RegisterOwnerRequest& r) override {
     return Apply("master.RegisterOwner", [&] { return inner_->RegisterOwner(r); });
+  }
+  absl::StatusOr<v1::UnregisterOwnerReply> UnregisterOwner(
+      const v1::UnregisterOwnerRequest& r) override {
+    return Apply("master.UnregisterOwner", [&] { return inner_->UnregisterOwner(r); });
   }
   absl::StatusOr<v1::PublishBatchReply> PublishBatch(const v1::PublishBatchRequest& r) override {
     return Apply("master.PublishBatch", [&] { return inner_->PublishBatch(r); });
@@ -40,7 +43,8 @@ class FaultInjectingMaster final : public MasterApi {
     if (!rule) return call();
     switch (rule->action) {
       case FaultAction::kDelay:
-        std::this_thread::sleep_for(rule->delay);
+        // Interruptible: clearing the rule or stopping the node ends the sleep early.
+        faults_->Sleep(*rule);
         return call();
       case FaultAction::kDrop: {
         auto applied = call();

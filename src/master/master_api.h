@@ -7,6 +7,8 @@
 //   already applied returns PUBLISHED for the same items and changes nothing (T1, A2).
 // - RemoveRoutes removes only routes that match key + put_id + the caller's node and generation.
 // - Calls from an owner whose generation is not the registered one fail with FailedPrecondition.
+// - RegisterOwner of the registered identity is a heartbeat; a new generation for a live owner's
+//   node_id fails with AlreadyExists (another process cannot take over a live owner's routes).
 // - An error of code Unavailable or DeadlineExceeded means "outcome unknown": the caller retries
 //   with the same identity, never assumes it failed.
 #pragma once
@@ -21,6 +23,8 @@ class MasterApi {
   virtual ~MasterApi() = default;
   virtual absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(
       const v1::RegisterOwnerRequest& r) = 0;
+  virtual absl::StatusOr<v1::UnregisterOwnerReply> UnregisterOwner(
+      const v1::UnregisterOwnerRequest& r) = 0;
   virtual absl::StatusOr<v1::PublishBatchReply> PublishBatch(const v1::PublishBatchRequest& r) = 0;
   virtual absl::StatusOr<v1::LookupReply> Lookup(const v1::LookupRequest& r) = 0;
   virtual absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) = 0;

@@ -8,19 +8,34 @@
 
 namespace fluxon {
 
-absl::Status MasterCore::CheckGeneration(uint32_t node_id, uint64_t generation) const {
+absl::Status MasterCore::CheckGeneration(uint32_t node_id, uint64_t generation) {
   MutexLock lock(&owners_mu_);
   auto it = owners_.find(node_id);
   if (it == owners_.end()) {
     return absl::FailedPreconditionError(
         absl::StrFormat("owner node %d is not registered with the master", node_id));
   }
-  if (it->second.generation() != generation) {
+  if (it->second.info.generation() != generation) {
     return absl::FailedPreconditionError(
         absl::StrFormat("owner node %d generation %d is stale (registered generation %d)", node_id,
-                        generation, it->second.generation()));
+                        generation, it->second.info.generation()));
   }
+  it->second.last_heard = Clock::now();
   return absl::OkStatus();
+}
+
+uint64_t MasterCore::DropRoutesOf(uint32_t node_id, uint64_t generation) {
+  std::vector<std::string> stale;
+  routes_.ForEach([&](const std::string& key, const RouteRec& rec) {
+    if (rec.node_id == node_id && rec.generation == generation) stale.push_back(key);
+  });
+  uint64_t dropped = 0;
+  for (const std::string& key : stale) {
+    dropped += routes_.EraseIf(key, [&](const RouteRec& rec) {
+      return rec.node_id == node_id && rec.generation == generation;
+    });
+  }
+  return dropped;
 }
 
 absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
@@ -29,33 +44,65 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
   uint64_t old_generation = 0;
   {
     MutexLock lock(&owners_mu_);
-    v1::OwnerInfo& info = owners_[r.node_id()];
-    old_generation = info.generation();
-    info.set_node_id(r.node_id());
-    info.set_generation(r.generation());
-    info.set_role(r.role());
-    info.set_capacity_bytes(r.capacity_bytes());
-    info.set_address(r.address());
-  }
-  if (old_generation != 0 && old_generation != r.generation()) {
-    // The old owner's memory is gone: its routes must not be served.
-    std::vector<std::string> stale;
-    routes_.ForEach([&](const std::string& key, const RouteRec& rec) {
-      if (rec.node_id == r.node_id() && rec.generation == old_generation) stale.push_back(key);
-    });
-    for (const std::string& key : stale) {
-      routes_.EraseIf(key, [&](const RouteRec& rec) {
-        return rec.node_id == r.node_id() && rec.generation == old_generation;
-      });
+    const auto now = Clock::now();
+    auto it = owners_.find(r.node_id());
+    if (it != owners_.end() && it->second.info.generation() != r.generation()) {
+      const auto quiet = now - it->second.last_heard;
+      if (quiet < options_.owner_lease) {
+        const auto quiet_ms = std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count();
+        spdlog::warn(
+            "refused registration of node {} generation {}: a live owner holds it (generation "
+            "{}, heard {} ms ago)",
+            r.node_id(), r.generation(), it->second.info.generation(), quiet_ms);
+        return absl::AlreadyExistsError(absl::StrFormat(
+            "node_id %d belongs to a live owner (generation %d, heard %d ms ago); a restarted "
+            "owner may take it once the %d ms owner lease has passed",
+            r.node_id(), it->second.info.generation(), quiet_ms, options_.owner_lease.count()));
+      }
     }
+    OwnerRec& rec = owners_[r.node_id()];
+    old_generation = rec.info.generation();
+    rec.info.set_node_id(r.node_id());
+    rec.info.set_generation(r.generation());
+    rec.info.set_role(r.role());
+    rec.info.set_capacity_bytes(r.capacity_bytes());
+    rec.info.set_address(r.address());
+    rec.last_heard = now;
+  }
+  if (old_generation == r.generation()) {
+    v1::RegisterOwnerReply reply;  // a heartbeat
+    reply.set_master_epoch(1);
+    return reply;
+  }
+  if (old_generation != 0) {
+    // The old owner's memory is gone: its routes must not be served.
+    const uint64_t dropped = DropRoutesOf(r.node_id(), old_generation);
     spdlog::info("owner node {} re-registered (generation {} -> {}); dropped {} stale routes",
-                 r.node_id(), old_generation, r.generation(), stale.size());
+                 r.node_id(), old_generation, r.generation(), dropped);
   } else {
     spdlog::info("owner node {} registered (role {}, generation {})", r.node_id(), r.role(),
                  r.generation());
   }
   v1::RegisterOwnerReply reply;
   reply.set_master_epoch(1);
+  return reply;
+}
+
+absl::StatusOr<v1::UnregisterOwnerReply> MasterCore::UnregisterOwner(
+    const v1::UnregisterOwnerRequest& r) {
+  {
+    MutexLock lock(&owners_mu_);
+    auto it = owners_.find(r.node_id());
+    if (it == owners_.end() || it->second.info.generation() != r.generation()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "owner node %d generation %d is not the registered owner", r.node_id(), r.generation()));
+    }
+    owners_.erase(it);
+  }
+  v1::UnregisterOwnerReply reply;
+  reply.set_dropped_routes(DropRoutesOf(r.node_id(), r.generation()));
+  spdlog::info("owner node {} (generation {}) unregistered; dropped {} routes", r.node_id(),
+               r.generation(), reply.dropped_routes());
   return reply;
 }
 
@@ -125,10 +172,13 @@ absl::StatusOr<v1::ListOwnersReply> MasterCore::ListOwners(const v1::ListOwnersR
   routes_.ForEach([&](const std::string&, const RouteRec& rec) { ++per_node[rec.node_id]; });
   v1::ListOwnersReply reply;
   MutexLock lock(&owners_mu_);
-  for (const auto& [id, info] : owners_) {
+  const auto now = Clock::now();
+  for (const auto& [id, rec] : owners_) {
     v1::OwnerInfo* o = reply.add_owners();
-    *o = info;
+    *o = rec.info;
     o->set_routes(per_node[id]);
+    o->set_last_heard_ms_ago(static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - rec.last_heard).count()));
   }
   return reply;
 }

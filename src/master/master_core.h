@@ -8,10 +8,15 @@
 //   known here before that.
 // - When an owner registers with a new generation, every route of its old generation is dropped:
 //   that memory no longer exists. Calls naming an old generation fail with FailedPrecondition.
+// - An owner is live while it was heard (registration, heartbeat = re-registration of the same
+//   identity, publish, route removal) within owner_lease. A new generation for a live owner's
+//   node_id is refused (AlreadyExists): a second process cannot take over a live owner's
+//   node_id and drop its routes. UnregisterOwner (a stopping owner) frees the node_id at once.
 // - The route table is sharded by key (256 shards, G10); a batch takes one shard lock per key.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <string>
 
@@ -31,11 +36,17 @@ struct MasterCounters {
   std::atomic<int64_t> removed_routes{0};
 };
 
+struct MasterOptions {
+  std::chrono::milliseconds owner_lease{5'000};
+};
+
 class MasterCore final : public MasterApi {
  public:
-  MasterCore() = default;
+  explicit MasterCore(MasterOptions options = {}) : options_(options) {}
 
   absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(const v1::RegisterOwnerRequest& r) override;
+  absl::StatusOr<v1::UnregisterOwnerReply> UnregisterOwner(
+      const v1::UnregisterOwnerRequest& r) override;
   absl::StatusOr<v1::PublishBatchReply> PublishBatch(const v1::PublishBatchRequest& r) override;
   absl::StatusOr<v1::LookupReply> Lookup(const v1::LookupRequest& r) override;
   absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) override;
@@ -53,10 +64,19 @@ class MasterCore final : public MasterApi {
     uint64_t offset;
     uint64_t len;
   };
-  absl::Status CheckGeneration(uint32_t node_id, uint64_t generation) const;
+  using Clock = std::chrono::steady_clock;
+  struct OwnerRec {
+    v1::OwnerInfo info;
+    Clock::time_point last_heard;
+  };
+  // Checks the caller's generation and renews its lease.
+  absl::Status CheckGeneration(uint32_t node_id, uint64_t generation);
+  // Drops every route of (node_id, generation); returns how many.
+  uint64_t DropRoutesOf(uint32_t node_id, uint64_t generation);
 
+  const MasterOptions options_;
   mutable Mutex owners_mu_;
-  std::map<uint32_t, v1::OwnerInfo> owners_ ABSL_GUARDED_BY(owners_mu_);
+  std::map<uint32_t, OwnerRec> owners_ ABSL_GUARDED_BY(owners_mu_);
   ShardedTable<std::string, RouteRec> routes_;
   MasterCounters counters_;
 };

@@ -3,11 +3,13 @@
 #include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <cstring>
 #include <deque>
@@ -15,6 +17,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/mutex.h"
 #include "fluxon/v1/client.pb.h"
@@ -26,6 +29,15 @@ namespace {
 
 namespace asio = boost::asio;
 constexpr size_t kMaxQueuedEvents = 100'000;
+constexpr size_t kSessionSecretBytes = 16;
+
+// Whether two secrets differ, in time independent of where (a check must not leak a prefix).
+bool SecretsDiffer(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return true;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff != 0;
+}
 
 void SetStatus(v1::OwnerMessage* m, const absl::Status& s) {
   m->set_code(static_cast<int32_t>(s.code()));
@@ -79,13 +91,24 @@ class ClientServer::Impl {
  public:
   // One accepted socket and the thread serving it.
   struct Connection {
-    int fd = -1;
+    int fd = -1;  // -1 once closed (guarded by Impl::mu_ for the close)
     std::thread thread;
     bool done = false;  // guarded by Impl::mu_
+    ucred peer{};       // SO_PEERCRED at accept
+    std::chrono::steady_clock::time_point accepted_at;
+    uint64_t session = 0;  // set by Hello
     // Events connections only: frames waiting to be written, and an eventfd that wakes the thread.
     Mutex mu;
     std::deque<std::string> events ABSL_GUARDED_BY(mu);
     int wake_fd = -1;
+  };
+  // A client process's session: the owner's, bound to the process that opened it.
+  struct Session {
+    std::string secret;  // kSessionSecretBytes random bytes
+    uid_t uid = 0;
+    pid_t pid = 0;
+    int connections = 0;           // open connections that joined it
+    Connection* events = nullptr;  // its events connection, if open
   };
 
   Impl(OwnerCore* core, ClientServerOptions options)
@@ -105,12 +128,18 @@ class ClientServer::Impl {
 
  private:
   void AcceptLoop();
-  bool PeerAllowed(int fd);
+  bool PeerAllowed(int fd, ucred* cred);
   void Serve(Connection* c);
-  void ServeEvents(Connection* c, uint64_t client_id);
+  void ServeEvents(Connection* c);
   // Handles one request; returns false when the connection must close.
-  bool Handle(Connection* c, const v1::ClientRequest& req, uint64_t* client_id, bool* events);
+  bool Handle(Connection* c, const v1::ClientRequest& req, bool* events);
+  // Opens a session for `c` or joins the one its Hello names.
+  absl::Status OpenOrJoinSession(Connection* c, const v1::Hello& h, std::string* new_secret);
+  // `c` leaves its session; the last connection out ends it (cleanup in the core).
+  void LeaveSession(Connection* c);
   void SendEvent(uint64_t client_id, const v1::OwnerMessage& msg);
+  // Tells the peer why its connection is refused or closed (an id-0 error frame; best effort).
+  static void SendRefusal(int fd, const absl::Status& why);
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   OwnerCore* const core_;
@@ -122,7 +151,7 @@ class ClientServer::Impl {
   gid_t allowed_gid_ = static_cast<gid_t>(-1);
   mutable Mutex mu_;
   std::map<Connection*, std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Connection*> sessions_ ABSL_GUARDED_BY(mu_);  // client_id -> events conn
+  std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   ClientRequestLatencies latencies_;  // each histogram is internally atomic
 };
 
@@ -132,11 +161,10 @@ void ClientServer::Impl::Stop() {
   ::shutdown(acceptor_.native_handle(), SHUT_RDWR);
   acceptor_.close(ec);
   if (accept_thread_.joinable()) accept_thread_.join();
-  std::vector<std::unique_ptr<Connection>> all;
   {
     MutexLock lock(&mu_);
     for (auto& [p, c] : connections_) {
-      ::shutdown(c->fd, SHUT_RDWR);
+      if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
       if (c->wake_fd >= 0) {
         const uint64_t one = 1;
         (void)!::write(c->wake_fd, &one, sizeof one);
@@ -152,7 +180,6 @@ void ClientServer::Impl::Stop() {
       connections_.erase(connections_.begin());
     }
     if (c->thread.joinable()) c->thread.join();
-    ::close(c->fd);
     if (c->wake_fd >= 0) ::close(c->wake_fd);
   }
   ::unlink(options_.socket_path.c_str());
@@ -162,13 +189,21 @@ void ClientServer::Impl::ReapFinished() {
   for (auto it = connections_.begin(); it != connections_.end();) {
     if (it->second->done) {
       it->second->thread.join();
-      ::close(it->second->fd);
       if (it->second->wake_fd >= 0) ::close(it->second->wake_fd);
       it = connections_.erase(it);
     } else {
       ++it;
     }
   }
+}
+
+void ClientServer::Impl::SendRefusal(int fd, const absl::Status& why) {
+  v1::OwnerMessage m;
+  m.set_id(0);
+  SetStatus(&m, why);
+  const std::string frame = EncodeFrame(m);
+  // Non-blocking: a peer that does not read must not stall the owner.
+  (void)!::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 void ClientServer::Impl::AcceptLoop() {
@@ -183,19 +218,29 @@ void ClientServer::Impl::AcceptLoop() {
       continue;
     }
     const int fd = socket.release(ec);
-    if (ec || !PeerAllowed(fd)) {
+    ucred cred{};
+    if (ec || !PeerAllowed(fd, &cred)) {
+      if (!ec) SendRefusal(fd, absl::PermissionDeniedError("peer is not allowed on this socket"));
       ::close(fd);
       continue;
     }
     MutexLock lock(&mu_);
     ReapFinished();
     if (connections_.size() >= options_.max_connections) {
-      spdlog::warn("refusing a client connection: {} connections open", connections_.size());
+      spdlog::warn(
+          "refusing a client connection from pid {}: {} connections open (max_connections)",
+          cred.pid, connections_.size());
+      SendRefusal(fd, absl::ResourceExhaustedError(absl::StrFormat(
+                          "the owner has %d client connections open (max_connections); "
+                          "connection refused",
+                          connections_.size())));
       ::close(fd);
       continue;
     }
     auto c = std::make_unique<Connection>();
     c->fd = fd;
+    c->peer = cred;
+    c->accepted_at = std::chrono::steady_clock::now();
     Connection* raw = c.get();
     connections_[raw] = std::move(c);
     raw->thread = std::thread([this, raw] { Serve(raw); });
@@ -203,30 +248,114 @@ void ClientServer::Impl::AcceptLoop() {
 }
 
 void ClientServer::Impl::Serve(Connection* c) {
-  uint64_t client_id = 0;
   bool events = false;
   for (;;) {
-    if (!WaitReadable(c->fd, options_.busy_poll_us).ok()) break;
+    const bool said_hello = c->session != 0;
+    FrameReadOptions read;
+    if (said_hello) {
+      // Idle connections of a live session may wait for their next request without limit.
+      if (!WaitReadable(c->fd, options_.busy_poll_us).ok()) break;
+      read.deadline = std::chrono::steady_clock::now() + options_.frame_timeout;
+    } else {
+      read.max_bytes = kMaxHelloFrameBytes;
+      read.deadline = c->accepted_at + options_.hello_timeout;
+    }
     v1::ClientRequest req;
-    absl::Status st = ReadFrame(c->fd, &req);
+    absl::Status st = ReadFrame(c->fd, &req, read);
     if (!st.ok()) {
       if (st.code() != absl::StatusCode::kUnavailable) {
-        spdlog::warn("client {}: {}; closing the connection", client_id, st.ToString());
+        spdlog::warn("client pid {} session {}: {}; closing the connection", c->peer.pid,
+                     c->session, st.ToString());
+        SendRefusal(c->fd,
+                    absl::Status(st.code(),
+                                 absl::StrCat(st.message(), "; the owner closed the connection")));
       }
       break;
     }
-    if (!Handle(c, req, &client_id, &events)) break;
+    if (!said_hello && req.body_case() != v1::ClientRequest::kHello) {
+      spdlog::warn("client pid {} sent a request before Hello; closing the connection",
+                   c->peer.pid);
+      SendRefusal(c->fd, absl::FailedPreconditionError(
+                             "the first frame on a connection must be Hello; connection closed"));
+      break;
+    }
+    if (!Handle(c, req, &events)) break;
     if (events) {
-      ServeEvents(c, client_id);
+      ServeEvents(c);
       break;
     }
   }
+  LeaveSession(c);
   MutexLock lock(&mu_);
+  // Closed now, not at the next accept: the peer sees the end at once.
+  ::close(c->fd);
+  c->fd = -1;
   c->done = true;
 }
 
-// An events connection: writes queued PutDone frames and watches for the session's end.
-void ClientServer::Impl::ServeEvents(Connection* c, uint64_t client_id) {
+absl::Status ClientServer::Impl::OpenOrJoinSession(Connection* c, const v1::Hello& h,
+                                                   std::string* new_secret) {
+  if (c->session != 0) {
+    return absl::FailedPreconditionError("this connection already said Hello");
+  }
+  MutexLock lock(&mu_);
+  if (h.client_id() == 0) {
+    if (h.events()) {
+      return absl::InvalidArgumentError("an events connection must join an open session");
+    }
+    std::string secret(kSessionSecretBytes, '\0');
+    if (getrandom(secret.data(), secret.size(), 0) != static_cast<ssize_t>(secret.size())) {
+      return absl::InternalError("no randomness for a session secret");
+    }
+    const uint64_t id = core_->NewClientId();
+    Session& s = sessions_[id];
+    s.secret = secret;
+    s.uid = c->peer.uid;
+    s.pid = c->peer.pid;
+    s.connections = 1;
+    c->session = id;
+    *new_secret = std::move(secret);
+    return absl::OkStatus();
+  }
+  auto it = sessions_.find(h.client_id());
+  const std::string& given = h.session_secret();
+  // One answer for every refusal: a probe learns nothing about which sessions exist.
+  const absl::Status refused = absl::PermissionDeniedError(
+      "unknown session, wrong session secret, or another process (sessions are per process)");
+  if (it == sessions_.end() || SecretsDiffer(given, it->second.secret) ||
+      it->second.uid != c->peer.uid || it->second.pid != c->peer.pid) {
+    spdlog::warn("refused a Hello from pid {} uid {} naming session {}", c->peer.pid, c->peer.uid,
+                 h.client_id());
+    return refused;
+  }
+  if (h.events() && it->second.events != nullptr) {
+    return absl::AlreadyExistsError("the session already has an events connection");
+  }
+  ++it->second.connections;
+  if (h.events()) it->second.events = c;
+  c->session = h.client_id();
+  return absl::OkStatus();
+}
+
+void ClientServer::Impl::LeaveSession(Connection* c) {
+  if (c->session == 0) return;
+  bool last = false;
+  {
+    MutexLock lock(&mu_);
+    auto it = sessions_.find(c->session);
+    if (it != sessions_.end()) {
+      if (it->second.events == c) it->second.events = nullptr;
+      if (--it->second.connections == 0) {
+        sessions_.erase(it);
+        last = true;
+      }
+    }
+  }
+  if (last) core_->DisconnectClient(c->session);
+}
+
+// An events connection: writes queued PutDone frames and watches for its end.
+void ClientServer::Impl::ServeEvents(Connection* c) {
   pollfd fds[2] = {{c->fd, POLLIN, 0}, {c->wake_fd, POLLIN, 0}};
   bool open = true;
   while (open && !stopped_) {
@@ -253,24 +382,19 @@ void ClientServer::Impl::ServeEvents(Connection* c, uint64_t client_id) {
       }
     }
   }
-  {
-    MutexLock lock(&mu_);
-    auto it = sessions_.find(client_id);
-    if (it != sessions_.end() && it->second == c) sessions_.erase(it);
-  }
-  core_->DisconnectClient(client_id);
 }
 
 void ClientServer::Impl::SendEvent(uint64_t client_id, const v1::OwnerMessage& msg) {
   std::string frame = EncodeFrame(msg);
   MutexLock lock(&mu_);
   auto it = sessions_.find(client_id);
-  if (it == sessions_.end()) return;  // the session is gone; nobody waits for this future
-  Connection* c = it->second;
+  if (it == sessions_.end() || it->second.events == nullptr) return;  // nobody waits for it
+  Connection* c = it->second.events;
   {
     MutexLock cl(&c->mu);
     if (c->events.size() >= kMaxQueuedEvents) {
-      spdlog::warn("client {} stopped reading its events; closing the session", client_id);
+      spdlog::warn("client {} stopped reading its events; closing its events connection",
+                   client_id);
       ::shutdown(c->fd, SHUT_RDWR);
     } else {
       c->events.push_back(std::move(frame));
@@ -280,8 +404,7 @@ void ClientServer::Impl::SendEvent(uint64_t client_id, const v1::OwnerMessage& m
   (void)!::write(c->wake_fd, &one, sizeof one);
 }
 
-bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uint64_t* client_id,
-                                bool* events) {
+bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, bool* events) {
   v1::OwnerMessage resp;
   resp.set_id(req.id());
   const auto parsed_at = std::chrono::steady_clock::now();
@@ -299,32 +422,34 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
       if (h.protocol_version() != kProtocolVersion) {
         st = absl::FailedPreconditionError(absl::StrFormat(
             "client speaks protocol %d, owner speaks %d", h.protocol_version(), kProtocolVersion));
-        break;
+        SetStatus(&resp, st);
+        (void)WriteFrame(c->fd, resp);
+        return false;
       }
       if (h.events()) {
-        if (h.client_id() == 0) {
-          st = absl::InvalidArgumentError("events connection needs the session's client_id");
-          break;
-        }
         c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (c->wake_fd < 0) {
           st = absl::ResourceExhaustedError("eventfd for the events connection failed");
-          break;
+          SetStatus(&resp, st);
+          (void)WriteFrame(c->fd, resp);
+          return false;
         }
-        *client_id = h.client_id();
+      }
+      std::string secret;
+      st = OpenOrJoinSession(c, h, &secret);
+      if (!st.ok()) {
+        SetStatus(&resp, st);
+        (void)WriteFrame(c->fd, resp);
+        return false;  // a refused Hello closes the connection
+      }
+      if (h.events()) {
         *events = true;
-        {
-          MutexLock lock(&mu_);
-          sessions_[*client_id] = c;
-        }
         break;
       }
-      // A session's further control connections carry its id: its puts, handles and PutDone
-      // events must stay with the one events connection that ends the session.
-      *client_id = h.client_id() != 0 ? h.client_id() : core_->NewClientId();
       const Segment& seg = core_->memory().segment();
       v1::HelloReply* hr = resp.mutable_hello();
-      hr->set_client_id(*client_id);
+      hr->set_client_id(c->session);
+      if (!secret.empty()) hr->set_session_secret(secret);
       v1::SegmentInfo* si = hr->mutable_segment();
       si->set_segment_label("external_owner:0");
       si->set_generation(seg.generation());
@@ -351,7 +476,7 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
       a.lease_id = p.lease_id();
       a.parent_key = p.parent_key();
       std::vector<uint32_t> conflicts;
-      absl::StatusOr<PutStartOutcome> r = core_->PutStart(*client_id, a, &conflicts);
+      absl::StatusOr<PutStartOutcome> r = core_->PutStart(c->session, a, &conflicts);
       v1::PutStartReply* pr = resp.mutable_put_start();
       for (uint32_t i : conflicts) pr->add_conflict_indices(i);
       if (r.ok()) {
@@ -363,7 +488,7 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
     }
     case v1::ClientRequest::kPutCommit: {
       const uint64_t put_id = req.put_commit().put_id();
-      const uint64_t client = *client_id;
+      const uint64_t client = c->session;
       st = core_->PutCommit(
           client, put_id,
           [this, client, put_id](const absl::Status& s) {
@@ -382,14 +507,14 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
       return written;
     }
     case v1::ClientRequest::kPutAbort:
-      st = core_->PutAbort(*client_id, req.put_abort().put_id());
+      st = core_->PutAbort(c->session, req.put_abort().put_id());
       break;
     case v1::ClientRequest::kGetStart: {
       const v1::GetStartRequest& g = req.get_start();
       std::vector<std::string> keys(g.keys().begin(), g.keys().end());
       std::vector<uint32_t> groups(g.atomic_group_lens().begin(), g.atomic_group_lens().end());
       absl::StatusOr<GetStartOutcome> r =
-          core_->GetStart(*client_id, keys, groups, g.prefix_best_effort());
+          core_->GetStart(c->session, keys, groups, g.prefix_best_effort());
       st = r.status();
       if (r.ok()) {
         v1::GetStartReply* gr = resp.mutable_get_start();
@@ -409,14 +534,14 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
       break;
     }
     case v1::ClientRequest::kGetTransfer:
-      st = core_->GetTransfer(*client_id, req.get_transfer().handle_id(),
+      st = core_->GetTransfer(c->session, req.get_transfer().handle_id(),
                               req.get_transfer().consume_prefix_len());
       break;
     case v1::ClientRequest::kCancelGet:
-      st = core_->CancelGet(*client_id, req.cancel_get().handle_id());
+      st = core_->CancelGet(c->session, req.cancel_get().handle_id());
       break;
     case v1::ClientRequest::kReleaseViews:
-      st = core_->ReleaseViews(*client_id, req.release_views().handle_id());
+      st = core_->ReleaseViews(c->session, req.release_views().handle_id());
       break;
     case v1::ClientRequest::kDeletePrefix: {
       absl::StatusOr<DeleteOutcome> r = core_->DeletePrefix(req.delete_prefix().prefix());
@@ -442,14 +567,31 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, uin
   return WriteFrame(c->fd, resp).ok();
 }
 
-bool ClientServer::Impl::PeerAllowed(int fd) {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
-  if (cred.uid == 0 || cred.uid == geteuid()) return true;
-  if (allowed_gid_ != static_cast<gid_t>(-1) && cred.gid == allowed_gid_) return true;
-  spdlog::warn("refused a client connection from uid {} gid {} pid {}", cred.uid, cred.gid,
-               cred.pid);
+bool ClientServer::Impl::PeerAllowed(int fd, ucred* cred) {
+  socklen_t len = sizeof *cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0) return false;
+  if (cred->uid == 0 || cred->uid == geteuid()) return true;
+  if (allowed_gid_ != static_cast<gid_t>(-1)) {
+    if (cred->gid == allowed_gid_) return true;
+    // Supplementary groups count too (usermod -aG, systemd SupplementaryGroups=): the socket
+    // file's 0660 mode admits them, so the credential check must as well.
+    std::vector<gid_t> groups(64);
+    for (;;) {
+      socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+      if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes) == 0) {
+        groups.resize(bytes / sizeof(gid_t));
+        break;
+      }
+      if (errno != ERANGE || groups.size() > 65536) {
+        groups.clear();
+        break;
+      }
+      groups.resize(std::max<size_t>(groups.size() * 2, bytes / sizeof(gid_t)));
+    }
+    if (std::find(groups.begin(), groups.end(), allowed_gid_) != groups.end()) return true;
+  }
+  spdlog::warn("refused a client connection from uid {} gid {} pid {}", cred->uid, cred->gid,
+               cred->pid);
   return false;
 }
 

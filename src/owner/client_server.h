@@ -4,20 +4,31 @@
 //
 // Invariants:
 // - The socket file is created with mode 0600 (0660 and the configured group when socket_group
-//   is set) and every peer is checked with SO_PEERCRED: same uid, root, or that group.
+//   is set) and every peer is checked with SO_PEERCRED: same uid, root, or a member of that group
+//   (primary or supplementary, read with SO_PEERGROUPS).
+// - The first frame of a connection is a Hello (at most kMaxHelloFrameBytes, within
+//   hello_timeout); anything else closes the connection. Every later frame must arrive whole
+//   within frame_timeout and be at most kMaxFrameBytes. A connection that breaks a rule is told
+//   why (an id-0 error frame) and closed at once, not at the next accept.
+// - Sessions are the owner's: a Hello with client_id 0 opens one and gets its id and a 128-bit
+//   random secret; another connection joins it only with both, and only from the same uid and
+//   pid. Puts and handles belong to their session (another session's ids are NotFound).
+// - A session ends when its last connection (control or events) closes: then the owner aborts
+//   its prepared puts and releases its handles and views (one place, whatever closed last).
 // - A control connection carries one request at a time; its thread answers in order. After an
 //   answer the thread polls for the next request for up to busy_poll_us before sleeping, so the
 //   several round trips of one batch (start, transfer, release) do not each pay a wake-up.
-// - A client session is its events connection: PutDone events for the session's puts are queued
-//   to it (bounded; a session that stops reading past the bound is closed), and when it closes the
-//   owner aborts the session's prepared puts and releases its handles and views.
-// - Connections are bounded (max_connections); Stop closes every socket and joins every thread.
+// - PutDone events for a session's puts are queued to its events connection (bounded; a session
+//   that stops reading past the bound has that connection closed).
+// - Connections are bounded (max_connections; one more is refused with a clear error frame);
+//   Stop closes every socket and joins every thread.
 // - Every put/get request (ClientRequestType) is timed from the moment its frame is parsed to the
 //   moment its reply is written, into that type's histogram, whatever the reply's status; it is
 //   recorded before the reply leaves, so a client holding its reply finds the request counted.
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -47,6 +58,8 @@ struct ClientServerOptions {
   std::string socket_group;  // empty: owner's uid only
   int64_t busy_poll_us = 200;
   size_t max_connections = 1024;
+  std::chrono::milliseconds hello_timeout{10'000};
+  std::chrono::milliseconds frame_timeout{10'000};
 };
 
 class ClientServer {

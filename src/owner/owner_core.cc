@@ -31,6 +31,7 @@ struct OwnerCore::PutBatch {
   uint64_t value_len = 0;
   std::vector<uint32_t> group_lens;
   std::string parent_key;
+  Clock::time_point deadline;  // put_lease: aborted when not committed or aborted by then
 };
 
 struct OwnerCore::GetHandle {
@@ -39,7 +40,7 @@ struct OwnerCore::GetHandle {
   std::vector<HolderRef> pins;
   std::vector<uint32_t> group_lens;  // of the transferable prefix
   bool consumed = false;
-  Clock::time_point deadline;
+  Clock::time_point deadline;  // handle_ttl before get_transfer, view_lease after
 };
 
 // One per key being fetched by a leader; joiners wait on it (G6/G7).
@@ -78,7 +79,8 @@ struct OwnerCore::Counters {
       evicted_cohorts{0}, evicted_pages{0}, evicted_bytes{0}, eviction_rounds{0},
       eviction_skipped_pinned{0}, route_remove_retries{0}, local_visible_entries{0},
       committed_entries{0}, reserved_entries{0}, live_handles{0}, live_views{0}, disconnects{0},
-      deleted_pages{0}, route_remove_calls{0};
+      deleted_pages{0}, route_remove_calls{0}, puts_expired{0}, views_expired{0},
+      commit_timeouts{0}, master_reregistrations{0};
 };
 
 absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& config,
@@ -110,33 +112,59 @@ OwnerCore::~OwnerCore() {
   for (auto& h : handles) h->pins.clear();
 }
 
-absl::Status OwnerCore::Start() {
+absl::Status OwnerCore::RegisterWithMaster() {
   v1::RegisterOwnerRequest req;
   req.set_node_id(options_.node_id);
   req.set_generation(generation());
   req.set_role(options_.role);
   req.set_capacity_bytes(memory_->segment().data_bytes());
-  absl::Duration backoff = absl::Milliseconds(25);
+  return master_->RegisterOwner(req).status();
+}
+
+absl::Status OwnerCore::Start() {
+  const auto give_up = Clock::now() + options_.register_wait;
+  auto backoff = std::chrono::milliseconds(25);
   for (int attempt = 0;; ++attempt) {
-    absl::StatusOr<v1::RegisterOwnerReply> r = master_->RegisterOwner(req);
+    absl::Status r = RegisterWithMaster();
     if (r.ok()) break;
-    if (!IsUncertain(r.status()) || attempt >= 20) {
-      return absl::Status(r.status().code(),
-                          absl::StrFormat("registering with the master: %s", r.status().message()));
+    // Uncertain: retry a bounded number of times. AlreadyExists: the node_id's previous owner
+    // (this node before a kill -9) is still within its lease; wait for it to lapse, bounded.
+    const bool lease_held = r.code() == absl::StatusCode::kAlreadyExists;
+    if ((!IsUncertain(r) && !lease_held) || (!lease_held && attempt >= 20) ||
+        Clock::now() + backoff > give_up) {
+      return absl::Status(r.code(),
+                          absl::StrFormat("registering with the master: %s", r.message()));
     }
-    std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
-    backoff = std::min(backoff * 2, absl::Seconds(1));
+    if (lease_held && attempt == 0) {
+      spdlog::warn("{}; waiting for the lease to pass", std::string(r.message()));
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
   started_ = true;
   threads_.emplace_back([this] { PublishLoop(); });
   threads_.emplace_back([this] { MaintenanceLoop(); });
+  threads_.emplace_back([this] { HeartbeatLoop(); });
   return absl::OkStatus();
 }
 
-void OwnerCore::Stop() {
+void OwnerCore::HeartbeatLoop() {
+  bool failing = false;
+  while (SleepUnlessStopping(options_.heartbeat_interval)) {
+    absl::Status r = RegisterWithMaster();
+    if (!r.ok() && !failing) {
+      spdlog::warn("heartbeat to the master failed: {}", r.ToString());
+    } else if (r.ok() && failing) {
+      spdlog::info("heartbeat to the master succeeded again");
+    }
+    failing = !r.ok();
+  }
+}
+
+void OwnerCore::BeginStop() {
+  stop_requested_.store(true, std::memory_order_release);
   {
     MutexLock lock(&actor_mu_);
-    if (stopping_) return;
     stopping_ = true;
     actor_cv_.SignalAll();
   }
@@ -144,8 +172,22 @@ void OwnerCore::Stop() {
     MutexLock lock(&publish_mu_);
     publish_cv_.SignalAll();
   }
+  if (memory_) memory_->pool().CancelClaims();
+}
+
+void OwnerCore::Stop() {
+  BeginStop();
+  if (threads_.empty()) return;
   for (auto& t : threads_) t.join();
   threads_.clear();
+  if (started_) {
+    // Give the node_id back so a restarted owner need not wait for the lease (best effort).
+    v1::UnregisterOwnerRequest req;
+    req.set_node_id(options_.node_id);
+    req.set_generation(generation());
+    absl::StatusOr<v1::UnregisterOwnerReply> r = master_->UnregisterOwner(req);
+    if (!r.ok()) spdlog::info("unregistering from the master: {}", r.status().ToString());
+  }
 }
 
 bool OwnerCore::SleepUnlessStopping(std::chrono::milliseconds d) {
@@ -219,6 +261,7 @@ absl::StatusOr<PutStartOutcome> OwnerCore::PutStart(uint64_t client_id, const Pu
   batch->value_len = static_cast<uint64_t>(a.value_len);
   batch->group_lens = a.atomic_group_lens;
   batch->parent_key = a.parent_key;
+  batch->deadline = Clock::now() + options_.put_lease;
   PutStartOutcome out;
   out.put_id = put_id;
   out.offsets.reserve(batch->slots.size());
@@ -243,10 +286,10 @@ absl::StatusOr<std::shared_ptr<OwnerCore::PutBatch>> OwnerCore::TakePreparedBatc
     *erase = true;
     return 0;
   });
-  if (wrong_client) return absl::PermissionDeniedError("put belongs to another client");
-  if (!taken) {
-    return absl::NotFoundError(
-        absl::StrFormat("put %d is not prepared (committed or aborted)", put_id));
+  if (!taken || wrong_client) {
+    // Another session's put is indistinguishable from none: ids are not usable across sessions.
+    return absl::NotFoundError(absl::StrFormat(
+        "put %d is not prepared in this session (committed, aborted or expired)", put_id));
   }
   return taken;
 }
@@ -272,7 +315,47 @@ void OwnerCore::WakePublisher() {
 
 absl::Status OwnerCore::PutCommit(uint64_t client_id, uint64_t put_id, PutDoneCallback done,
                                   bool defer_publish_wake) {
-  FLUXON_ASSIGN_OR_RETURN(std::shared_ptr<PutBatch> batch, TakePreparedBatch(client_id, put_id));
+  // Backpressure first (bounded queue, no task storm), before anything becomes visible: a commit
+  // that cannot be queued aborts the put, so a failed commit leaves nothing reserved.
+  absl::Status queued = absl::OkStatus();
+  {
+    MutexLock lock(&publish_mu_);
+    const auto deadline = Clock::now() + options_.commit_wait_timeout;
+    while (publish_queue_.size() + publish_reserved_ >= options_.publish_queue_capacity) {
+      if (stop_requested()) {
+        queued = absl::UnavailableError("the owner is shutting down; the put was aborted");
+        break;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        counters_->commit_timeouts.fetch_add(1, std::memory_order_relaxed);
+        queued = absl::UnavailableError(absl::StrFormat(
+            "the publish queue stayed full for %d ms (commit_wait_timeout; is the master "
+            "reachable?); the put was aborted",
+            options_.commit_wait_timeout.count()));
+        break;
+      }
+      publish_cv_.WaitUntil(&publish_mu_, std::min(deadline, now + std::chrono::milliseconds(100)));
+    }
+    if (queued.ok()) ++publish_reserved_;
+  }
+  if (!queued.ok()) {
+    if (PutAbort(client_id, put_id).ok()) {
+      spdlog::warn("commit of put {}: {}", put_id, std::string(queued.message()));
+    }
+    return queued;
+  }
+  auto release_reservation = [&] {
+    MutexLock lock(&publish_mu_);
+    --publish_reserved_;
+    publish_cv_.SignalAll();
+  };
+  absl::StatusOr<std::shared_ptr<PutBatch>> taken = TakePreparedBatch(client_id, put_id);
+  if (!taken.ok()) {
+    release_reservation();
+    return taken.status();
+  }
+  std::shared_ptr<PutBatch> batch = std::move(*taken);
   SlotPool& pool = memory_->pool();
   // V1: every value is local-read-ready before this returns.
   for (size_t i = 0; i < batch->keys.size(); ++i) {
@@ -298,10 +381,7 @@ absl::Status OwnerCore::PutCommit(uint64_t client_id, uint64_t put_id, PutDoneCa
   job->batch = std::move(batch);
   job->done = std::move(done);
   MutexLock lock(&publish_mu_);
-  // Backpressure: a full publish queue makes committers wait (bounded queue, no task storm).
-  while (publish_queue_.size() >= options_.publish_queue_capacity) {
-    publish_cv_.WaitUntil(&publish_mu_, Clock::now() + std::chrono::milliseconds(100));
-  }
+  --publish_reserved_;
   publish_queue_.push_back(std::move(job));
   if (!defer_publish_wake) publish_cv_.SignalAll();
   return absl::OkStatus();
@@ -314,10 +394,7 @@ void OwnerCore::PublishLoop() {
       MutexLock lock(&publish_mu_);
       for (;;) {
         if (!publish_queue_.empty()) break;
-        {
-          MutexLock al(&actor_mu_);
-          if (stopping_) return;
-        }
+        if (stop_requested()) return;
         publish_cv_.WaitUntil(&publish_mu_, Clock::now() + std::chrono::milliseconds(100));
       }
       job = std::move(publish_queue_.front());
@@ -325,7 +402,10 @@ void OwnerCore::PublishLoop() {
       ++publish_in_flight_;
       publish_cv_.SignalAll();
     }
-    const absl::Status outcome = PublishOne(*job);
+    // A stopping owner does not call the master for the backlog (each call could wait out its
+    // deadline): the remaining jobs end Cancelled at once.
+    const absl::Status outcome =
+        stop_requested() ? absl::CancelledError("owner stopping before publish") : PublishOne(*job);
     {
       MutexLock lock(&publish_mu_);
       --publish_in_flight_;
@@ -353,8 +433,22 @@ absl::Status OwnerCore::PublishOne(PublishJob& job) {
 
   absl::StatusOr<v1::PublishBatchReply> reply;
   auto backoff = std::chrono::milliseconds(25);
+  bool reregistered = false;
   for (;;) {
     reply = master_->PublishBatch(req);
+    if (!reply.ok() && reply.status().code() == absl::StatusCode::kFailedPrecondition &&
+        !reregistered) {
+      // The master does not know this generation (it restarted, or dropped us): register
+      // again and retry once, instead of failing every later publish for good.
+      reregistered = true;
+      absl::Status r = RegisterWithMaster();
+      spdlog::warn("publish of put {} refused ({}); re-registering with the master: {}", b.put_id,
+                   std::string(reply.status().message()), r.ToString());
+      if (r.ok()) {
+        counters_->master_reregistrations.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+    }
     if (reply.ok() || !IsUncertain(reply.status())) break;
     // A2/T1: the batch may have been published; retry the same identity, never give up on it.
     counters_->publish_retries.fetch_add(1, std::memory_order_relaxed);
@@ -618,6 +712,7 @@ absl::Status OwnerCore::GetTransfer(uint64_t client_id, uint64_t handle_id,
         for (uint32_t i = consume; i < t; ++i) tail.push_back(std::move(h.pins[i]));
         h.pins.resize(consume);
         h.consumed = true;
+        h.deadline = Clock::now() + options_.view_lease;
         return absl::OkStatus();
       });
   if (result.ok()) {
@@ -655,7 +750,10 @@ absl::Status OwnerCore::ReleaseViews(uint64_t client_id, uint64_t handle_id) {
   absl::Status result =
       handles_.Update(handle_id, [&](std::shared_ptr<GetHandle>* hp, bool* erase) -> absl::Status {
         if (hp == nullptr || (*hp)->client_id != client_id) {
-          return absl::NotFoundError(absl::StrFormat("views of handle %d are unknown", handle_id));
+          return absl::NotFoundError(absl::StrFormat(
+              "views of handle %d are unknown (released, expired after view_lease, or another "
+              "session's)",
+              handle_id));
         }
         if (!(*hp)->consumed) {
           return absl::FailedPreconditionError(absl::StrFormat(
@@ -679,24 +777,42 @@ void OwnerCore::DropHandle(std::shared_ptr<GetHandle> handle) {
   }
 }
 
-void OwnerCore::ExpireHandles() {
+void OwnerCore::ExpireLeases() {
   const auto now = Clock::now();
   std::vector<uint64_t> expired;
   handles_.ForEach([&](const uint64_t& id, const std::shared_ptr<GetHandle>& h) {
-    if (!h->consumed && h->deadline <= now) expired.push_back(id);
+    if (h->deadline <= now) expired.push_back(id);
   });
   for (uint64_t id : expired) {
     std::shared_ptr<GetHandle> taken;
     handles_.Update(id, [&](std::shared_ptr<GetHandle>* hp, bool* erase) {
-      if (hp != nullptr && !(*hp)->consumed && (*hp)->deadline <= now) {
+      if (hp != nullptr && (*hp)->deadline <= now) {
         taken = std::move(*hp);
         *erase = true;
       }
       return 0;
     });
-    if (taken) {
+    if (!taken) continue;
+    if (taken->consumed) {
+      counters_->views_expired.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn(
+          "views of handle {} (session {}) not released within view_lease ({} ms): "
+          "released",
+          id, taken->client_id, options_.view_lease.count());
+    } else {
       counters_->handles_expired.fetch_add(1, std::memory_order_relaxed);
-      DropHandle(std::move(taken));
+    }
+    DropHandle(std::move(taken));
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> stale_puts;  // (client, put)
+  puts_.ForEach([&](const uint64_t& id, const std::shared_ptr<PutBatch>& b) {
+    if (b->deadline <= now) stale_puts.emplace_back(b->client_id, id);
+  });
+  for (const auto& [client, put_id] : stale_puts) {
+    if (PutAbort(client, put_id).ok()) {
+      counters_->puts_expired.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("put {} (session {}) not committed or aborted within put_lease ({} ms): aborted",
+                   put_id, client, options_.put_lease.count());
     }
   }
 }
@@ -920,7 +1036,7 @@ void OwnerCore::MaintenanceLoop() {
       if (stopping_) return;
       pressure_ = false;
     }
-    ExpireHandles();
+    ExpireLeases();
     memory_->pool().ShrinkIdleGrants();
     memory_->pool().RefillLowClasses(0.25);
     if (candidates_changed_.exchange(false, std::memory_order_relaxed)) {
@@ -995,6 +1111,10 @@ std::map<std::string, int64_t> OwnerCore::Stats() const {
   FLUXON_STAT(live_handles);
   FLUXON_STAT(live_views);
   FLUXON_STAT(disconnects);
+  FLUXON_STAT(puts_expired);
+  FLUXON_STAT(views_expired);
+  FLUXON_STAT(commit_timeouts);
+  FLUXON_STAT(master_reregistrations);
 #undef FLUXON_STAT
   const SlotPoolStats s = memory_->pool().Stats();
   for (int i = 0; i < kNumSlotStates; ++i) {

@@ -24,8 +24,17 @@
 //   identity (T1), backs off when nothing is evictable, and never changes the configured
 //   capacity (S5). A put that cannot get slots fails with ResourceExhausted after the claim's hard
 //   timeout.
-// - Handles not consumed within handle_ttl are dropped by the same path as cancel; a client's
-//   prepared puts and handles are released when it disconnects.
+// - Handles not consumed within handle_ttl are dropped by the same path as cancel; prepared puts
+//   not committed or aborted within put_lease are aborted by the abort path; views not released
+//   within view_lease are released by the release path. A client's prepared puts, handles and
+//   views are released when its session ends. So a stopped or dead client pins nothing forever.
+// - A commit consumes its put: if it cannot be queued for publish (the bounded queue stayed full
+//   for commit_wait_timeout, or the owner is stopping) the put is aborted and nothing stays
+//   reserved. No wait in the owner is unbounded, and every wait ends when the owner stops.
+// - The owner heartbeats the master (re-registration of its own identity) every
+//   heartbeat_interval; a publish refused because the master does not know this generation
+//   (master restarted) re-registers and retries instead of failing forever. Stop gives the
+//   node_id back (UnregisterOwner).
 #pragma once
 
 #include <atomic>
@@ -95,6 +104,13 @@ struct OwnerOptions {
   uint64_t evict_max_bytes_per_round = 256ull << 20;
   std::chrono::milliseconds evict_min_interval{200};
   std::chrono::milliseconds handle_ttl{30'000};
+  std::chrono::milliseconds put_lease{60'000};
+  std::chrono::milliseconds view_lease{300'000};
+  std::chrono::milliseconds commit_wait_timeout{30'000};
+  std::chrono::milliseconds heartbeat_interval{1'000};
+  // How long Start keeps retrying a registration refused because the node_id's previous owner
+  // is still within its lease (a restart after kill -9).
+  std::chrono::milliseconds register_wait{30'000};
   std::chrono::milliseconds join_timeout{5'000};
   std::chrono::milliseconds maintenance_interval{50};
   size_t publish_queue_capacity = 512;
@@ -108,8 +124,11 @@ class OwnerCore {
   OwnerCore(const OwnerCore&) = delete;
   OwnerCore& operator=(const OwnerCore&) = delete;
 
-  // Registers with the master and starts the publish, eviction and maintenance actors.
+  // Registers with the master and starts the publish, eviction, maintenance and heartbeat actors.
   absl::Status Start();
+  // Makes every wait (claims, commit backpressure, retries) end at once and refuses new work;
+  // Stop joins the actors afterwards. Call before stopping the servers that call into the core.
+  void BeginStop();
   void Stop();
 
   uint64_t NewClientId() { return next_client_id_.fetch_add(1); }
@@ -165,7 +184,12 @@ class OwnerCore {
     uint64_t deficit = 0;         // bytes waiting claims lack when the pool cannot grow
   };
   EvictionNeed MeasureEvictionNeed() const;
-  void ExpireHandles();
+  // Drops handles past their TTL, views past view_lease and prepared puts past put_lease.
+  void ExpireLeases();
+  // RegisterOwner with this owner's identity (also the heartbeat).
+  absl::Status RegisterWithMaster();
+  void HeartbeatLoop();
+  bool stop_requested() const { return stop_requested_.load(std::memory_order_acquire); }
   void DropHandle(std::shared_ptr<GetHandle> handle);
   // Sleeps up to `d`; returns false when the owner is stopping.
   bool SleepUnlessStopping(std::chrono::milliseconds d);
@@ -203,6 +227,9 @@ class OwnerCore {
   CondVar publish_cv_;
   std::deque<std::unique_ptr<PublishJob>> publish_queue_ ABSL_GUARDED_BY(publish_mu_);
   size_t publish_in_flight_ ABSL_GUARDED_BY(publish_mu_) = 0;
+  // Queue places taken by commits between their backpressure wait and their push.
+  size_t publish_reserved_ ABSL_GUARDED_BY(publish_mu_) = 0;
+  std::atomic<bool> stop_requested_{false};
 
   mutable Mutex actor_mu_;
   CondVar actor_cv_;

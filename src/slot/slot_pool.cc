@@ -147,6 +147,19 @@ SlotPool::~SlotPool() {
   }
 }
 
+void SlotPool::CancelClaims() {
+  claims_cancelled_.store(true, std::memory_order_release);
+  std::vector<SizeClass*> classes;
+  {
+    MutexLock lock(&classes_mu_);
+    for (auto& [size, cls] : classes_) classes.push_back(cls.get());
+  }
+  for (SizeClass* cls : classes) {
+    MutexLock lock(&cls->mu);
+    cls->cv.SignalAll();
+  }
+}
+
 SlotPool::SizeClass* SlotPool::ClassFor(uint64_t slot_size) {
   MutexLock lock(&classes_mu_);
   auto& cls = classes_[slot_size];
@@ -255,6 +268,8 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
         cls->slot_size, reachable));
   }
   claims_.fetch_add(1, std::memory_order_relaxed);
+  const absl::Status cancelled = absl::UnavailableError("the owner is shutting down");
+  if (claims_cancelled_.load(std::memory_order_acquire)) return cancelled;
   const auto start = Clock::now();
   const auto soft_deadline = start + options_.claim_soft_timeout;
   const auto deadline = start + hard_timeout.value_or(options_.claim_hard_timeout);
@@ -309,6 +324,12 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
       stage = "claim_turn";
     }
     const auto now = Clock::now();
+    if (claims_cancelled_.load(std::memory_order_acquire)) {
+      cls->waiters.erase(std::find(cls->waiters.begin(), cls->waiters.end(), &me));
+      cls->pending_demand -= count;
+      cls->cv.SignalAll();
+      return cancelled;
+    }
     if (now >= deadline) break;
     if (!pressure_reported && now >= soft_deadline) {
       pressure_reported = true;

@@ -127,6 +127,9 @@ class SlotPool {
       uint64_t value_len, size_t count,
       std::optional<std::chrono::milliseconds> hard_timeout = std::nullopt);
   absl::Status Abort(const SlotRef& ref);
+  // Shutdown: every waiting and later Claim fails at once with Unavailable (a stopping owner
+  // must not keep a request in a claim wait for up to the hard timeout).
+  void CancelClaims();
 
   // Prepared -> PendingLocalVisible / Pending, taking the first holder reference.
   absl::Status CommitLocalVisible(const SlotRef& ref);
@@ -200,6 +203,7 @@ class SlotPool {
 
   std::array<std::atomic<int64_t>, kNumSlotStates> state_counts_{};
   std::atomic<uint64_t> claims_{0};
+  std::atomic<bool> claims_cancelled_{false};
   std::atomic<uint64_t> claim_timeouts_{0};
   std::atomic<uint64_t> grants_shrunk_{0};
 };

@@ -1,4 +1,7 @@
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "master/master_core.h"
 
@@ -63,12 +66,13 @@ TEST(MasterCore, RemoveIsExact) {
 }
 
 TEST(MasterCore, StaleGenerationIsRejectedAndReRegistrationDropsRoutes) {
-  MasterCore m;
+  MasterCore m(MasterOptions{std::chrono::milliseconds(100)});
   Register(m, 1, 10);
   ASSERT_TRUE(m.PublishBatch(Batch(1, 10, 1, {"a", "b"})).ok());
   Register(m, 2, 20);
   ASSERT_TRUE(m.PublishBatch(Batch(2, 20, 1, {"c"})).ok());
-  Register(m, 1, 11);  // node 1 restarted
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // node 1's lease lapses
+  Register(m, 1, 11);                                           // node 1 restarted
   EXPECT_EQ(m.route_count(), 1u);
   auto stale = m.PublishBatch(Batch(1, 10, 2, {"d"}));
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -81,6 +85,47 @@ TEST(MasterCore, StaleGenerationIsRejectedAndReRegistrationDropsRoutes) {
   EXPECT_FALSE(l->found(0));
   EXPECT_TRUE(l->found(1));
   EXPECT_EQ(l->routes(1).node_id(), 2u);
+}
+
+// Issue: a second process registering a live owner's node_id must be refused, not obeyed (it
+// would drop the live owner's routes and make its publishes stale for good).
+TEST(MasterCore, RegistrationOfALiveOwnersNodeIdIsRefused) {
+  MasterCore m(MasterOptions{std::chrono::milliseconds(300)});
+  Register(m, 1, 10);
+  ASSERT_TRUE(m.PublishBatch(Batch(1, 10, 1, {"a"})).ok());
+  v1::RegisterOwnerRequest rogue;
+  rogue.set_node_id(1);
+  rogue.set_generation(99);
+  auto refused = m.RegisterOwner(rogue);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("live owner"));
+  EXPECT_EQ(m.route_count(), 1u);
+  // The live owner keeps publishing; heartbeats (re-registration of its identity) keep it live.
+  for (int i = 0; i < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    Register(m, 1, 10);
+  }
+  EXPECT_EQ(m.RegisterOwner(rogue).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(m.PublishBatch(Batch(1, 10, 2, {"b"})).ok());
+  EXPECT_EQ(m.route_count(), 2u);
+}
+
+TEST(MasterCore, UnregisterFreesTheNodeIdAndDropsItsRoutes) {
+  MasterCore m(MasterOptions{std::chrono::milliseconds(60'000)});
+  Register(m, 1, 10);
+  ASSERT_TRUE(m.PublishBatch(Batch(1, 10, 1, {"a", "b"})).ok());
+  v1::UnregisterOwnerRequest wrong;
+  wrong.set_node_id(1);
+  wrong.set_generation(11);
+  EXPECT_EQ(m.UnregisterOwner(wrong).status().code(), absl::StatusCode::kFailedPrecondition);
+  v1::UnregisterOwnerRequest u;
+  u.set_node_id(1);
+  u.set_generation(10);
+  auto r = m.UnregisterOwner(u);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->dropped_routes(), 2u);
+  EXPECT_EQ(m.route_count(), 0u);
+  Register(m, 1, 11);  // the restarted owner need not wait for the lease
 }
 
 TEST(MasterCore, ListKeysByPrefixSorted) {

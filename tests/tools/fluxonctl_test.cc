@@ -31,6 +31,7 @@ class FluxonctlTest : public ::testing::Test {
  protected:
   void SetUp() override {
     config_ = TestConfig();
+    config_.admin.allow_mutations = true;
     node_ = StartNode(config_);
     client_ = Connect(config_);
   }
@@ -171,6 +172,28 @@ TEST_F(FluxonctlTest, OwnersListsTheEmbeddedOwner) {
   ASSERT_EQ(j["owners"].size(), 1u);
   EXPECT_EQ(j["owners"][0]["node_id"], 0);
   EXPECT_EQ(j["owners"][0]["generation"], node_->owner()->generation());
+}
+
+// Issue: any local user could inject faults through the admin port. Mutating admin calls are
+// refused unless admin.allow_mutations is set, and a refused call changes nothing.
+TEST(FluxonctlMutations, FaultInjectionIsRefusedUnlessEnabled) {
+  Config c = TestConfig();
+  ASSERT_FALSE(c.admin.allow_mutations);
+  auto node = StartNode(c);
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {FLUXONCTL_PATH, "--admin", node->admin_address()});
+    return RunCommand(args);
+  };
+  CommandResult set = run({"fault", "set", "master.Lookup", "delay", "--delay-ms", "3600000"});
+  EXPECT_NE(set.exit_code, 0);
+  EXPECT_THAT(set.err, ::testing::HasSubstr("allow_mutations"));
+  EXPECT_TRUE(node->faults().List().empty());
+  node->faults().Set(FaultRule{"master.Lookup", FaultAction::kFail, {}, -1});
+  EXPECT_NE(run({"fault", "clear"}).exit_code, 0);
+  EXPECT_EQ(node->faults().List().size(), 1u);
+  // Reads stay available.
+  EXPECT_EQ(run({"fault", "list"}).exit_code, 0);
+  EXPECT_EQ(run({"status"}).exit_code, 0);
 }
 
 TEST_F(FluxonctlTest, FaultDelayHoldsThePublish) {
