@@ -89,6 +89,9 @@ struct OwnerConfig {
   std::chrono::milliseconds frame_timeout{10'000};
   // How often the owner tells the master it is alive (the master's owner_lease must be longer).
   std::chrono::milliseconds heartbeat_interval{1'000};
+  // How long a starting owner retries a registration the master refuses because the node_id's
+  // previous owner is still within its lease (a restart right after kill -9); then it fails.
+  std::chrono::milliseconds register_timeout{30'000};
 };
 
 struct FaultConfig {

@@ -399,6 +399,7 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o, const MachineLimits& machi
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("hello_timeout_ms", &o->hello_timeout));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("frame_timeout_ms", &o->frame_timeout));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("heartbeat_interval_ms", &o->heartbeat_interval));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("register_timeout_ms", &o->register_timeout));
   FLUXON_RETURN_IF_ERROR(sec.CheckSocketPath("socket_path", o->socket_path));
   if (!o->master_address.empty()) {
     FLUXON_RETURN_IF_ERROR(
@@ -670,6 +671,7 @@ std::string DumpConfig(const Config& c) {
     out << YAML::Key << "hello_timeout_ms" << YAML::Value << o.hello_timeout.count();
     out << YAML::Key << "frame_timeout_ms" << YAML::Value << o.frame_timeout.count();
     out << YAML::Key << "heartbeat_interval_ms" << YAML::Value << o.heartbeat_interval.count();
+    out << YAML::Key << "register_timeout_ms" << YAML::Value << o.register_timeout.count();
     if (!o.master_address.empty()) {
       out << YAML::Key << "master_address" << YAML::Value << o.master_address;
     }

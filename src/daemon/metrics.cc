@@ -123,6 +123,17 @@ void RenderOwner(OwnerCore& owner, const FluxonNode& node, PrometheusText& out) 
             Get(s, "hot_weight_bytes"));
   out.Counter("fluxon_handles_expired_total", "Get handles dropped after handle_ttl.",
               Get(s, "handles_expired"));
+  out.Counter("fluxon_puts_expired_total",
+              "Prepared puts aborted after put_lease (never committed or aborted).",
+              Get(s, "puts_expired"));
+  out.Counter("fluxon_views_expired_total", "Get views released after view_lease.",
+              Get(s, "views_expired"));
+  out.Counter("fluxon_commit_timeouts_total",
+              "Commits refused (put aborted) after commit_wait_timeout of publish backpressure.",
+              Get(s, "commit_timeouts"));
+  out.Counter("fluxon_master_reregistrations_total",
+              "Re-registrations after the master refused a publish as stale.",
+              Get(s, "master_reregistrations"));
   out.Gauge("fluxon_client_sessions", "Connected client sessions.",
             static_cast<double>(node.client_sessions()));
   out.Counter("fluxon_client_disconnects_total", "Client sessions that ended.",

@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
     oo.view_lease = config.owner->view_lease;
     oo.commit_wait_timeout = config.owner->commit_wait_timeout;
     oo.heartbeat_interval = config.owner->heartbeat_interval;
+    oo.register_timeout = config.owner->register_timeout;
     FLUXON_ASSIGN_OR_RETURN(node->owner_,
                             OwnerCore::Create(*config.owner, node->master_for_owner_.get(), oo));
   }

@@ -122,7 +122,7 @@ absl::Status OwnerCore::RegisterWithMaster() {
 }
 
 absl::Status OwnerCore::Start() {
-  const auto give_up = Clock::now() + options_.register_wait;
+  const auto give_up = Clock::now() + options_.register_timeout;
   auto backoff = std::chrono::milliseconds(25);
   for (int attempt = 0;; ++attempt) {
     absl::Status r = RegisterWithMaster();

@@ -110,7 +110,7 @@ struct OwnerOptions {
   std::chrono::milliseconds heartbeat_interval{1'000};
   // How long Start keeps retrying a registration refused because the node_id's previous owner
   // is still within its lease (a restart after kill -9).
-  std::chrono::milliseconds register_wait{30'000};
+  std::chrono::milliseconds register_timeout{30'000};
   std::chrono::milliseconds join_timeout{5'000};
   std::chrono::milliseconds maintenance_interval{50};
   size_t publish_queue_capacity = 512;

@@ -199,6 +199,7 @@ owner:
   hello_timeout_ms: 456
   frame_timeout_ms: 567
   heartbeat_interval_ms: 250
+  register_timeout_ms: 789
 master: {owner_lease_ms: 4000}
 admin: {allow_mutations: true}
 )");
@@ -211,6 +212,7 @@ admin: {allow_mutations: true}
   EXPECT_EQ(o.hello_timeout.count(), 456);
   EXPECT_EQ(o.frame_timeout.count(), 567);
   EXPECT_EQ(o.heartbeat_interval.count(), 250);
+  EXPECT_EQ(o.register_timeout.count(), 789);
   EXPECT_EQ(c->master->owner_lease.count(), 4000);
   EXPECT_TRUE(c->admin.allow_mutations);
 
@@ -218,7 +220,8 @@ admin: {allow_mutations: true}
   for (const char* line :
        {"put_lease_ms: 1234", "view_lease_ms: 2345", "commit_wait_timeout_ms: 3456",
         "max_connections: 77", "hello_timeout_ms: 456", "frame_timeout_ms: 567",
-        "heartbeat_interval_ms: 250", "owner_lease_ms: 4000", "allow_mutations: true"}) {
+        "heartbeat_interval_ms: 250", "register_timeout_ms: 789", "owner_lease_ms: 4000",
+        "allow_mutations: true"}) {
     EXPECT_THAT(dumped, HasSubstr(line));
   }
   auto again = ParseConfig(dumped);
@@ -267,6 +270,7 @@ constexpr MsKey kMsKeys[] = {
     {"embedded", "owner", "hello_timeout_ms"},
     {"embedded", "owner", "frame_timeout_ms"},
     {"owner", "owner", "heartbeat_interval_ms"},
+    {"owner", "owner", "register_timeout_ms"},
     {"embedded", "master", "inflight_ttl_ms"},
     {"embedded", "master", "owner_lease_ms"},
     {"client", "client", "call_timeout_ms"},
