@@ -9,13 +9,21 @@
     ...  # a kernel restores from the plan's addresses
     client.release_views(plan)
 
-Every argument is validated here and again in the native layer before anything is reserved.
+Every argument is validated here and again in the native layer before anything is reserved:
+a bad one raises fluxon.InvalidArgumentError (never a raw TypeError or OverflowError). A plan
+pointer is looked up in the plan registry of the live client that issued it before anything reads
+it, so a forged or stale integer fails cleanly instead of crashing the process.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 import os
-from dataclasses import dataclass, field
+import threading
+import weakref
+from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from . import _native
@@ -34,7 +42,11 @@ from .errors import (
 __version__ = _native.__version__
 PLAN_BLOB_MAGIC = _native.PLAN_BLOB_MAGIC
 DEFAULT_SOCKET_PATH = "/tmp/fluxon/owner.sock"
-MAX_VALUE_LEN = 512 * 1024 * 1024
+MAX_VALUE_LEN = _native.MAX_VALUE_BYTES  # 512 MiB
+MAX_KEY_BYTES = _native.MAX_KEY_BYTES  # bytes of UTF-8 per key (also parent_key, delete prefix)
+MAX_BATCH_KEYS = _native.MAX_BATCH_KEYS  # keys per batch
+MAX_COPY_THREADS = 1024
+_U64_MAX = 2**64 - 1
 
 __all__ = [
     "KvClient",
@@ -55,6 +67,9 @@ __all__ = [
     "copy_segments_to_plan",
     "copy_segments_from_plan",
     "plan_value_ptrs",
+    "MAX_KEY_BYTES",
+    "MAX_BATCH_KEYS",
+    "MAX_VALUE_LEN",
 ]
 
 
@@ -74,41 +89,98 @@ def _call(fn, *args):
 # Validation (the native layer repeats it before any reservation or RPC).
 
 
+def _check_sequence(name: str, v) -> None:
+    """A list, tuple or other sized, indexable container (e.g. a numpy array); not str/bytes."""
+    if isinstance(v, (str, bytes)) or not (
+            isinstance(v, Sequence) or (hasattr(v, "__len__") and hasattr(v, "__getitem__"))):
+        raise InvalidArgumentError(f"{name} must be a list, got {type(v).__name__}")
+
+
+def _check_str(name: str, v, max_bytes: Optional[int] = None) -> str:
+    """A non-empty str that encodes to UTF-8 (no lone surrogates) within max_bytes."""
+    if not isinstance(v, str):
+        raise InvalidArgumentError(f"{name} must be str, got {type(v).__name__}")
+    if not v:
+        raise InvalidArgumentError(f"{name} is an empty string")
+    if v.isascii():
+        n = len(v)
+    else:
+        try:
+            n = len(v.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise InvalidArgumentError(
+                f"{name} is not valid UTF-8 text ({e.reason} at character {e.start})") from None
+    if max_bytes is not None and n > max_bytes:
+        raise InvalidArgumentError(f"{name} is {n} bytes of UTF-8; the limit is {max_bytes}")
+    return v
+
+
+def _check_optional_str(name: str, v, max_bytes: Optional[int] = None) -> Optional[str]:
+    """None or "" (unset) becomes None; anything else must pass _check_str."""
+    return None if v is None or v == "" else _check_str(name, v, max_bytes)
+
+
 def _check_keys(keys) -> list:
-    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
-        raise InvalidArgumentError("keys must be a list of str")
+    _check_sequence("keys", keys)
     keys = list(keys)
     if not keys:
         raise InvalidArgumentError("keys must not be empty")
+    if len(keys) > MAX_BATCH_KEYS:
+        raise InvalidArgumentError(
+            f"a batch holds at most {MAX_BATCH_KEYS} keys, got {len(keys)}")
     seen = set()
     for i, k in enumerate(keys):
-        if not isinstance(k, str):
-            raise InvalidArgumentError(f"keys[{i}] must be str, got {type(k).__name__}")
-        if not k:
-            raise InvalidArgumentError(f"keys[{i}] is an empty string")
+        _check_str(f"keys[{i}]", k, MAX_KEY_BYTES)
         if k in seen:
             raise InvalidArgumentError(f"keys[{i}] ({k!r}) appears twice in one batch")
         seen.add(k)
     return keys
 
 
-def _check_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise InvalidArgumentError(f"{name} must be an int, got {type(v).__name__}")
+def _check_int(name: str, v, lo: int = -(2**63), hi: int = 2**63 - 1) -> int:
+    """An int (or anything with __index__, e.g. a numpy integer; not bool) in [lo, hi]."""
+    if isinstance(v, bool):
+        raise InvalidArgumentError(f"{name} must be an int, got bool")
+    try:
+        v = operator.index(v)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be an int, got {type(v).__name__}") from None
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(f"{name} must be in [{lo}, {hi}], got {v}")
     return v
+
+
+def _check_ptr(name: str, v) -> int:
+    """A non-null address (a 64-bit unsigned integer)."""
+    return _check_int(name, v, 1, _U64_MAX)
+
+
+def _check_value_len(v) -> int:
+    return _check_int("value_len", v, 1, MAX_VALUE_LEN)
+
+
+def _check_threads(v) -> int:
+    return _check_int("threads", v, 1, MAX_COPY_THREADS)
+
+
+def _check_bool(name: str, v) -> bool:
+    """A bool (ints 0 and 1 are accepted too)."""
+    if not isinstance(v, bool):
+        try:
+            v = operator.index(v)
+        except TypeError:
+            v = None
+        if v not in (0, 1):
+            raise InvalidArgumentError(f"{name} must be a bool")
+    return bool(v)
 
 
 def _check_groups(groups, n: int) -> list:
     if groups is None:
         return []
-    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):
-        raise InvalidArgumentError("atomic_group_lens must be a list of int")
-    out = []
-    for i, g in enumerate(groups):
-        g = _check_int(f"atomic_group_lens[{i}]", g)
-        if g <= 0:
-            raise InvalidArgumentError(f"atomic_group_lens[{i}] must be positive, got {g}")
-        out.append(g)
+    _check_sequence("atomic_group_lens", groups)
+    out = [_check_int(f"atomic_group_lens[{i}]", g, 1, MAX_BATCH_KEYS)
+           for i, g in enumerate(groups)]
     if sum(out) != n:
         raise InvalidArgumentError(f"atomic_group_lens sum to {sum(out)} but there are {n} keys")
     return out
@@ -117,8 +189,7 @@ def _check_groups(groups, n: int) -> list:
 def _check_mask(mask, groups: list, n: int) -> list:
     if mask is None:
         return []
-    if isinstance(mask, (str, bytes)) or not isinstance(mask, Sequence):
-        raise InvalidArgumentError("make_replica_task_mask must be a list of bool")
+    _check_sequence("make_replica_task_mask", mask)
     mask = list(mask)
     if len(mask) != n:
         raise InvalidArgumentError(
@@ -178,6 +249,22 @@ class GetStartHandle:
         return f"GetStartHandle({self.result})"
 
 
+_MAX_TIMEOUT_S = 2**31  # longer waits are waits forever (the native wait counts ms in int64)
+
+
+def _check_timeout(timeout) -> Optional[float]:
+    """None (forever) or a number of seconds >= 0; inf and very long waits become None."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise InvalidArgumentError(
+            f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
+    timeout = float(timeout)
+    if math.isnan(timeout) or timeout < 0:
+        raise InvalidArgumentError(f"timeout must be >= 0, got {timeout}")
+    return None if timeout >= _MAX_TIMEOUT_S else timeout
+
+
 class KvFuture:
     """Completes when the committed batch's route is published by the master."""
 
@@ -204,8 +291,7 @@ class KvFuture:
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Waits for publish; raises the failure, or fluxon.TimeoutError if not done in time."""
-        if timeout is not None and timeout < 0:
-            raise InvalidArgumentError("timeout must be >= 0")
+        timeout = _check_timeout(timeout)
         if not self._done and not self._settle(timeout):
             raise TimeoutError(f"put not published within {timeout} s")
         if self._exc is not None:
@@ -221,14 +307,21 @@ class KvClient:
     """A connection to the machine's Fluxon owner (thread-safe)."""
 
     def __init__(self, socket_path: Optional[str] = None, config_path: Optional[str] = None):
-        if socket_path is not None and not isinstance(socket_path, str):
-            raise InvalidArgumentError("socket_path must be a str")
+        if socket_path is not None:
+            _check_str("socket_path", socket_path)
         if socket_path is None and config_path is not None:
-            socket_path = _call(_native.socket_from_config, str(config_path))
+            if not isinstance(config_path, (str, os.PathLike)):
+                raise InvalidArgumentError("config_path must be a str or os.PathLike")
+            config_path = _check_str("config_path", os.fsdecode(config_path))
+            socket_path = _call(_native.socket_from_config, config_path)
         if socket_path is None:
-            socket_path = os.environ.get("FLUXON_SOCKET", DEFAULT_SOCKET_PATH)
+            socket_path = _check_str("FLUXON_SOCKET",
+                                     os.environ.get("FLUXON_SOCKET", DEFAULT_SOCKET_PATH))
         self.socket_path = socket_path
         self._c = _call(_native.Client, socket_path)
+        self._arena = tuple(self._c.plan_arena())  # (base, bytes): fixed for the client's life
+        with _live_clients_lock:
+            _live_clients.add(self)
 
     def wait_local_segments_ready(self) -> list:
         """Mappings to register with CUDA: segment_label, write_ptr, read_ptr, len, generation,
@@ -247,39 +340,37 @@ class KvClient:
 
     def local_fast_put_start(self, keys, value_len, opts: Optional[PutOptionalArgs] = None) -> int:
         keys = _check_keys(keys)
-        value_len = _check_int("value_len", value_len)
-        if value_len <= 0:
-            raise InvalidArgumentError(f"value_len must be > 0, got {value_len}")
-        if value_len > MAX_VALUE_LEN:
-            raise InvalidArgumentError(f"value_len {value_len} exceeds the 512 MiB value limit")
+        value_len = _check_value_len(value_len)
         if opts is None:
             opts = PutOptionalArgs()
         elif not isinstance(opts, PutOptionalArgs):
             raise InvalidArgumentError("opts must be a fluxon.PutOptionalArgs")
         groups = _check_groups(opts.atomic_group_lens, len(keys))
         mask = _check_mask(opts.make_replica_task_mask, groups, len(keys))
-        if opts.lease_id is not None and not isinstance(opts.lease_id, str):
-            raise InvalidArgumentError("lease_id must be a str or None")
-        if opts.parent_key is not None and (not isinstance(opts.parent_key, str)
-                                            or opts.parent_key in keys):
+        lease_id = _check_optional_str("lease_id", opts.lease_id)
+        parent_key = _check_optional_str("parent_key", opts.parent_key, MAX_KEY_BYTES)
+        if parent_key is not None and parent_key in keys:
             raise InvalidArgumentError(
-                "parent_key must be a str that is not one of the batch's keys, or None")
-        return _call(self._c.put_start, keys, value_len, bool(opts.reject_if_inflight_same_key),
-                     bool(opts.reject_if_exist_same_key), bool(opts.write_through),
-                     bool(opts.make_replica_task), mask, groups, opts.lease_id or "",
-                     opts.parent_key or "")
+                f"parent_key is keys[{keys.index(parent_key)}] of the same batch; it must name "
+                "the page before keys[0]")
+        flags = [_check_bool(name, getattr(opts, name)) for name in (
+            "reject_if_inflight_same_key", "reject_if_exist_same_key", "write_through",
+            "make_replica_task")]
+        return _call(self._c.put_start, keys, value_len, *flags, mask, groups, lease_id or "",
+                     parent_key)
 
     def local_fast_put_commit(self, plan_ptr: int) -> KvFuture:
-        return KvFuture(_call(self._c.put_commit, _check_int("plan_ptr", plan_ptr)))
+        return KvFuture(_call(self._c.put_commit, _check_ptr("plan_ptr", plan_ptr)))
 
     def put_abort(self, plan_ptr: int) -> None:
-        _call(self._c.put_abort, _check_int("plan_ptr", plan_ptr))
+        _call(self._c.put_abort, _check_ptr("plan_ptr", plan_ptr))
 
     def get_start(self, keys, prefix_best_effort: bool = True,
                   atomic_group_lens=None) -> GetStartHandle:
         keys = _check_keys(keys)
         groups = _check_groups(atomic_group_lens, len(keys))
-        h = _call(self._c.get_start, keys, bool(prefix_best_effort), groups)
+        h = _call(self._c.get_start, keys, _check_bool("prefix_best_effort", prefix_best_effort),
+                  groups)
         return GetStartHandle(h, self)
 
     def get_transfer(self, handle: GetStartHandle, *, consume_prefix_len=None) -> int:
@@ -300,7 +391,7 @@ class KvClient:
         _call(self._c.cancel_get_transfer, handle._native)
 
     def release_views(self, plan_ptr: int) -> None:
-        _call(self._c.release_views, _check_int("plan_ptr", plan_ptr))
+        _call(self._c.release_views, _check_ptr("plan_ptr", plan_ptr))
 
     def stats(self) -> dict:
         return dict(_call(self._c.stats))
@@ -308,24 +399,59 @@ class KvClient:
     def delete_prefix(self, prefix: str) -> Tuple[int, int]:
         """Deletes the owner's committed values whose key starts with `prefix` (non-empty);
         values being read or written stay. Returns (deleted, skipped_in_use)."""
-        if not isinstance(prefix, str) or not prefix:
-            raise InvalidArgumentError("prefix must be a non-empty str")
-        return tuple(_call(self._c.delete_prefix, prefix))
+        return tuple(_call(self._c.delete_prefix, _check_str("prefix", prefix, MAX_KEY_BYTES)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Plan access. A plan pointer is only meaningful to the client that issued it: the functions below
+# find that client by its plan arena and let its registry validate the pointer (NotFoundError for
+# an address it never issued, PlanStateError once consumed) before anything reads the blob.
+
+_live_clients: "weakref.WeakSet[KvClient]" = weakref.WeakSet()
+_live_clients_lock = threading.Lock()
+
+
+def _client_of_plan(plan_ptr) -> Tuple[int, "KvClient"]:
+    plan_ptr = _check_ptr("plan_ptr", plan_ptr)
+    with _live_clients_lock:
+        clients = list(_live_clients)
+    for c in clients:
+        base, size = c._arena
+        if base <= plan_ptr < base + size:
+            return plan_ptr, c
+    raise InvalidArgumentError(
+        f"plan_ptr {plan_ptr:#x} is not a plan of any live fluxon client in this process")
 
 
 def plan_value_ptrs(plan_ptr: int) -> list:
     """The value addresses of a live plan (what a kernel reads from the blob)."""
-    return _call(_native.plan_value_ptrs, _check_int("plan_ptr", plan_ptr))
+    plan_ptr, c = _client_of_plan(plan_ptr)
+    return _call(c._c.plan_value_ptrs, plan_ptr)
+
+
+def _copy_plan(plan_ptr, host_ptr, value_len, threads, to_values: bool) -> None:
+    plan_ptr, c = _client_of_plan(plan_ptr)
+    _call(c._c.copy_plan, plan_ptr, _check_ptr("host_ptr", host_ptr), _check_value_len(value_len),
+          to_values, _check_threads(threads))
 
 
 def copy_to_plan(plan_ptr: int, host_ptr: int, value_len: int, threads: int = 4) -> None:
     """Copies len(plan) contiguous values from host memory into the plan's values (no GIL)."""
-    _call(_native.copy_plan, plan_ptr, host_ptr, value_len, True, threads)
+    _copy_plan(plan_ptr, host_ptr, value_len, threads, True)
 
 
 def copy_from_plan(plan_ptr: int, host_ptr: int, value_len: int, threads: int = 4) -> None:
     """Copies the plan's values into contiguous host memory (no GIL)."""
-    _call(_native.copy_plan, plan_ptr, host_ptr, value_len, False, threads)
+    _copy_plan(plan_ptr, host_ptr, value_len, threads, False)
+
+
+def _copy_segments(plan_ptr, seg_ptrs, seg_sizes, segs_per_value, value_len, threads,
+                   to_values: bool) -> None:
+    plan_ptr, c = _client_of_plan(plan_ptr)
+    n, spv = _segment_value_count(seg_ptrs, seg_sizes, segs_per_value)
+    # The native layer converts the segment lists itself (every item checked, index named).
+    _call(c._c.copy_segments, plan_ptr, n, _check_value_len(value_len), seg_ptrs, seg_sizes,
+          spv, to_values, _check_threads(threads))
 
 
 def copy_segments_to_plan(plan_ptr: int, seg_ptrs, seg_sizes, segs_per_value: int,
@@ -335,27 +461,24 @@ def copy_segments_to_plan(plan_ptr: int, seg_ptrs, seg_sizes, segs_per_value: in
     Value i is the concatenation of segments [i*segs_per_value, (i+1)*segs_per_value); each
     value's segments must add up to exactly value_len bytes.
     """
-    n = _segment_value_count(seg_ptrs, seg_sizes, segs_per_value)
-    _call(_native.copy_segments, _check_int("plan_ptr", plan_ptr), n,
-          _check_int("value_len", value_len), seg_ptrs, seg_sizes, segs_per_value, True, threads)
+    _copy_segments(plan_ptr, seg_ptrs, seg_sizes, segs_per_value, value_len, threads, True)
 
 
 def copy_segments_from_plan(plan_ptr: int, seg_ptrs, seg_sizes, segs_per_value: int,
                             value_len: int, threads: int = 4) -> None:
     """Scatters the plan's first len(seg_ptrs)//segs_per_value values into host segments (no GIL)."""
-    n = _segment_value_count(seg_ptrs, seg_sizes, segs_per_value)
-    _call(_native.copy_segments, _check_int("plan_ptr", plan_ptr), n,
-          _check_int("value_len", value_len), seg_ptrs, seg_sizes, segs_per_value, False, threads)
+    _copy_segments(plan_ptr, seg_ptrs, seg_sizes, segs_per_value, value_len, threads, False)
 
 
-def _segment_value_count(seg_ptrs, seg_sizes, segs_per_value) -> int:
-    spv = _check_int("segs_per_value", segs_per_value)
-    if spv <= 0:
-        raise InvalidArgumentError(f"segs_per_value must be > 0, got {spv}")
+def _segment_value_count(seg_ptrs, seg_sizes, segs_per_value) -> Tuple[int, int]:
+    """(values, segs_per_value) of a segment copy, checked."""
+    spv = _check_int("segs_per_value", segs_per_value, 1, _U64_MAX)
+    _check_sequence("seg_ptrs", seg_ptrs)
+    _check_sequence("seg_sizes", seg_sizes)
     if len(seg_ptrs) != len(seg_sizes):
         raise InvalidArgumentError(
             f"{len(seg_ptrs)} segment pointers but {len(seg_sizes)} segment sizes")
     if len(seg_ptrs) % spv:
         raise InvalidArgumentError(
             f"{len(seg_ptrs)} segments is not a multiple of segs_per_value={spv}")
-    return len(seg_ptrs) // spv
+    return len(seg_ptrs) // spv, spv

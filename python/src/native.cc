@@ -1,11 +1,19 @@
 // fluxon._native: the pybind11 binding of libfluxon_client. Errors cross into Python as
 // _native.Error(code, message, conflict_indices); the pure-Python layer maps codes to the public
 // exception classes. Every call that talks to the owner or waits releases the GIL.
+//
+// Nothing here raises a raw TypeError or dereferences an unchecked address: keys and integer
+// lists are converted by the checked helpers below (InvalidArgument naming the argument and
+// index), and a plan pointer is looked up in the issuing client's plan registry (PeekPlan)
+// before anything reads the blob.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
 #include <optional>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "fluxon/client.h"
 #include "fluxon/config.h"
 #include "fluxon/plan_blob_abi.h"
@@ -35,6 +43,85 @@ T Unwrap(absl::StatusOr<T> r) {
 
 void Check(const absl::Status& s) {
   if (!s.ok()) Raise(s);
+}
+
+[[noreturn]] void RaiseInvalid(const std::string& message) {
+  Raise(absl::InvalidArgumentError(message));
+}
+
+// A non-empty str of at most `max_bytes` bytes of UTF-8 (lone surrogates are rejected).
+std::string Utf8FromPy(py::handle v, const std::string& name, uint64_t max_bytes) {
+  if (!PyUnicode_Check(v.ptr())) {
+    RaiseInvalid(name + " must be a str, got " + std::string(Py_TYPE(v.ptr())->tp_name));
+  }
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(v.ptr(), &n);
+  if (p == nullptr) {
+    PyErr_Clear();
+    RaiseInvalid(name + " is not valid UTF-8 text (it holds a lone surrogate)");
+  }
+  if (n == 0) RaiseInvalid(name + " is an empty string");
+  if (static_cast<uint64_t>(n) > max_bytes) {
+    RaiseInvalid(name + " is " + std::to_string(n) + " bytes of UTF-8; the limit is " +
+                 std::to_string(max_bytes));
+  }
+  return std::string(p, static_cast<size_t>(n));
+}
+
+// A list/tuple (any sequence but str/bytes) as a fast sequence, or InvalidArgument.
+py::object SequenceFromPy(py::handle v, const std::string& name) {
+  if (PyUnicode_Check(v.ptr()) || PyBytes_Check(v.ptr()) || !PySequence_Check(v.ptr())) {
+    RaiseInvalid(name + " must be a sequence, got " + std::string(Py_TYPE(v.ptr())->tp_name));
+  }
+  PyObject* fast = PySequence_Fast(v.ptr(), "");
+  if (fast == nullptr) {
+    PyErr_Clear();
+    RaiseInvalid(name + " must be a sequence");
+  }
+  return py::reinterpret_steal<py::object>(fast);
+}
+
+// The batch's keys: 1..kMaxBatchKeys valid keys (duplicates are left to ValidateKeys).
+std::vector<std::string> KeysFromPy(py::handle v) {
+  py::object seq = SequenceFromPy(v, "keys");
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  if (static_cast<uint64_t>(n) > kMaxBatchKeys) {
+    RaiseInvalid("a batch holds at most " + std::to_string(kMaxBatchKeys) + " keys, got " +
+                 std::to_string(n));
+  }
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    keys.push_back(Utf8FromPy(PySequence_Fast_GET_ITEM(seq.ptr(), i),
+                              "keys[" + std::to_string(i) + "]", kMaxKeyBytes));
+  }
+  return keys;
+}
+
+// Every item an int in [0, max] (Python ints or anything with __index__, e.g. numpy integers).
+std::vector<uint64_t> U64ListFromPy(py::handle v, const std::string& name, uint64_t max) {
+  py::object seq = SequenceFromPy(v, name);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  std::vector<uint64_t> out;
+  out.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq.ptr(), i);
+    const std::string what = name + "[" + std::to_string(i) + "]";
+    if (PyBool_Check(item)) RaiseInvalid(what + " must be an int, got bool");
+    py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(item));
+    if (!idx) {
+      PyErr_Clear();
+      RaiseInvalid(what + " must be an int, got " + std::string(Py_TYPE(item)->tp_name));
+    }
+    const unsigned long long x = PyLong_AsUnsignedLongLong(idx.ptr());
+    if (PyErr_Occurred() || x > max) {  // negative or too large
+      PyErr_Clear();
+      RaiseInvalid(what + " must be in [0, " + std::to_string(max) + "], got " +
+                   std::string(py::str(idx)));
+    }
+    out.push_back(static_cast<uint64_t>(x));
+  }
+  return out;
 }
 
 class PyFuture {
@@ -94,6 +181,7 @@ class PyClient {
       c = KvClient::Connect(o);
     }
     client_ = Unwrap(std::move(c));
+    segments_ = client_->WaitLocalSegmentsReady();
   }
 
   py::list segments() const {
@@ -122,10 +210,13 @@ class PyClient {
     Check(s);
   }
 
-  uint64_t put_start(const std::vector<std::string>& keys, int64_t value_len, bool reject_inflight,
+  uint64_t put_start(py::handle py_keys, int64_t value_len, bool reject_inflight,
                      bool reject_exist, bool write_through, bool make_replica_task,
                      std::vector<bool> mask, std::vector<uint32_t> groups, std::string lease_id,
-                     std::string parent_key) {
+                     py::handle py_parent_key) {
+    const std::vector<std::string> keys = KeysFromPy(py_keys);
+    std::string parent_key;
+    if (!py_parent_key.is_none()) parent_key = Utf8FromPy(py_parent_key, "parent_key", kMaxKeyBytes);
     PutOptions o;
     o.reject_if_inflight_same_key = reject_inflight;
     o.reject_if_exist_same_key = reject_exist;
@@ -163,8 +254,8 @@ class PyClient {
     Check(s);
   }
 
-  PyHandle get_start(const std::vector<std::string>& keys, bool best_effort,
-                     std::vector<uint32_t> groups) {
+  PyHandle get_start(py::handle py_keys, bool best_effort, std::vector<uint32_t> groups) {
+    const std::vector<std::string> keys = KeysFromPy(py_keys);
     absl::StatusOr<GetStartHandle> h;
     {
       py::gil_scoped_release nogil;
@@ -209,7 +300,8 @@ class PyClient {
     return Unwrap(std::move(s));
   }
 
-  std::pair<uint64_t, uint64_t> delete_prefix(const std::string& prefix) {
+  std::pair<uint64_t, uint64_t> delete_prefix(py::handle py_prefix) {
+    const std::string prefix = Utf8FromPy(py_prefix, "prefix", kMaxKeyBytes);
     absl::StatusOr<std::pair<uint64_t, uint64_t>> s;
     {
       py::gil_scoped_release nogil;
@@ -218,40 +310,80 @@ class PyClient {
     return Unwrap(std::move(s));
   }
 
+ // Plan access: each validates plan_ptr with this client's registry (PeekPlan: NotFound for an
+  // address it never issued, FailedPrecondition once consumed) before the blob is read.
+  std::vector<uint64_t> plan_value_ptrs(uint64_t plan) const {
+    const PlanView v = Unwrap(client_->PeekPlan(plan));
+    return std::vector<uint64_t>(v.value_ptrs, v.value_ptrs + v.count);
+  }
+
+  // Copies all of a live plan's values to/from `host` (count * value_len contiguous bytes).
+  // A plan consumed by another thread during the copy fails the copy's own magic check.
+  void copy_plan(uint64_t plan, uint64_t host, uint64_t value_len, bool to_values, int threads) {
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      absl::StatusOr<PlanView> v = client_->PeekPlan(plan);
+      s = v.ok() ? CheckValuesMapped(*v, v->count, value_len) : v.status();
+      if (s.ok()) {
+        s = CopyPlanValues(plan, reinterpret_cast<uint8_t*>(host), value_len, Direction(to_values),
+                           threads);
+      }
+    }
+    Check(s);
+  }
+
+  // Scatter/gather between the plan's first value_count values and host segments.
+  void copy_segments(uint64_t plan, uint64_t value_count, uint64_t value_len, py::handle py_ptrs,
+                     py::handle py_sizes, uint64_t segs_per_value, bool to_values, int threads) {
+    const std::vector<uint64_t> ptrs =
+        U64ListFromPy(py_ptrs, "seg_ptrs", std::numeric_limits<uint64_t>::max());
+    const std::vector<uint64_t> sizes = U64ListFromPy(py_sizes, "seg_sizes", kMaxValueBytes);
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      absl::StatusOr<PlanView> v = client_->PeekPlan(plan);
+      s = v.status();
+      if (s.ok() && value_count > v->count) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("value_count ", value_count, " exceeds the plan's ", v->count, " values"));
+      }
+      if (s.ok()) s = CheckValuesMapped(*v, value_count, value_len);
+      if (s.ok()) {
+        s = CopyPlanSegments(plan, value_count, value_len, ptrs, sizes, segs_per_value,
+                             Direction(to_values), threads);
+      }
+    }
+    Check(s);
+  }
+
  private:
+  // Each of the first `count` values, value_len bytes long, lies inside a segment mapping: a
+  // value_len larger than the plan's values is not recorded in the blob, but it can then at worst
+  // reach a neighbouring slot, never unmapped memory.
+  absl::Status CheckValuesMapped(const PlanView& v, uint64_t count, uint64_t value_len) const {
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint64_t p = v.value_ptrs[i];
+      bool mapped = false;
+      for (const SegmentMapping& m : segments_) {
+        mapped = mapped || (p >= m.write_ptr && value_len <= m.len &&
+                            p - m.write_ptr <= m.len - value_len);
+      }
+      if (!mapped) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "value_len ", value_len, " runs past the segment at the plan's value ", i));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static CopyDirection Direction(bool to_values) {
+    return to_values ? CopyDirection::kToValues : CopyDirection::kFromValues;
+  }
+
   std::unique_ptr<KvClient> client_;
+  std::vector<SegmentMapping> segments_;  // fixed for the client's life
 };
-
-void CopyPlan(uint64_t plan, uint64_t host, uint64_t value_len, bool to_values, int threads) {
-  absl::Status s;
-  {
-    py::gil_scoped_release nogil;
-    s = CopyPlanValues(plan, reinterpret_cast<uint8_t*>(host), value_len,
-                       to_values ? CopyDirection::kToValues : CopyDirection::kFromValues, threads);
-  }
-  Check(s);
-}
-
-void CopySegments(uint64_t plan, uint64_t value_count, uint64_t value_len,
-                  const std::vector<uint64_t>& seg_ptrs, const std::vector<uint64_t>& seg_sizes,
-                  uint64_t segs_per_value, bool to_values, int threads) {
-  absl::Status s;
-  {
-    py::gil_scoped_release nogil;
-    s = CopyPlanSegments(plan, value_count, value_len, seg_ptrs, seg_sizes, segs_per_value,
-                         to_values ? CopyDirection::kToValues : CopyDirection::kFromValues,
-                         threads);
-  }
-  Check(s);
-}
-
-std::vector<uint64_t> PlanValuePointers(uint64_t plan) {
-  if (plan == 0) Raise(absl::InvalidArgumentError("null plan"));
-  const auto* h = reinterpret_cast<const PlanBlobHeader*>(plan);
-  if (h->magic != kPlanBlobMagic) Raise(absl::InvalidArgumentError("not a live Fluxon plan"));
-  const uint64_t* p = PlanValuePtrs(reinterpret_cast<const void*>(plan));
-  return std::vector<uint64_t>(p, p + h->count);
-}
 
 std::string SocketFromConfig(const std::string& path) {
   absl::StatusOr<Config> c = LoadConfigFile(path);
@@ -269,6 +401,9 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "Native core of the fluxon package (use the fluxon module, not this one).";
   m.attr("__version__") = FLUXON_VERSION_STRING;
   m.attr("PLAN_BLOB_MAGIC") = kPlanBlobMagic;
+  m.attr("MAX_KEY_BYTES") = kMaxKeyBytes;
+  m.attr("MAX_BATCH_KEYS") = kMaxBatchKeys;
+  m.attr("MAX_VALUE_BYTES") = kMaxValueBytes;
 
   static py::exception<NativeError> error(m, "Error");
   py::register_exception_translator([](std::exception_ptr p) {
@@ -298,13 +433,14 @@ PYBIND11_MODULE(_native, m) {
       .def("cancel_get_transfer", &PyClient::cancel_get_transfer)
       .def("release_views", &PyClient::release_views)
       .def("stats", &PyClient::stats)
-      .def("delete_prefix", &PyClient::delete_prefix);
-  m.def("copy_plan", &CopyPlan, py::arg("plan_ptr"), py::arg("host_ptr"), py::arg("value_len"),
-        py::arg("to_values"), py::arg("threads") = 4);
-  m.def("copy_segments", &CopySegments, py::arg("plan_ptr"), py::arg("value_count"),
-        py::arg("value_len"), py::arg("seg_ptrs"), py::arg("seg_sizes"), py::arg("segs_per_value"),
-        py::arg("to_values"), py::arg("threads") = 4);
-  m.def("plan_value_ptrs", &PlanValuePointers, py::arg("plan_ptr"));
+      .def("delete_prefix", &PyClient::delete_prefix)
+      .def("plan_value_ptrs", &PyClient::plan_value_ptrs, py::arg("plan_ptr"))
+      .def("copy_plan", &PyClient::copy_plan, py::arg("plan_ptr"), py::arg("host_ptr"),
+           py::arg("value_len"), py::arg("to_values"), py::arg("threads") = 4)
+      .def("copy_segments", &PyClient::copy_segments, py::arg("plan_ptr"),
+           py::arg("value_count"), py::arg("value_len"), py::arg("seg_ptrs"),
+           py::arg("seg_sizes"), py::arg("segs_per_value"), py::arg("to_values"),
+           py::arg("threads") = 4);
   m.def("socket_from_config", &SocketFromConfig, py::arg("path"));
   m.def("slot_size_for", [](uint64_t v) { return SlotSizeFor(v); });
   m.def("slots_per_grant", [](uint64_t s) { return SlotsPerGrant(s); });
