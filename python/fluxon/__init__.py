@@ -306,19 +306,35 @@ class KvFuture:
 class KvClient:
     """A connection to the machine's Fluxon owner (thread-safe)."""
 
-    def __init__(self, socket_path: Optional[str] = None, config_path: Optional[str] = None):
+    def __init__(self, socket_path: Optional[str] = None, config_path: Optional[str] = None,
+                 call_timeout: Optional[float] = None):
+        """Attaches to the owner at socket_path (else the config's, else $FLUXON_SOCKET, else
+        the default). Every call waits at most call_timeout seconds for the owner (default: the
+        config's client.call_timeout_ms, else 60 s); then it raises fluxon.TimeoutError."""
         if socket_path is not None:
             _check_str("socket_path", socket_path)
-        if socket_path is None and config_path is not None:
+        call_timeout_ms = None
+        if call_timeout is not None:
+            call_timeout = _check_timeout(call_timeout)
+            if call_timeout is None or call_timeout <= 0 or call_timeout > 86400:
+                raise InvalidArgumentError("call_timeout must be in (0, 86400] seconds")
+            call_timeout_ms = max(1, int(round(call_timeout * 1000)))
+        if config_path is not None:
             if not isinstance(config_path, (str, os.PathLike)):
                 raise InvalidArgumentError("config_path must be a str or os.PathLike")
             config_path = _check_str("config_path", os.fsdecode(config_path))
-            socket_path = _call(_native.socket_from_config, config_path)
+            if socket_path is None:
+                socket_path = _call(_native.socket_from_config, config_path)
+            if call_timeout_ms is None:
+                call_timeout_ms = _call(_native.call_timeout_ms_from_config, config_path)
         if socket_path is None:
             socket_path = _check_str("FLUXON_SOCKET",
                                      os.environ.get("FLUXON_SOCKET", DEFAULT_SOCKET_PATH))
         self.socket_path = socket_path
-        self._c = _call(_native.Client, socket_path)
+        if call_timeout_ms is None:
+            self._c = _call(_native.Client, socket_path)
+        else:
+            self._c = _call(_native.Client, socket_path, call_timeout_ms)
         self._arena = tuple(self._c.plan_arena())  # (base, bytes): fixed for the client's life
         with _live_clients_lock:
             _live_clients.add(self)

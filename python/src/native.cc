@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "fluxon/client.h"
 #include "fluxon/config.h"
 #include "fluxon/plan_blob_abi.h"
@@ -172,9 +173,14 @@ class PyHandle {
 
 class PyClient {
  public:
-  explicit PyClient(const std::string& socket_path) {
+  PyClient(const std::string& socket_path, int64_t call_timeout_ms) {
+    if (call_timeout_ms <= 0 || call_timeout_ms > kMaxSettingMs) {
+      Raise(absl::InvalidArgumentError(absl::StrFormat(
+          "call_timeout must be in (0, %d] ms, got %d", kMaxSettingMs, call_timeout_ms)));
+    }
     ClientOptions o;
     o.socket_path = socket_path;
+    o.call_timeout = std::chrono::milliseconds(call_timeout_ms);
     absl::StatusOr<std::unique_ptr<KvClient>> c;
     {
       py::gil_scoped_release nogil;
@@ -385,6 +391,13 @@ class PyClient {
   std::vector<SegmentMapping> segments_;  // fixed for the client's life
 };
 
+// The client call timeout a config names (client.call_timeout_ms; the default otherwise).
+int64_t CallTimeoutMsFromConfig(const std::string& path) {
+  absl::StatusOr<Config> c = LoadConfigFile(path);
+  if (!c.ok()) Raise(c.status());
+  return c->client ? c->client->call_timeout.count() : ClientConfig{}.call_timeout.count();
+}
+
 std::string SocketFromConfig(const std::string& path) {
   absl::StatusOr<Config> c = LoadConfigFile(path);
   if (!c.ok()) Raise(c.status());
@@ -421,7 +434,8 @@ PYBIND11_MODULE(_native, m) {
       .def("wait", &PyFuture::wait, py::arg("timeout_s") = py::none());
   py::class_<PyHandle>(m, "Handle").def("result", &PyHandle::result);
   py::class_<PyClient>(m, "Client")
-      .def(py::init<const std::string&>(), py::arg("socket_path"))
+      .def(py::init<const std::string&, int64_t>(), py::arg("socket_path"),
+           py::arg("call_timeout_ms") = ClientOptions{}.call_timeout.count())
       .def("segments", &PyClient::segments)
       .def("plan_arena", &PyClient::plan_arena)
       .def("prefault_segment", &PyClient::prefault_segment)
@@ -442,6 +456,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("seg_sizes"), py::arg("segs_per_value"), py::arg("to_values"),
            py::arg("threads") = 4);
   m.def("socket_from_config", &SocketFromConfig, py::arg("path"));
+  m.def("call_timeout_ms_from_config", &CallTimeoutMsFromConfig, py::arg("path"));
   m.def("slot_size_for", [](uint64_t v) { return SlotSizeFor(v); });
   m.def("slots_per_grant", [](uint64_t s) { return SlotsPerGrant(s); });
 }
