@@ -306,19 +306,14 @@ class KvFuture:
 class KvClient:
     """A connection to the machine's Fluxon owner (thread-safe)."""
 
-    def __init__(self, socket_path: Optional[str] = None, config_path: Optional[str] = None,
-                 call_timeout: Optional[float] = None):
+    def __init__(self, socket_path: Optional[str] = None, config_path: Optional[str] = None):
         """Attaches to the owner at socket_path (else the config's, else $FLUXON_SOCKET, else
-        the default). Every call waits at most call_timeout seconds for the owner (default: the
-        config's client.call_timeout_ms, else 60 s); then it raises fluxon.TimeoutError."""
+        the default). Every call waits at most the call timeout for the owner, then raises
+        fluxon.TimeoutError: the config's client.call_timeout_ms, else $FLUXON_CALL_TIMEOUT_MS,
+        else 60 s."""
         if socket_path is not None:
             _check_str("socket_path", socket_path)
         call_timeout_ms = None
-        if call_timeout is not None:
-            call_timeout = _check_timeout(call_timeout)
-            if call_timeout is None or call_timeout <= 0 or call_timeout > 86400:
-                raise InvalidArgumentError("call_timeout must be in (0, 86400] seconds")
-            call_timeout_ms = max(1, int(round(call_timeout * 1000)))
         if config_path is not None:
             if not isinstance(config_path, (str, os.PathLike)):
                 raise InvalidArgumentError("config_path must be a str or os.PathLike")
@@ -331,6 +326,12 @@ class KvClient:
             socket_path = _check_str("FLUXON_SOCKET",
                                      os.environ.get("FLUXON_SOCKET", DEFAULT_SOCKET_PATH))
         self.socket_path = socket_path
+        if call_timeout_ms is None and os.environ.get("FLUXON_CALL_TIMEOUT_MS"):
+            text = os.environ["FLUXON_CALL_TIMEOUT_MS"]
+            if not text.isdigit() or not 0 < int(text) <= 86_400_000:
+                raise InvalidArgumentError(
+                    f"FLUXON_CALL_TIMEOUT_MS must be an integer in (0, 86400000], got {text!r}")
+            call_timeout_ms = int(text)
         if call_timeout_ms is None:
             self._c = _call(_native.Client, socket_path)
         else:

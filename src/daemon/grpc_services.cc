@@ -9,87 +9,18 @@
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "fluxon/v1/master.grpc.pb.h"
 #include "fluxon/version.h"
+#include "rpc/grpc_master.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon {
 namespace {
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 template <typename Reply>
 grpc::Status Answer(const absl::StatusOr<Reply>& r, Reply* out) {
-  if (!r.ok()) return ToGrpc(r.status());
+  if (!r.ok()) return ToGrpcStatus(r.status());
   *out = *r;
   return grpc::Status::OK;
 }
-
-class GrpcMasterClient final : public MasterApi {
- public:
-  explicit GrpcMasterClient(std::shared_ptr<grpc::Channel> channel)
-      : stub_(v1::MasterService::NewStub(channel)) {}
-
-#define FLUXON_GRPC_CALL(Method, Req, Reply)                                      \
-  absl::StatusOr<v1::Reply> Method(const v1::Req& r) override {                   \
-    grpc::ClientContext ctx;                                                      \
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5)); \
-    v1::Reply reply;                                                              \
-    grpc::Status s = stub_->Method(&ctx, r, &reply);                              \
-    if (!s.ok()) return FromGrpc(s);                                              \
-    return reply;                                                                 \
-  }
-  FLUXON_GRPC_CALL(RegisterOwner, RegisterOwnerRequest, RegisterOwnerReply)
-  FLUXON_GRPC_CALL(UnregisterOwner, UnregisterOwnerRequest, UnregisterOwnerReply)
-  FLUXON_GRPC_CALL(PublishBatch, PublishBatchRequest, PublishBatchReply)
-  FLUXON_GRPC_CALL(Lookup, LookupRequest, LookupReply)
-  FLUXON_GRPC_CALL(RemoveRoutes, RemoveRoutesRequest, RemoveRoutesReply)
-  FLUXON_GRPC_CALL(ListOwners, ListOwnersRequest, ListOwnersReply)
-  FLUXON_GRPC_CALL(ListKeys, ListKeysRequest, ListKeysReply)
-#undef FLUXON_GRPC_CALL
-
- private:
-  std::unique_ptr<v1::MasterService::Stub> stub_;
-};
-
-class MasterServiceImpl final : public v1::MasterService::Service {
- public:
-  explicit MasterServiceImpl(MasterApi* master) : master_(master) {}
-  grpc::Status RegisterOwner(grpc::ServerContext*, const v1::RegisterOwnerRequest* r,
-                             v1::RegisterOwnerReply* out) override {
-    return Answer(master_->RegisterOwner(*r), out);
-  }
-  grpc::Status UnregisterOwner(grpc::ServerContext*, const v1::UnregisterOwnerRequest* r,
-                               v1::UnregisterOwnerReply* out) override {
-    return Answer(master_->UnregisterOwner(*r), out);
-  }
-  grpc::Status PublishBatch(grpc::ServerContext*, const v1::PublishBatchRequest* r,
-                            v1::PublishBatchReply* out) override {
-    return Answer(master_->PublishBatch(*r), out);
-  }
-  grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest* r,
-                      v1::LookupReply* out) override {
-    return Answer(master_->Lookup(*r), out);
-  }
-  grpc::Status RemoveRoutes(grpc::ServerContext*, const v1::RemoveRoutesRequest* r,
-                            v1::RemoveRoutesReply* out) override {
-    return Answer(master_->RemoveRoutes(*r), out);
-  }
-  grpc::Status ListOwners(grpc::ServerContext*, const v1::ListOwnersRequest* r,
-                          v1::ListOwnersReply* out) override {
-    return Answer(master_->ListOwners(*r), out);
-  }
-  grpc::Status ListKeys(grpc::ServerContext*, const v1::ListKeysRequest* r,
-                        v1::ListKeysReply* out) override {
-    return Answer(master_->ListKeys(*r), out);
-  }
-
- private:
-  MasterApi* const master_;
-};
 
 class AdminServiceImpl final : public v1::AdminService::Service {
  public:
@@ -163,7 +94,7 @@ class AdminServiceImpl final : public v1::AdminService::Service {
     v1::LookupRequest lr;
     lr.add_keys(r->key());
     absl::StatusOr<v1::LookupReply> reply = master_->Lookup(lr);
-    if (!reply.ok()) return ToGrpc(reply.status());
+    if (!reply.ok()) return ToGrpcStatus(reply.status());
     out->set_found(reply->found(0));
     if (reply->found(0)) *out->mutable_route() = reply->routes(0);
     return grpc::Status::OK;
@@ -178,7 +109,7 @@ class AdminServiceImpl final : public v1::AdminService::Service {
       return refused;
     }
     absl::StatusOr<FaultAction> action = ParseFaultAction(r->rule().action());
-    if (!action.ok()) return ToGrpc(action.status());
+    if (!action.ok()) return ToGrpcStatus(action.status());
     if (r->rule().point().empty())
       return grpc::Status(grpc::INVALID_ARGUMENT, "fault point is empty");
     if (r->rule().count() == 0 || r->rule().count() < -1) {
@@ -231,15 +162,9 @@ class AdminServiceImpl final : public v1::AdminService::Service {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(const std::string& address) {
-  if (address.empty()) return absl::InvalidArgumentError("master address is empty");
-  return std::make_unique<GrpcMasterClient>(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-}
-
 class GrpcServers::Impl {
  public:
-  std::unique_ptr<MasterServiceImpl> master_service;
+  std::unique_ptr<grpc::Service> master_service;
   std::unique_ptr<AdminServiceImpl> admin_service;
   std::unique_ptr<grpc::Server> master_server;
   std::unique_ptr<grpc::Server> admin_server;
@@ -259,7 +184,7 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
     admin_master = impl->admin_master_client.get();
   }
   if (node->master() != nullptr) {
-    impl->master_service = std::make_unique<MasterServiceImpl>(node->master());
+    impl->master_service = MakeMasterGrpcService(node->master());
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort(config.master->listen_address, grpc::InsecureServerCredentials(), &port);

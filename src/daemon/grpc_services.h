@@ -1,21 +1,16 @@
-// gRPC control services of one fluxond: MasterService (master and embedded roles) and
-// AdminService (every role; what fluxonctl talks to), plus the gRPC client an owner uses to reach
-// a separate master.
+// gRPC control services of one fluxond: MasterService (master and embedded roles, from
+// rpc/grpc_master.h) and AdminService (every role; what fluxonctl talks to).
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "master/master_api.h"
+#include "rpc/grpc_master.h"
 
 namespace fluxon {
 
 class FluxonNode;
-
-// A MasterApi over gRPC. Transport failures surface as Unavailable/DeadlineExceeded (uncertain
-// outcome: the caller retries with the same identity).
-absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(const std::string& address);
 
 class GrpcServers {
  public:

@@ -48,72 +48,8 @@ void RenderOwner(OwnerCore& owner, const FluxonNode& node, PrometheusText& out) 
   }
 
   out.Gauge("fluxon_keys", "Keys the owner holds (any state).", Get(s, "keys"));
-  out.Family("fluxon_key_entries", "gauge", "Owner key entries by state.");
-  for (const char* state : {"reserved", "local_visible", "committed"}) {
-    out.Sample("fluxon_key_entries", {{"state", state}}, Get(s, std::string(state) + "_entries"));
-  }
-
-  out.Counter("fluxon_hits_total", "Keys of get batches found (local, joined or fetched).",
-              Get(s, "hits"));
-  out.Counter("fluxon_misses_total", "Keys of get batches not found.", Get(s, "misses"));
-  out.Family("fluxon_get_keys_by_path_total", "counter",
-             "Keys of get batches by how they were served: local_pinned (resident), "
-             "inflight_joined (joined another get's lookup), leader_started (looked up).");
-  for (const char* path : {"local_pinned", "inflight_joined", "leader_started"}) {
-    out.Sample("fluxon_get_keys_by_path_total", {{"path", path}}, Get(s, path));
-  }
-  out.Counter("fluxon_get_suffix_released_total",
-              "Pinned keys released because they lay past the transferable prefix.",
-              Get(s, "suffix_released"));
-
-  out.Counter("fluxon_put_batches_total", "Put batches started.", Get(s, "put_batches"));
-  out.Counter("fluxon_put_pages_total", "Values (pages) in started put batches.",
-              Get(s, "put_pages"));
-  out.Counter("fluxon_put_commits_total", "Put batches committed.", Get(s, "put_commits"));
-  out.Counter("fluxon_put_aborts_total", "Put batches aborted.", Get(s, "put_aborts"));
-  out.Counter("fluxon_get_batches_total", "Get batches started.", Get(s, "get_batches"));
-  out.Counter("fluxon_get_pages_total", "Keys (pages) in started get batches.", Get(s, "get_keys"));
-
-  out.Counter("fluxon_evicted_cohorts_total", "Cohorts evicted for capacity.",
-              Get(s, "evicted_cohorts"));
-  out.Counter("fluxon_evicted_pages_total", "Values evicted for capacity.",
-              Get(s, "evicted_pages"));
-  out.Counter("fluxon_deleted_pages_total", "Values deleted on request (delete by prefix).",
-              Get(s, "deleted_pages"));
-  out.Counter("fluxon_evicted_bytes_total", "Slot bytes freed by capacity eviction.",
-              Get(s, "evicted_bytes"));
-  out.Counter("fluxon_eviction_rounds_total", "Capacity eviction rounds run.",
-              Get(s, "eviction_rounds"));
-  out.Counter("fluxon_eviction_skipped_pinned_total",
-              "Eviction candidates skipped because a reader pinned them.",
-              Get(s, "eviction_skipped_pinned"));
-
-  out.Counter("fluxon_publish_batches_total", "Put batches sent to the master for publishing.",
-              Get(s, "publish_batches"));
-  out.Counter("fluxon_publish_retries_total",
-              "PublishBatch calls retried after an uncertain outcome.", Get(s, "publish_retries"));
-  out.Counter("fluxon_route_remove_retries_total",
-              "RemoveRoutes calls retried after an uncertain outcome.",
-              Get(s, "route_remove_retries"));
-  out.Counter("fluxon_superseded_total",
-              "Published values another version of the key had already superseded.",
-              Get(s, "superseded"));
-
-  out.Family("fluxon_errors_total", "counter",
-             "Business errors: put_conflict (key exists or in flight), put_no_space (no slots "
-             "within the claim's hard timeout), claim_timeout (slot claims timed out), "
-             "publish_failure (publish definitively rejected).");
-  out.Sample("fluxon_errors_total", {{"kind", "put_conflict"}}, Get(s, "put_conflicts"));
-  out.Sample("fluxon_errors_total", {{"kind", "put_no_space"}}, Get(s, "put_no_space"));
-  out.Sample("fluxon_errors_total", {{"kind", "claim_timeout"}}, Get(s, "claim_timeouts"));
-  out.Sample("fluxon_errors_total", {{"kind", "publish_failure"}}, Get(s, "publish_failures"));
-
   out.Gauge("fluxon_prepared_puts", "Put batches started and not yet committed or aborted.",
             Get(s, "prepared_puts"));
-  out.Gauge("fluxon_live_get_handles", "Get handles not yet transferred or cancelled.",
-            Get(s, "live_handles"));
-  out.Gauge("fluxon_live_get_views", "Get plans whose views are not yet released.",
-            Get(s, "live_views"));
   out.Gauge("fluxon_inflight_gets", "Keys with a lookup in flight.", Get(s, "inflight_gets"));
   out.Gauge("fluxon_publish_queue", "Committed batches waiting for or in publishing.",
             Get(s, "publish_queue"));
@@ -121,23 +57,36 @@ void RenderOwner(OwnerCore& owner, const FluxonNode& node, PrometheusText& out) 
             Get(s, "hot_cohorts"));
   out.Gauge("fluxon_hot_bytes", "Slot bytes of the cohorts in the hot tier.",
             Get(s, "hot_weight_bytes"));
-  out.Counter("fluxon_handles_expired_total", "Get handles dropped after handle_ttl.",
-              Get(s, "handles_expired"));
-  out.Counter("fluxon_puts_expired_total",
-              "Prepared puts aborted after put_lease (never committed or aborted).",
-              Get(s, "puts_expired"));
-  out.Counter("fluxon_views_expired_total", "Get views released after view_lease.",
-              Get(s, "views_expired"));
-  out.Counter("fluxon_commit_timeouts_total",
-              "Commits refused (put aborted) after commit_wait_timeout of publish backpressure.",
-              Get(s, "commit_timeouts"));
-  out.Counter("fluxon_master_reregistrations_total",
-              "Re-registrations after the master refused a publish as stale.",
-              Get(s, "master_reregistrations"));
+  // Every owner counter, from its one definition (owner/owner_counters.h). Members of a labelled
+  // family are adjacent there; the family's HELP/TYPE is written at its first member.
+  const OwnerCounters& counters = owner.counters();
+  const char* family = nullptr;
+  for (const OwnerCounterDef& d : kOwnerCounterDefs) {
+    const double value = static_cast<double>((counters.*d.field).load(std::memory_order_relaxed));
+    const char* type = d.kind == CounterKind::kCounter ? "counter" : "gauge";
+    const std::string label(d.label);
+    if (label.empty()) {
+      family = nullptr;
+      if (d.kind == CounterKind::kCounter) {
+        out.Counter(d.metric, d.help, value);
+      } else {
+        out.Gauge(d.metric, d.help, value);
+      }
+      continue;
+    }
+    if (family == nullptr || std::string(family) != d.metric) {
+      family = d.metric;
+      out.Family(d.metric, type, d.help);
+    }
+    const size_t eq = label.find('=');
+    out.Sample(d.metric, {{label.substr(0, eq), label.substr(eq + 1)}}, value);
+    if (std::string(d.metric) == "fluxon_errors_total" && label == "kind=publish_failure") {
+      // The slot pool's claim timeouts belong to the same family (the pool's own counter).
+      out.Sample(d.metric, {{"kind", "claim_timeout"}}, static_cast<double>(pool.claim_timeouts));
+    }
+  }
   out.Gauge("fluxon_client_sessions", "Connected client sessions.",
             static_cast<double>(node.client_sessions()));
-  out.Counter("fluxon_client_disconnects_total", "Client sessions that ended.",
-              Get(s, "disconnects"));
 }
 
 void RenderMaster(const MasterCore& master, PrometheusText& out) {

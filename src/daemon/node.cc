@@ -6,7 +6,7 @@
 #include "daemon/metrics_server.h"
 #include "fluxon/status.h"
 #include "fluxon/units.h"
-#include "master/fault_injecting_master.h"
+#include "rpc/fault_injecting_master.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon {

@@ -24,20 +24,6 @@ absl::Status MasterCore::CheckGeneration(uint32_t node_id, uint64_t generation) 
   return absl::OkStatus();
 }
 
-uint64_t MasterCore::DropRoutesOf(uint32_t node_id, uint64_t generation) {
-  std::vector<std::string> stale;
-  routes_.ForEach([&](const std::string& key, const RouteRec& rec) {
-    if (rec.node_id == node_id && rec.generation == generation) stale.push_back(key);
-  });
-  uint64_t dropped = 0;
-  for (const std::string& key : stale) {
-    dropped += routes_.EraseIf(key, [&](const RouteRec& rec) {
-      return rec.node_id == node_id && rec.generation == generation;
-    });
-  }
-  return dropped;
-}
-
 absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     const v1::RegisterOwnerRequest& r) {
   if (r.generation() == 0) return absl::InvalidArgumentError("owner generation must be non-zero");
@@ -76,7 +62,7 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
   }
   if (old_generation != 0) {
     // The old owner's memory is gone: its routes must not be served.
-    const uint64_t dropped = DropRoutesOf(r.node_id(), old_generation);
+    const uint64_t dropped = routes_.DropNode(r.node_id(), old_generation);
     spdlog::info("owner node {} re-registered (generation {} -> {}); dropped {} stale routes",
                  r.node_id(), old_generation, r.generation(), dropped);
   } else {
@@ -100,34 +86,52 @@ absl::StatusOr<v1::UnregisterOwnerReply> MasterCore::UnregisterOwner(
     owners_.erase(it);
   }
   v1::UnregisterOwnerReply reply;
-  reply.set_dropped_routes(DropRoutesOf(r.node_id(), r.generation()));
+  reply.set_dropped_routes(routes_.DropNode(r.node_id(), r.generation()));
   spdlog::info("owner node {} (generation {}) unregistered; dropped {} routes", r.node_id(),
                r.generation(), reply.dropped_routes());
   return reply;
 }
+
+namespace {
+void FillRoute(const std::string& key, const Route& r, v1::Route* out) {
+  const RouteLocation& p = r.primary();
+  out->set_key(key);
+  out->set_node_id(p.node_id);
+  out->set_generation(p.generation);
+  out->set_put_id(p.put_id);
+  out->set_offset(p.offset);
+  out->set_len(p.len);
+  for (const RouteLocation& l : r.locations) {
+    v1::RouteLocation* o = out->add_locations();
+    o->set_node_id(l.node_id);
+    o->set_generation(l.generation);
+    o->set_put_id(l.put_id);
+    o->set_offset(l.offset);
+    o->set_len(l.len);
+  }
+}
+}  // namespace
 
 absl::StatusOr<v1::PublishBatchReply> MasterCore::PublishBatch(const v1::PublishBatchRequest& r) {
   if (absl::Status s = CheckGeneration(r.node_id(), r.generation()); !s.ok()) return s;
   v1::PublishBatchReply reply;
   counters_.publish_batches.fetch_add(1, std::memory_order_relaxed);
   for (const v1::RouteItem& item : r.items()) {
-    const RouteRec rec{r.node_id(), r.generation(), item.put_id() ? item.put_id() : r.put_id(),
-                       item.offset(), item.len()};
-    auto outcome = routes_.Upsert(
-        item.key(), [&] { return rec; },
-        [&](RouteRec& cur, bool inserted) {
-          if (inserted) return 0;
-          const bool same = cur.node_id == rec.node_id && cur.generation == rec.generation &&
-                            cur.put_id == rec.put_id && cur.offset == rec.offset;
-          return same ? 1 : 2;
-        });
-    if (outcome == 2) {
-      reply.add_outcomes(v1::SUPERSEDED);
-      counters_.superseded_items.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      reply.add_outcomes(v1::PUBLISHED);
-      (outcome == 0 ? counters_.published_items : counters_.republished_items)
-          .fetch_add(1, std::memory_order_relaxed);
+    const RouteLocation loc{r.node_id(), r.generation(), item.put_id() ? item.put_id() : r.put_id(),
+                            item.offset(), item.len()};
+    switch (routes_.Publish(item.key(), loc)) {
+      case RouteTable::PublishOutcome::kSuperseded:
+        reply.add_outcomes(v1::SUPERSEDED);
+        counters_.superseded_items.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case RouteTable::PublishOutcome::kPublished:
+        reply.add_outcomes(v1::PUBLISHED);
+        counters_.published_items.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case RouteTable::PublishOutcome::kRepublished:
+        reply.add_outcomes(v1::PUBLISHED);
+        counters_.republished_items.fetch_add(1, std::memory_order_relaxed);
+        break;
     }
   }
   return reply;
@@ -138,17 +142,10 @@ absl::StatusOr<v1::LookupReply> MasterCore::Lookup(const v1::LookupRequest& r) {
   counters_.lookup_keys.fetch_add(r.keys_size(), std::memory_order_relaxed);
   v1::LookupReply reply;
   for (const std::string& key : r.keys()) {
-    std::optional<RouteRec> rec = routes_.Get(key);
-    reply.add_found(rec.has_value());
-    v1::Route* route = reply.add_routes();
-    if (rec) {
-      route->set_key(key);
-      route->set_node_id(rec->node_id);
-      route->set_generation(rec->generation);
-      route->set_put_id(rec->put_id);
-      route->set_offset(rec->offset);
-      route->set_len(rec->len);
-    }
+    std::optional<Route> route = routes_.Lookup(key);
+    reply.add_found(route.has_value());
+    v1::Route* out = reply.add_routes();
+    if (route) FillRoute(key, *route, out);
   }
   return reply;
 }
@@ -157,10 +154,8 @@ absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveR
   if (absl::Status s = CheckGeneration(r.node_id(), r.generation()); !s.ok()) return s;
   v1::RemoveRoutesReply reply;
   for (const v1::RouteItem& item : r.items()) {
-    const bool removed = routes_.EraseIf(item.key(), [&](const RouteRec& rec) {
-      return rec.node_id == r.node_id() && rec.generation == r.generation() &&
-             rec.put_id == item.put_id();
-    });
+    const bool removed =
+        routes_.RemoveLocation(item.key(), r.node_id(), r.generation(), item.put_id());
     if (removed) counters_.removed_routes.fetch_add(1, std::memory_order_relaxed);
     reply.add_removed(removed);
   }
@@ -168,8 +163,7 @@ absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveR
 }
 
 absl::StatusOr<v1::ListOwnersReply> MasterCore::ListOwners(const v1::ListOwnersRequest&) {
-  std::map<uint32_t, uint64_t> per_node;
-  routes_.ForEach([&](const std::string&, const RouteRec& rec) { ++per_node[rec.node_id]; });
+  std::map<uint32_t, uint64_t> per_node = routes_.LocationsPerNode();
   v1::ListOwnersReply reply;
   MutexLock lock(&owners_mu_);
   const auto now = Clock::now();
@@ -185,20 +179,9 @@ absl::StatusOr<v1::ListOwnersReply> MasterCore::ListOwners(const v1::ListOwnersR
 
 absl::StatusOr<v1::ListKeysReply> MasterCore::ListKeys(const v1::ListKeysRequest& r) {
   const uint32_t limit = r.limit() == 0 ? 100 : r.limit();
-  std::map<std::string, RouteRec> sorted;
-  routes_.ForEach([&](const std::string& key, const RouteRec& rec) {
-    if (absl::StartsWith(key, r.prefix())) sorted.emplace(key, rec);
-  });
   v1::ListKeysReply reply;
-  for (const auto& [key, rec] : sorted) {
-    if (static_cast<uint32_t>(reply.routes_size()) >= limit) break;
-    v1::Route* route = reply.add_routes();
-    route->set_key(key);
-    route->set_node_id(rec.node_id);
-    route->set_generation(rec.generation);
-    route->set_put_id(rec.put_id);
-    route->set_offset(rec.offset);
-    route->set_len(rec.len);
+  for (const auto& [key, route] : routes_.ListByPrefix(r.prefix(), limit)) {
+    FillRoute(key, route, reply.add_routes());
   }
   return reply;
 }

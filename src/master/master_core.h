@@ -1,9 +1,10 @@
 // MasterCore: the global key -> route table, owner registry and generations.
 //
 // Invariants:
-// - A route names exactly one (node, generation, put_id, offset, len). Publishing a key that
-//   already has a route of another identity leaves the route unchanged and answers SUPERSEDED;
-//   publishing the same identity again answers PUBLISHED (idempotent retry, T1).
+// - Routes live in a RouteTable (route/route_table.h): one version per key, with its primary
+//   location and any copies. Publishing a key that already has a route of another identity
+//   leaves the route unchanged and answers SUPERSEDED; publishing the same identity again answers
+//   PUBLISHED (idempotent retry, T1).
 // - V2: a route exists only after PublishBatch; nothing about an owner's local-visible values is
 //   known here before that.
 // - When an owner registers with a new generation, every route of its old generation is dropped:
@@ -12,7 +13,6 @@
 //   identity, publish, route removal) within owner_lease. A new generation for a live owner's
 //   node_id is refused (AlreadyExists): a second process cannot take over a live owner's
 //   node_id and drop its routes. UnregisterOwner (a stopping owner) frees the node_id at once.
-// - The route table is sharded by key (256 shards, G10); a batch takes one shard lock per key.
 #pragma once
 
 #include <atomic>
@@ -21,8 +21,8 @@
 #include <string>
 
 #include "common/mutex.h"
-#include "common/sharded_table.h"
-#include "master/master_api.h"
+#include "route/route_table.h"
+#include "rpc/master_api.h"
 
 namespace fluxon {
 
@@ -57,13 +57,6 @@ class MasterCore final : public MasterApi {
   const MasterCounters& counters() const { return counters_; }
 
  private:
-  struct RouteRec {
-    uint32_t node_id;
-    uint64_t generation;
-    uint64_t put_id;
-    uint64_t offset;
-    uint64_t len;
-  };
   using Clock = std::chrono::steady_clock;
   struct OwnerRec {
     v1::OwnerInfo info;
@@ -71,13 +64,11 @@ class MasterCore final : public MasterApi {
   };
   // Checks the caller's generation and renews its lease.
   absl::Status CheckGeneration(uint32_t node_id, uint64_t generation);
-  // Drops every route of (node_id, generation); returns how many.
-  uint64_t DropRoutesOf(uint32_t node_id, uint64_t generation);
 
   const MasterOptions options_;
   mutable Mutex owners_mu_;
   std::map<uint32_t, OwnerRec> owners_ ABSL_GUARDED_BY(owners_mu_);
-  ShardedTable<std::string, RouteRec> routes_;
+  RouteTable routes_;
   MasterCounters counters_;
 };
 

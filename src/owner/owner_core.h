@@ -1,6 +1,9 @@
-// OwnerCore: the owner's control logic on top of its memory: the hostless put path (reserve,
-// commit local-visible, background publish), the get path (classify, pin, prefix, handles), the
-// publish job actor, the capacity-eviction actor and the handle TTL sweeper.
+// OwnerCore: the owner's control logic on top of its memory — a facade that assembles the parts
+// and owns their threads. Each part owns its state (dependencies point one way, down this list):
+//   KeyIndex (per-key state machine) <- SingleFlight, HandleTable <- Publisher (publish actor)
+//   <- PutPath (reserve, commit, abort) ; GetPath (classify, pin, prefix, handles) ; Evictor
+//   (capacity eviction, delete by prefix) ; MasterRegistration (register, heartbeat).
+// The invariants below are the parts' together; each part's header states its own.
 //
 // Invariants:
 // - V1: PutCommit makes every value of the batch locally readable (pinnable by GetStart) before
@@ -40,8 +43,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,53 +50,23 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/fault_injector.h"
-#include "common/mutex.h"
-#include "common/sharded_table.h"
+#include "common/stop_signal.h"
 #include "fluxon/batch.h"
 #include "fluxon/config.h"
-#include "master/master_api.h"
+#include "owner/evictor.h"
+#include "owner/get_path.h"
+#include "owner/handle_table.h"
 #include "owner/hot_tier.h"
+#include "owner/key_index.h"
+#include "owner/master_registration.h"
+#include "owner/owner_counters.h"
 #include "owner/owner_memory.h"
-#include "route/key_control_table.h"
+#include "owner/publisher.h"
+#include "owner/put_path.h"
+#include "owner/single_flight.h"
+#include "rpc/master_api.h"
 
 namespace fluxon {
-
-struct PutStartArgs {
-  std::vector<std::string> keys;
-  int64_t value_len = 0;
-  bool reject_if_inflight_same_key = true;
-  bool reject_if_exist_same_key = true;
-  bool write_through = false;
-  bool make_replica_task = false;
-  std::vector<bool> make_replica_task_mask;
-  std::vector<uint32_t> atomic_group_lens;
-  std::string lease_id;
-  std::string parent_key;  // eviction-order hint; empty: unknown
-};
-
-struct DeleteOutcome {
-  uint64_t deleted = 0;         // values removed (route first, then slot)
-  uint64_t skipped_in_use = 0;  // values pinned by a reader or not committed yet
-};
-
-struct PutStartOutcome {
-  uint64_t put_id = 0;
-  std::vector<uint64_t> offsets;
-  std::vector<uint32_t> conflict_indices;  // non-empty only with an AlreadyExists status
-};
-
-struct GetStartOutcome {
-  PrefixResult prefix;
-  uint64_t handle_id = 0;
-  std::vector<uint64_t> offsets;  // transferable prefix
-  std::vector<uint64_t> lens;
-  uint32_t local_pinned = 0;
-  uint32_t inflight_joined = 0;
-  uint32_t leader_started = 0;
-};
-
-using PutDoneCallback = std::function<void(const absl::Status&)>;
 
 struct OwnerOptions {
   uint32_t node_id = 0;
@@ -124,7 +95,7 @@ class OwnerCore {
   OwnerCore(const OwnerCore&) = delete;
   OwnerCore& operator=(const OwnerCore&) = delete;
 
-  // Registers with the master and starts the publish, eviction, maintenance and heartbeat actors.
+  // Registers with the master and starts the publish, maintenance and heartbeat actors.
   absl::Status Start();
   // Makes every wait (claims, commit backpressure, retries) end at once and refuses new work;
   // Stop joins the actors afterwards. Call before stopping the servers that call into the core.
@@ -132,114 +103,79 @@ class OwnerCore {
   void Stop();
 
   uint64_t NewClientId() { return next_client_id_.fetch_add(1); }
+  // A client session ended: its prepared puts are aborted, its handles and views released.
   void DisconnectClient(uint64_t client_id);
 
   absl::StatusOr<PutStartOutcome> PutStart(uint64_t client_id, const PutStartArgs& args,
-                                           std::vector<uint32_t>* conflict_indices);
+                                           std::vector<uint32_t>* conflict_indices) {
+    return puts_->Start(client_id, args, conflict_indices);
+  }
   // With `defer_publish_wake`, the publish actor is not woken until WakePublisher(): a socket
   // server answers the client first, so the woken actor does not preempt the answer.
   absl::Status PutCommit(uint64_t client_id, uint64_t put_id, PutDoneCallback done,
-                         bool defer_publish_wake = false);
-  void WakePublisher();
-  absl::Status PutAbort(uint64_t client_id, uint64_t put_id);
+                         bool defer_publish_wake = false) {
+    return puts_->Commit(client_id, put_id, std::move(done), defer_publish_wake);
+  }
+  void WakePublisher() { publisher_->Wake(); }
+  absl::Status PutAbort(uint64_t client_id, uint64_t put_id) {
+    return puts_->Abort(client_id, put_id);
+  }
 
   absl::StatusOr<GetStartOutcome> GetStart(uint64_t client_id, const std::vector<std::string>& keys,
                                            const std::vector<uint32_t>& group_lens,
-                                           bool prefix_best_effort);
-  absl::Status GetTransfer(uint64_t client_id, uint64_t handle_id, uint32_t consume_prefix_len);
-  absl::Status CancelGet(uint64_t client_id, uint64_t handle_id);
-  absl::Status ReleaseViews(uint64_t client_id, uint64_t handle_id);
+                                           bool prefix_best_effort) {
+    return gets_->Start(client_id, keys, group_lens, prefix_best_effort);
+  }
+  absl::Status GetTransfer(uint64_t client_id, uint64_t handle_id, uint32_t consume_prefix_len) {
+    return gets_->Transfer(client_id, handle_id, consume_prefix_len);
+  }
+  absl::Status CancelGet(uint64_t client_id, uint64_t handle_id) {
+    return gets_->Cancel(client_id, handle_id);
+  }
+  absl::Status ReleaseViews(uint64_t client_id, uint64_t handle_id) {
+    return gets_->Release(client_id, handle_id);
+  }
 
   // Evicts cold cohorts worth at least `bytes` (or all evictable ones); returns bytes evicted.
-  uint64_t EvictSome(uint64_t bytes);
+  uint64_t EvictSome(uint64_t bytes) { return evictor_->EvictSome(bytes); }
   // Removes every committed, unpinned value whose key starts with `prefix` (non-empty), the same
   // way eviction does (S2: routes removed at the master before slots are released).
-  absl::StatusOr<DeleteOutcome> DeletePrefix(const std::string& prefix);
+  absl::StatusOr<DeleteOutcome> DeletePrefix(const std::string& prefix) {
+    return evictor_->DeletePrefix(prefix);
+  }
 
+  // The typed counters (their one definition: owner_counters.h).
+  const OwnerCounters& counters() const { return *counters_; }
+  // Every counter and derived gauge by name (the client protocol's and fluxonctl's stats).
   std::map<std::string, int64_t> Stats() const;
   // The owner's view of one key: "absent", "reserved", "local_visible", "committed", "evicting".
-  std::string KeyState(const std::string& key) const;
+  std::string KeyState(const std::string& key) const { return keys_->StateName(key); }
 
   OwnerMemory& memory() { return *memory_; }
   uint64_t generation() const { return memory_->segment().generation(); }
   uint32_t node_id() const { return options_.node_id; }
 
  private:
-  struct KeyEntry;
-  struct PutBatch;
-  struct GetHandle;
-  struct SharedGetOp;
-  struct PublishJob;
-  struct Counters;
-
   OwnerCore(MasterApi* master, OwnerOptions options);
-  // Removes a prepared put of `client_id` from the table (commit and abort both consume it).
-  absl::StatusOr<std::shared_ptr<PutBatch>> TakePreparedBatch(uint64_t client_id, uint64_t put_id);
-  void PublishLoop();
-  absl::Status PublishOne(PublishJob& job);  // the batch's outcome for its PutDone
   void MaintenanceLoop();
-  void SignalPressure();
-  struct EvictionNeed {
-    uint64_t over_watermark = 0;  // used bytes above hot_capacity_ratio of the capacity
-    uint64_t deficit = 0;         // bytes waiting claims lack when the pool cannot grow
-  };
-  EvictionNeed MeasureEvictionNeed() const;
-  // Drops handles past their TTL, views past view_lease and prepared puts past put_lease.
-  void ExpireLeases();
-  // RegisterOwner with this owner's identity (also the heartbeat).
-  absl::Status RegisterWithMaster();
-  void HeartbeatLoop();
-  bool stop_requested() const { return stop_requested_.load(std::memory_order_acquire); }
-  void DropHandle(std::shared_ptr<GetHandle> handle);
-  // Sleeps up to `d`; returns false when the owner is stopping.
-  bool SleepUnlessStopping(std::chrono::milliseconds d);
-  // Keys per RemoveRoutes call when eviction or a delete removes many (bounds one message).
-  static constexpr size_t kRouteRemoveBatch = 4096;
-  enum class RemoveResult { kRemoved, kInUse, kGone };
-  struct Removal {
-    RemoveResult result = RemoveResult::kGone;
-    uint64_t pages = 0;  // values freed
-  };
-  // Removes the members of each cohort that still carry its put_id, each cohort all or none
-  // (kInUse, nothing changed, if a member is pinned or not committed). The routes of all of
-  // them go to the master together, in RemoveRoutes calls of at most kRouteRemoveBatch keys,
-  // before any slot is released (S2). Empty when the owner stopped meanwhile.
-  std::vector<Removal> RemoveCohorts(const std::vector<Cohort>& cohorts);
-  // False when the owner stopped while retrying an uncertain outcome.
-  bool RemoveRoutesWithRetry(const v1::RemoveRoutesRequest& req);
 
   MasterApi* const master_;
   const OwnerOptions options_;
+  // Declaration order is destruction order reversed: memory outlives every holder of it.
   std::unique_ptr<OwnerMemory> memory_;
+  std::unique_ptr<OwnerCounters> counters_;
+  StopSignal stop_;
+  std::unique_ptr<MasterRegistration> registration_;
+  std::unique_ptr<KeyIndex> keys_;
+  std::unique_ptr<HotTier<>> hot_;
+  std::unique_ptr<SingleFlight> flights_;
+  std::unique_ptr<HandleTable> handles_;
+  std::unique_ptr<Evictor> evictor_;
+  std::unique_ptr<Publisher> publisher_;
+  std::unique_ptr<PutPath> puts_;
+  std::unique_ptr<GetPath> gets_;
 
-  KeyControlTable<std::shared_ptr<KeyEntry>> keys_;
-  KeyControlTable<std::shared_ptr<SharedGetOp>> inflight_gets_;
-  ShardedTable<uint64_t, std::shared_ptr<PutBatch>, 16> puts_;
-  ShardedTable<uint64_t, std::shared_ptr<GetHandle>, 64> handles_;
-  HotTier<> hot_;
-
-  std::atomic<uint64_t> next_put_id_{1};
-  std::atomic<uint64_t> next_handle_id_{1};
   std::atomic<uint64_t> next_client_id_{1};
-  std::atomic<uint64_t> next_cohort_id_{1};
-
-  mutable Mutex publish_mu_;
-  CondVar publish_cv_;
-  std::deque<std::unique_ptr<PublishJob>> publish_queue_ ABSL_GUARDED_BY(publish_mu_);
-  size_t publish_in_flight_ ABSL_GUARDED_BY(publish_mu_) = 0;
-  // Queue places taken by commits between their backpressure wait and their push.
-  size_t publish_reserved_ ABSL_GUARDED_BY(publish_mu_) = 0;
-  std::atomic<bool> stop_requested_{false};
-
-  mutable Mutex actor_mu_;
-  CondVar actor_cv_;
-  bool stopping_ ABSL_GUARDED_BY(actor_mu_) = false;
-  bool pressure_ ABSL_GUARDED_BY(actor_mu_) = false;
-  // Set when pins are dropped or cohorts admitted: candidates changed, so a backed-off eviction
-  // may try again at once.
-  std::atomic<bool> candidates_changed_{false};
-
-  std::unique_ptr<Counters> counters_;
   std::vector<std::thread> threads_;
   bool started_ = false;
 };

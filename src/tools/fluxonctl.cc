@@ -133,8 +133,17 @@ std::string Bytes(uint64_t v) {
 }
 
 json RouteJson(const v1::Route& r) {
-  return json{{"key", r.key()},       {"node_id", r.node_id()}, {"generation", r.generation()},
-              {"put_id", r.put_id()}, {"offset", r.offset()},   {"len", r.len()}};
+  json locations = json::array();
+  for (const v1::RouteLocation& l : r.locations()) {
+    locations.push_back(json{{"node_id", l.node_id()},
+                             {"generation", l.generation()},
+                             {"put_id", l.put_id()},
+                             {"offset", l.offset()},
+                             {"len", l.len()}});
+  }
+  return json{{"key", r.key()},        {"node_id", r.node_id()}, {"generation", r.generation()},
+              {"put_id", r.put_id()},  {"offset", r.offset()},   {"len", r.len()},
+              {"locations", locations}};
 }
 
 class Command {
@@ -345,6 +354,12 @@ class Command {
       t.AddRow({"put_id", Num(r.route().put_id())});
       t.AddRow({"offset", Num(r.route().offset())});
       t.AddRow({"len", Num(r.route().len())});
+      for (int i = 0; i < r.route().locations_size(); ++i) {
+        const v1::RouteLocation& l = r.route().locations(i);
+        t.AddRow({i == 0 ? "location (primary)" : "location (copy)",
+                  absl::StrFormat("node %d gen %d put %d offset %d len %d", l.node_id(),
+                                  l.generation(), l.put_id(), l.offset(), l.len())});
+      }
     }
     t.AddRow({"local_state", r.local_state().empty() ? "-" : r.local_state()});
     std::cout << t.Render();

@@ -236,13 +236,18 @@ def test_call_timeout_turns_a_stuck_owner_into_timeout_error(daemon_factory, soc
   - {point: master.Lookup, action: delay, delay_ms: 5000}
 """
     daemon_factory(embedded_config(sock, extra=extra))
-    client = fluxon.KvClient(socket_path=sock, call_timeout=0.3)
+    os.environ["FLUXON_CALL_TIMEOUT_MS"] = "300"
+    try:
+        client = fluxon.KvClient(socket_path=sock)
+        os.environ["FLUXON_CALL_TIMEOUT_MS"] = "0"
+        with pytest.raises(fluxon.InvalidArgumentError):
+            fluxon.KvClient(socket_path=sock)
+    finally:
+        del os.environ["FLUXON_CALL_TIMEOUT_MS"]
     start = time.time()
     with pytest.raises(fluxon.TimeoutError):
         client.get_start(["stuck"])  # a miss: the owner's master lookup is delayed
     assert time.time() - start < 3
-    with pytest.raises(fluxon.InvalidArgumentError):
-        fluxon.KvClient(socket_path=sock, call_timeout=0)
     cfg = tmp / "client.yaml"
     cfg.write_text(f"role: client\nclient: {{socket_path: {sock}, call_timeout_ms: 250}}\n")
     from_config = fluxon.KvClient(config_path=str(cfg))

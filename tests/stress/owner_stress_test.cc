@@ -11,7 +11,7 @@
 
 #include "common/fault_injector.h"
 #include "fluxon/units.h"
-#include "master/fault_injecting_master.h"
+#include "rpc/fault_injecting_master.h"
 #include "master/master_core.h"
 #include "owner/owner_core.h"
 

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "common/fault_injector.h"
-#include "master/master_api.h"
+#include "rpc/master_api.h"
 
 namespace fluxon {
 

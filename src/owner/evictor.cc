@@ -1,0 +1,218 @@
+#include "owner/evictor.h"
+
+#include <map>
+
+#include "common/check.h"
+#include "fluxon/batch.h"
+#include "fluxon/status.h"
+#include "fluxon/units.h"
+#include "rpc/retry.h"
+#include "spdlog/spdlog.h"
+
+namespace fluxon {
+
+void Evictor::SignalPressure() {
+  MutexLock lock(&mu_);
+  pressure_ = true;
+  cv_.SignalAll();
+}
+
+void Evictor::Interrupt() {
+  MutexLock lock(&mu_);
+  cv_.SignalAll();
+}
+
+bool Evictor::WaitForWork(std::chrono::milliseconds interval) {
+  MutexLock lock(&mu_);
+  if (!stop_->stopped() && !pressure_) cv_.WaitUntil(&mu_, Clock::now() + interval);
+  pressure_ = false;
+  return !stop_->stopped();
+}
+
+Evictor::Need Evictor::Measure() const {
+  const SlotPoolStats s = pool_->Stats();
+  // Waiting claims ask for eviction only when the pool cannot grow: growth comes first.
+  const bool can_grow = pool_->CanGrow();
+  Need need;
+  uint64_t used = 0;
+  for (const SizeClassStats& c : s.classes) {
+    if (!can_grow && c.pending_demand_slots > c.free_slots) {
+      need.deficit += (c.pending_demand_slots - c.free_slots) * c.slot_size;
+    }
+    used += (c.grants * c.slots_per_grant - c.free_slots) * c.slot_size;
+  }
+  // Watermark: keep used memory under hot_capacity_ratio of what the pool can ever hold.
+  uint64_t capacity = 0;
+  if (pool_->expected_grants() > 0) {
+    for (const SizeClassStats& c : s.classes)
+      capacity += c.grants * c.slots_per_grant * c.slot_size;
+  } else {
+    capacity = s.grant_capacity * kGrantBytes;
+  }
+  const uint64_t high = static_cast<uint64_t>(options_.hot_capacity_ratio * capacity);
+  if (used > high) need.over_watermark = used - high;
+  return need;
+}
+
+void Evictor::RunRound() {
+  if (candidates_changed_.exchange(false, std::memory_order_relaxed)) {
+    fallback_backoff_ = watermark_backoff_ = options_.min_interval;
+    next_fallback_ = std::min(next_fallback_, Clock::now());
+    next_watermark_ = Clock::now();
+  }
+  Need need = Measure();
+  const auto now = Clock::now();
+  if (need.over_watermark > 0 && now >= next_watermark_) {
+    if (EvictSome(need.over_watermark) > 0) {
+      watermark_backoff_ = options_.min_interval;
+      need = Measure();  // the deficit may be covered now
+    } else {
+      watermark_backoff_ = std::min(watermark_backoff_ * 2, std::chrono::milliseconds(2000));
+      next_watermark_ = now + watermark_backoff_;
+    }
+  }
+  if (need.deficit == 0 || now < next_fallback_) return;
+  const uint64_t evicted = EvictSome(std::min(need.deficit, options_.max_bytes_per_round));
+  // Nothing evictable (all pinned or in flight): back off instead of spinning.
+  fallback_backoff_ = evicted == 0
+                          ? std::min(fallback_backoff_ * 2, std::chrono::milliseconds(2000))
+                          : options_.min_interval;
+  next_fallback_ = Clock::now() + fallback_backoff_;
+}
+
+uint64_t Evictor::EvictSome(uint64_t bytes) {
+  counters_->eviction_rounds.fetch_add(1, std::memory_order_relaxed);
+  std::vector<Cohort> victims = hot_->TakeVictims(bytes);
+  const std::vector<Removal> removals = RemoveCohorts(victims);
+  if (removals.empty()) {
+    // Stopping with route removals unresolved: the cohorts stay (their slots were not freed).
+    for (Cohort& c : victims) hot_->Readmit(std::move(c));
+    return 0;
+  }
+  uint64_t evicted = 0;
+  for (size_t i = 0; i < victims.size(); ++i) {
+    Cohort& cohort = victims[i];
+    if (removals[i].result == RemoveResult::kInUse) {
+      counters_->eviction_skipped_pinned.fetch_add(1, std::memory_order_relaxed);
+      hot_->Readmit(std::move(cohort));  // S4: back to the tier, not dropped
+      continue;
+    }
+    if (removals[i].result == RemoveResult::kGone) continue;
+    evicted += cohort.weight;
+    counters_->evicted_pages.fetch_add(removals[i].pages, std::memory_order_relaxed);
+    counters_->evicted_cohorts.fetch_add(1, std::memory_order_relaxed);
+    counters_->evicted_bytes.fetch_add(cohort.weight, std::memory_order_relaxed);
+  }
+  return evicted;
+}
+
+absl::StatusOr<DeleteOutcome> Evictor::DeletePrefix(const std::string& prefix) {
+  FLUXON_RETURN_IF_ERROR(ValidateDeletePrefix(prefix));
+  // Eviction cohorts (one atomic group each) go together, so a group is never split; keys not
+  // committed yet have no cohort and count as in use.
+  std::map<std::pair<uint64_t, uint64_t>, Cohort> by_cohort;  // (put_id, cohort id)
+  uint64_t uncommitted = 0;
+  keys_->ForEachWithPrefix(prefix, [&](const std::string& key, uint64_t put_id, uint64_t cohort) {
+    if (cohort == 0) {
+      ++uncommitted;
+      return;
+    }
+    Cohort& c = by_cohort[{put_id, cohort}];
+    c.id = cohort;
+    c.put_id = put_id;
+    c.keys.push_back(key);
+  });
+  std::vector<Cohort> cohorts;
+  cohorts.reserve(by_cohort.size());
+  for (auto& [id, cohort] : by_cohort) cohorts.push_back(std::move(cohort));
+  const std::vector<Removal> removals = RemoveCohorts(cohorts);
+  if (removals.empty() && !cohorts.empty()) return absl::UnavailableError("owner is stopping");
+  DeleteOutcome out;
+  out.skipped_in_use = uncommitted;
+  for (size_t i = 0; i < cohorts.size(); ++i) {
+    if (removals[i].result == RemoveResult::kInUse) out.skipped_in_use += cohorts[i].keys.size();
+    if (removals[i].result == RemoveResult::kRemoved) hot_->ForgetIfAllUnder(cohorts[i].id, prefix);
+    out.deleted += removals[i].pages;
+  }
+  counters_->deleted_pages.fetch_add(out.deleted, std::memory_order_relaxed);
+  spdlog::info("deleted {} values under prefix '{}' ({} in use, kept)", out.deleted, prefix,
+               out.skipped_in_use);
+  return out;
+}
+
+std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& cohorts) {
+  std::vector<Removal> out(cohorts.size());
+  // (cohort index, key) of every member marked Evicting.
+  std::vector<std::pair<size_t, std::string>> marked;
+  for (size_t i = 0; i < cohorts.size(); ++i) {
+    const Cohort& cohort = cohorts[i];
+    // Mark every member Evicting, only if nothing pins it.
+    const size_t first = marked.size();
+    bool in_use = false;
+    for (const std::string& key : cohort.keys) {
+      const KeyIndex::MarkResult r = keys_->MarkEvicting(key, cohort.put_id);
+      if (r == KeyIndex::MarkResult::kInUse) {
+        in_use = true;
+        break;
+      }
+      if (r == KeyIndex::MarkResult::kMarked) marked.emplace_back(i, key);
+    }
+    if (in_use) {
+      for (size_t m = first; m < marked.size(); ++m) {
+        keys_->UnmarkEvicting(marked[m].second, cohort.put_id);
+      }
+      marked.resize(first);
+      out[i].result = RemoveResult::kInUse;
+    } else if (marked.size() > first) {
+      out[i].result = RemoveResult::kRemoved;
+    }
+  }
+  // S2: the routes go first; the slots are released only after the master removed them.
+  for (size_t begin = 0; begin < marked.size(); begin += kRouteRemoveBatch) {
+    v1::RemoveRoutesRequest req;
+    req.set_node_id(identity_->node_id);
+    req.set_generation(identity_->generation);
+    for (size_t m = begin; m < std::min(marked.size(), begin + kRouteRemoveBatch); ++m) {
+      v1::RouteItem* item = req.add_items();
+      item->set_key(marked[m].second);
+      item->set_put_id(cohorts[marked[m].first].put_id);
+    }
+    if (!RemoveRoutes(req)) {
+      // Stopping: unmark what is still marked, nothing is freed.
+      for (const auto& [i, key] : marked) keys_->UnmarkEvicting(key, cohorts[i].put_id);
+      return {};
+    }
+  }
+  for (const auto& [i, key] : marked) {
+    HolderRef last = keys_->EraseEvicting(key, cohorts[i].put_id);
+    if (!last) continue;
+    const absl::Status released = pool_->ReleaseRoute(last->slot);
+    if (!released.ok()) {
+      spdlog::error("releasing the route of {}: {}", key, released.ToString());
+      FLUXON_DCHECK(released.ok(), "an evicted slot's route was not live");
+    }
+    last.reset();  // the last reference: the slot returns to Free
+    ++out[i].pages;
+  }
+  return out;
+}
+
+bool Evictor::RemoveRoutes(const v1::RemoveRoutesRequest& req) {
+  absl::StatusOr<v1::RemoveRoutesReply> r = RetryUncertain(
+      [&] {
+        counters_->route_remove_calls.fetch_add(1, std::memory_order_relaxed);
+        return master_->RemoveRoutes(req);
+      },
+      stop_,
+      [&](const absl::Status&, std::chrono::milliseconds) {
+        counters_->route_remove_retries.fetch_add(1, std::memory_order_relaxed);
+      });
+  if (!r.ok() && IsUncertain(r.status())) return false;  // stopping
+  if (!r.ok()) {
+    spdlog::warn("removing {} routes: {} (routes are gone with the old master state)",
+                 req.items_size(), r.status().ToString());
+  }
+  return true;
+}
+
+}  // namespace fluxon

@@ -1,0 +1,153 @@
+#include "owner/get_path.h"
+
+#include "fluxon/status.h"
+
+namespace fluxon {
+
+using Clock = std::chrono::steady_clock;
+
+absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
+                                               const std::vector<std::string>& keys,
+                                               const std::vector<uint32_t>& group_lens,
+                                               bool prefix_best_effort) {
+  FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
+  FLUXON_RETURN_IF_ERROR(ValidateGroups(group_lens, keys.size()));
+  const size_t n = keys.size();
+  counters_->get_batches.fetch_add(1, std::memory_order_relaxed);
+  counters_->get_keys.fetch_add(n, std::memory_order_relaxed);
+  GetStartOutcome out;
+  std::vector<HolderRef> held(n);
+  std::vector<uint64_t> cohort_of(n, 0);
+  std::vector<std::shared_ptr<SharedGetOp>> joined(n), led(n);
+
+  // Classify every key (G1) with one O(1) shard section each (G3, G10).
+  for (size_t i = 0; i < n; ++i) {
+    if (keys_->Pin(keys[i], &held[i], &cohort_of[i])) {
+      ++out.local_pinned;
+      continue;
+    }
+    auto [op, leads] = flights_->LeadOrJoin(keys[i]);
+    if (leads) {
+      led[i] = std::move(op);
+      ++out.leader_started;
+    } else {
+      joined[i] = std::move(op);
+      ++out.inflight_joined;
+    }
+  }
+  // G8: the batch's leaders go to the master as one Lookup, after every pin and marker (G2).
+  if (out.leader_started > 0) LookupLeaders(keys, led, held, cohort_of);
+  // Joiners observe their leader's terminal state and canonical holder (G7).
+  if (out.inflight_joined > 0) {
+    const auto deadline = Clock::now() + join_timeout_;
+    for (size_t i = 0; i < n; ++i) {
+      if (joined[i]) held[i] = joined[i]->Wait(deadline);
+    }
+  }
+  counters_->local_pinned.fetch_add(out.local_pinned, std::memory_order_relaxed);
+  counters_->inflight_joined.fetch_add(out.inflight_joined, std::memory_order_relaxed);
+  counters_->leader_started.fetch_add(out.leader_started, std::memory_order_relaxed);
+
+  // G4: results are already in original order; compute the prefix over the caller's groups.
+  std::vector<bool> hits(n);
+  for (size_t i = 0; i < n; ++i) hits[i] = static_cast<bool>(held[i]);
+  out.prefix = ComputePrefix(hits, group_lens);
+  if (!prefix_best_effort && !out.prefix.all_hit()) out.prefix.transferable_len = 0;
+  const uint32_t t = out.prefix.transferable_len;
+  counters_->hits.fetch_add(t, std::memory_order_relaxed);
+  counters_->misses.fetch_add(n - t, std::memory_order_relaxed);
+
+  // G5: release everything past the transferable prefix now.
+  uint32_t released = 0;
+  for (size_t i = t; i < n; ++i) {
+    if (held[i]) {
+      held[i].reset();
+      ++released;
+    }
+  }
+  counters_->suffix_released.fetch_add(released, std::memory_order_relaxed);
+  if (t == 0) return out;
+
+  // Touch the restored chain tail first, so its head stays warmest.
+  std::vector<uint64_t> touched;
+  for (size_t i = t; i-- > 0;) {
+    if (cohort_of[i] != 0 && (touched.empty() || touched.back() != cohort_of[i])) {
+      touched.push_back(cohort_of[i]);
+    }
+  }
+  hot_->Touch(touched);
+
+  std::vector<uint32_t> prefix_groups;
+  if (!group_lens.empty()) {
+    uint32_t covered = 0;
+    for (uint32_t g : group_lens) {
+      if (covered + g > t) break;
+      prefix_groups.push_back(g);
+      covered += g;
+    }
+  }
+  out.offsets.reserve(t);
+  out.lens.reserve(t);
+  for (size_t i = 0; i < t; ++i) {
+    out.offsets.push_back(held[i]->offset);
+    out.lens.push_back(held[i]->len);
+  }
+  held.resize(t);
+  out.handle_id = handles_->Open(client_id, std::move(held), std::move(prefix_groups));
+  return out;
+}
+
+void GetPath::LookupLeaders(const std::vector<std::string>& keys,
+                            std::vector<std::shared_ptr<SharedGetOp>>& led,
+                            std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of) {
+  v1::LookupRequest req;
+  req.set_requester_node_id(identity_->node_id);
+  std::vector<size_t> leader_index;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (led[i]) {
+      req.add_keys(keys[i]);
+      leader_index.push_back(i);
+    }
+  }
+  absl::StatusOr<v1::LookupReply> reply = master_->Lookup(req);
+  for (size_t j = 0; j < leader_index.size(); ++j) {
+    const size_t i = leader_index[j];
+    HolderRef found;
+    if (reply.ok() && j < static_cast<size_t>(reply->found_size()) && reply->found(j)) {
+      const v1::Route& route = reply->routes(j);
+      if (route.node_id() == identity_->node_id && route.generation() == identity_->generation) {
+        // Published here after we looked: take the canonical holder (T2: same put_id).
+        keys_->PinVersion(keys[i], route.put_id(), &found, &cohort_of[i]);
+      }
+      // Routes on other owners need a data transport between owners; they count as misses here.
+    }
+    held[i] = found;
+    flights_->Finish(keys[i], led[i], std::move(found));
+  }
+}
+
+absl::Status GetPath::Transfer(uint64_t client_id, uint64_t handle_id, uint32_t consume) {
+  return Changed(handles_->Consume(client_id, handle_id, consume));
+}
+
+absl::Status GetPath::Cancel(uint64_t client_id, uint64_t handle_id) {
+  return Changed(handles_->Cancel(client_id, handle_id));
+}
+
+absl::Status GetPath::Release(uint64_t client_id, uint64_t handle_id) {
+  return Changed(handles_->Release(client_id, handle_id));
+}
+
+size_t GetPath::ExpireDue(Clock::time_point now) {
+  const size_t n = handles_->ExpireDue(now);
+  if (n > 0) signals_->CandidatesChanged();
+  return n;
+}
+
+size_t GetPath::DropSession(uint64_t client_id) {
+  const size_t n = handles_->DropSession(client_id);
+  if (n > 0) signals_->CandidatesChanged();
+  return n;
+}
+
+}  // namespace fluxon

@@ -1,0 +1,91 @@
+// GetPath: the prefix-restore path (design §6) on one owner: classify each key of a batch, pin
+// what is resident, lead or join the lookups of the rest, compute the prefix, and hand the
+// transferable prefix to a handle (GetStart); then consume, cancel or release it.
+//
+// Invariants:
+// - G1–G3: each key is classified with one O(1) shard section: LocalJoin (pin the resident
+//   holder now), InflightJoin (join the key's shared op) or Leader (install the key's op
+//   atomically); every pin and marker exists before the batch's one master Lookup (G2, G8).
+// - G6/G7: a key has at most one leader on this owner; joiners see its terminal state and its
+//   canonical holder. A route to this owner's own generation is taken only with the same put_id
+//   (T2); routes on other owners count as misses until the data transport exists.
+// - G4/G5: hits are scattered back to their indices before the prefix is computed over the
+//   caller's groups; everything past transferable_len is released inside GetStart.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fluxon/batch.h"
+#include "owner/handle_table.h"
+#include "owner/hot_tier.h"
+#include "owner/key_index.h"
+#include "owner/master_registration.h"
+#include "owner/owner_counters.h"
+#include "owner/publisher.h"
+#include "owner/single_flight.h"
+#include "rpc/master_api.h"
+
+namespace fluxon {
+
+struct GetStartOutcome {
+  PrefixResult prefix;
+  uint64_t handle_id = 0;
+  std::vector<uint64_t> offsets;  // transferable prefix
+  std::vector<uint64_t> lens;
+  uint32_t local_pinned = 0;
+  uint32_t inflight_joined = 0;
+  uint32_t leader_started = 0;
+};
+
+class GetPath {
+ public:
+  GetPath(std::chrono::milliseconds join_timeout, const OwnerIdentity* identity, MasterApi* master,
+          KeyIndex* keys, SingleFlight* flights, HandleTable* handles, HotTier<>* hot,
+          OwnerCounters* counters, EvictionSignals* signals)
+      : join_timeout_(join_timeout),
+        identity_(identity),
+        master_(master),
+        keys_(keys),
+        flights_(flights),
+        handles_(handles),
+        hot_(hot),
+        counters_(counters),
+        signals_(signals) {}
+
+  absl::StatusOr<GetStartOutcome> Start(uint64_t client_id, const std::vector<std::string>& keys,
+                                        const std::vector<uint32_t>& group_lens,
+                                        bool prefix_best_effort);
+  absl::Status Transfer(uint64_t client_id, uint64_t handle_id, uint32_t consume_prefix_len);
+  absl::Status Cancel(uint64_t client_id, uint64_t handle_id);
+  absl::Status Release(uint64_t client_id, uint64_t handle_id);
+  // Handles past handle_ttl and views past view_lease; returns how many were dropped.
+  size_t ExpireDue(std::chrono::steady_clock::time_point now);
+  size_t DropSession(uint64_t client_id);
+
+ private:
+  // The batch's leaders, looked up at the master in one call (G8); fills held/cohort_of.
+  void LookupLeaders(const std::vector<std::string>& keys,
+                     std::vector<std::shared_ptr<SharedGetOp>>& led, std::vector<HolderRef>& held,
+                     std::vector<uint64_t>& cohort_of);
+  // Pins were dropped: eviction candidates changed.
+  absl::Status Changed(absl::Status s) {
+    signals_->CandidatesChanged();
+    return s;
+  }
+
+  const std::chrono::milliseconds join_timeout_;
+  const OwnerIdentity* const identity_;
+  MasterApi* const master_;
+  KeyIndex* const keys_;
+  SingleFlight* const flights_;
+  HandleTable* const handles_;
+  HotTier<>* const hot_;
+  OwnerCounters* const counters_;
+  EvictionSignals* const signals_;
+};
+
+}  // namespace fluxon

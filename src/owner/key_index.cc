@@ -1,0 +1,192 @@
+#include "owner/key_index.h"
+
+#include "absl/strings/match.h"
+#include "common/check.h"
+
+namespace fluxon {
+
+KeyIndex::~KeyIndex() {
+  // Holders go before the pool they pin (the owner destroys the index before its memory).
+  std::vector<std::string> keys;
+  table_.ForEach([&](const std::string& k, const Entry&) { keys.push_back(k); });
+  for (const std::string& k : keys) table_.Take(k);
+}
+
+void KeyIndex::Count(State s, int delta) {
+  switch (s) {
+    case State::kReserved:
+      counters_->reserved_entries.fetch_add(delta, std::memory_order_relaxed);
+      break;
+    case State::kLocalVisible:
+      counters_->local_visible_entries.fetch_add(delta, std::memory_order_relaxed);
+      break;
+    case State::kCommitted:
+    case State::kEvicting:  // still committed memory until erased
+      counters_->committed_entries.fetch_add(delta, std::memory_order_relaxed);
+      break;
+  }
+}
+
+bool KeyIndex::ReserveAll(std::span<const std::string> keys, uint64_t put_id,
+                          std::vector<uint32_t>* conflicts) {
+  size_t reserved = 0;
+  bool conflict = false;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Entry e;
+    e.put_id = put_id;
+    if (table_.InsertIfAbsent(keys[i], std::move(e))) {
+      ++reserved;
+    } else {
+      conflict = true;
+      if (conflicts != nullptr) conflicts->push_back(static_cast<uint32_t>(i));
+    }
+  }
+  Count(State::kReserved, static_cast<int>(reserved));
+  if (conflict) Unreserve(keys, put_id);
+  return !conflict;
+}
+
+void KeyIndex::Unreserve(std::span<const std::string> keys, uint64_t put_id) {
+  int removed = 0;
+  for (const std::string& k : keys) {
+    removed += table_.EraseIf(
+        k, [&](const Entry& e) { return e.put_id == put_id && e.state == State::kReserved; });
+  }
+  Count(State::kReserved, -removed);
+}
+
+bool KeyIndex::MakeLocalVisible(const std::string& key, uint64_t put_id, HolderRef* holder) {
+  const bool made = table_.Update(key, [&](Entry* e, bool*) {
+    if (e == nullptr || e->put_id != put_id) return false;
+    FLUXON_DCHECK(e->state == State::kReserved, "a put's key is committed twice");
+    if (e->state != State::kReserved) return false;
+    e->state = State::kLocalVisible;
+    e->resident = std::move(*holder);
+    return true;
+  });
+  if (made) {
+    Count(State::kReserved, -1);
+    Count(State::kLocalVisible, 1);
+  }
+  return made;
+}
+
+bool KeyIndex::Promote(const std::string& key, uint64_t put_id, uint64_t cohort_id) {
+  const bool promoted = table_.Update(key, [&](Entry* e, bool*) {
+    if (e == nullptr || e->put_id != put_id) return false;
+    FLUXON_DCHECK(e->state == State::kLocalVisible, "a key is promoted that is not local-visible");
+    if (e->state != State::kLocalVisible) return false;
+    e->state = State::kCommitted;
+    e->cohort_id = cohort_id;
+    return true;
+  });
+  if (promoted) {
+    Count(State::kLocalVisible, -1);
+    Count(State::kCommitted, 1);
+  }
+  return promoted;
+}
+
+HolderRef KeyIndex::EraseUnpublished(const std::string& key, uint64_t put_id) {
+  HolderRef dropped;
+  table_.Update(key, [&](Entry* e, bool* erase) {
+    if (e == nullptr || e->put_id != put_id) return 0;
+    FLUXON_DCHECK(e->state == State::kLocalVisible, "an unpublished key is not local-visible");
+    if (e->state != State::kLocalVisible) return 0;
+    dropped = std::move(e->resident);
+    *erase = true;
+    return 0;
+  });
+  if (dropped) Count(State::kLocalVisible, -1);
+  return dropped;
+}
+
+bool KeyIndex::Pin(const std::string& key, HolderRef* holder, uint64_t* cohort) {
+  return table_.Update(key, [&](Entry* e, bool*) {
+    if (e == nullptr || (e->state != State::kLocalVisible && e->state != State::kCommitted)) {
+      return false;
+    }
+    *holder = e->resident;
+    *cohort = e->cohort_id;
+    return true;
+  });
+}
+
+bool KeyIndex::PinVersion(const std::string& key, uint64_t put_id, HolderRef* holder,
+                          uint64_t* cohort) {
+  return table_.Update(key, [&](Entry* e, bool*) {
+    if (e == nullptr || e->put_id != put_id ||
+        (e->state != State::kLocalVisible && e->state != State::kCommitted)) {
+      return false;
+    }
+    *holder = e->resident;
+    *cohort = e->cohort_id;
+    return true;
+  });
+}
+
+uint64_t KeyIndex::CommittedCohort(const std::string& key) {
+  return table_.Update(key, [&](Entry* e, bool*) -> uint64_t {
+    return e != nullptr && e->state == State::kCommitted ? e->cohort_id : 0;
+  });
+}
+
+KeyIndex::MarkResult KeyIndex::MarkEvicting(const std::string& key, uint64_t put_id) {
+  return table_.Update(key, [&](Entry* e, bool*) {
+    if (e == nullptr || e->put_id != put_id) return MarkResult::kGone;
+    // The index's reference is the only one: no plan, join or handle pins the value.
+    if (e->state != State::kCommitted || e->resident.use_count() != 1) return MarkResult::kInUse;
+    e->state = State::kEvicting;
+    return MarkResult::kMarked;
+  });
+}
+
+void KeyIndex::UnmarkEvicting(const std::string& key, uint64_t put_id) {
+  table_.Update(key, [&](Entry* e, bool*) {
+    if (e != nullptr && e->put_id == put_id && e->state == State::kEvicting) {
+      e->state = State::kCommitted;
+    }
+    return 0;
+  });
+}
+
+HolderRef KeyIndex::EraseEvicting(const std::string& key, uint64_t put_id) {
+  HolderRef last;
+  table_.Update(key, [&](Entry* e, bool* erase) {
+    if (e != nullptr && e->put_id == put_id && e->state == State::kEvicting) {
+      last = std::move(e->resident);
+      *erase = true;
+    }
+    return 0;
+  });
+  if (last) Count(State::kEvicting, -1);
+  return last;
+}
+
+void KeyIndex::ForEachWithPrefix(
+    const std::string& prefix,
+    const std::function<void(const std::string&, uint64_t, uint64_t)>& fn) const {
+  table_.ForEach([&](const std::string& key, const Entry& e) {
+    if (absl::StartsWith(key, prefix))
+      fn(key, e.put_id, e.state == State::kCommitted ? e.cohort_id : 0);
+  });
+}
+
+std::string KeyIndex::StateName(const std::string& key) const {
+  // Get copies the entry (and its holder reference) under the shard lock.
+  std::optional<Entry> e = table_.Get(key);
+  if (!e) return "absent";
+  switch (e->state) {
+    case State::kReserved:
+      return "reserved";
+    case State::kLocalVisible:
+      return "local_visible";
+    case State::kCommitted:
+      return "committed";
+    case State::kEvicting:
+      return "evicting";
+  }
+  return "unknown";
+}
+
+}  // namespace fluxon

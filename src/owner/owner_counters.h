@@ -1,0 +1,116 @@
+// OwnerCounters: the one definition of every counter and gauge the owner's control logic keeps.
+// Each entry of FLUXON_OWNER_COUNTERS names, once, the field, what kind of value it is, the
+// Prometheus family (with an optional label) it is exported as, and its help text; the struct,
+// the stats map the client protocol and fluxonctl carry, and the /metrics page are all generated
+// from that list, so a counter can never be renamed in one place and not another.
+//
+// Invariants: counters only grow (kCounter); gauges (kGauge) go up and down with the state they
+// count and return to their baseline when the workload ends. Members of one labelled family are
+// adjacent in the list (the exporter writes the family's HELP/TYPE once, at its first member).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace fluxon {
+
+enum class CounterKind { kCounter, kGauge };
+
+// X(field, kind, metric family, label "key=value" or "", help)
+#define FLUXON_OWNER_COUNTERS(X)                                                                  \
+  X(put_batches, kCounter, "fluxon_put_batches_total", "", "Put batches started.")                \
+  X(put_pages, kCounter, "fluxon_put_pages_total", "", "Values (pages) in started put batches.")  \
+  X(put_commits, kCounter, "fluxon_put_commits_total", "", "Put batches committed.")              \
+  X(put_aborts, kCounter, "fluxon_put_aborts_total", "", "Put batches aborted.")                  \
+  X(puts_expired, kCounter, "fluxon_puts_expired_total", "",                                      \
+    "Prepared puts aborted after put_lease (never committed or aborted).")                        \
+  X(commit_timeouts, kCounter, "fluxon_commit_timeouts_total", "",                                \
+    "Commits refused (put aborted) after commit_wait_timeout of publish backpressure.")           \
+  X(get_batches, kCounter, "fluxon_get_batches_total", "", "Get batches started.")                \
+  X(get_keys, kCounter, "fluxon_get_pages_total", "", "Keys (pages) in started get batches.")     \
+  X(hits, kCounter, "fluxon_hits_total", "",                                                      \
+    "Keys of get batches found (local, joined or fetched).")                                      \
+  X(misses, kCounter, "fluxon_misses_total", "", "Keys of get batches not found.")                \
+  X(local_pinned, kCounter, "fluxon_get_keys_by_path_total", "path=local_pinned",                 \
+    "Keys of get batches by how they were served: local_pinned (resident), inflight_joined "      \
+    "(joined another get's lookup), leader_started (looked up).")                                 \
+  X(inflight_joined, kCounter, "fluxon_get_keys_by_path_total", "path=inflight_joined", "")       \
+  X(leader_started, kCounter, "fluxon_get_keys_by_path_total", "path=leader_started", "")         \
+  X(suffix_released, kCounter, "fluxon_get_suffix_released_total", "",                            \
+    "Pinned keys released because they lay past the transferable prefix.")                        \
+  X(handles_expired, kCounter, "fluxon_handles_expired_total", "",                                \
+    "Get handles dropped after handle_ttl.")                                                      \
+  X(views_expired, kCounter, "fluxon_views_expired_total", "",                                    \
+    "Get views released after view_lease.")                                                       \
+  X(evicted_cohorts, kCounter, "fluxon_evicted_cohorts_total", "",                                \
+    "Cohorts evicted for capacity.")                                                              \
+  X(evicted_pages, kCounter, "fluxon_evicted_pages_total", "", "Values evicted for capacity.")    \
+  X(evicted_bytes, kCounter, "fluxon_evicted_bytes_total", "",                                    \
+    "Slot bytes freed by capacity eviction.")                                                     \
+  X(eviction_rounds, kCounter, "fluxon_eviction_rounds_total", "",                                \
+    "Capacity eviction rounds run.")                                                              \
+  X(eviction_skipped_pinned, kCounter, "fluxon_eviction_skipped_pinned_total", "",                \
+    "Eviction candidates skipped because a reader pinned them.")                                  \
+  X(deleted_pages, kCounter, "fluxon_deleted_pages_total", "",                                    \
+    "Values deleted on request (delete by prefix).")                                              \
+  X(publish_batches, kCounter, "fluxon_publish_batches_total", "",                                \
+    "Put batches sent to the master for publishing.")                                             \
+  X(publish_retries, kCounter, "fluxon_publish_retries_total", "",                                \
+    "PublishBatch calls retried after an uncertain outcome.")                                     \
+  X(route_remove_calls, kCounter, "fluxon_route_remove_calls_total", "",                          \
+    "RemoveRoutes calls sent to the master (eviction and deletes, batched).")                     \
+  X(route_remove_retries, kCounter, "fluxon_route_remove_retries_total", "",                      \
+    "RemoveRoutes calls retried after an uncertain outcome.")                                     \
+  X(master_reregistrations, kCounter, "fluxon_master_reregistrations_total", "",                  \
+    "Re-registrations after the master refused a publish as stale.")                              \
+  X(superseded, kCounter, "fluxon_superseded_total", "",                                          \
+    "Published values another version of the key had already superseded.")                        \
+  X(put_conflicts, kCounter, "fluxon_errors_total", "kind=put_conflict",                          \
+    "Business errors: put_conflict (key exists or in flight), put_no_space (no slots within the " \
+    "claim's hard timeout), claim_timeout (slot claims timed out), publish_failure (publish "     \
+    "definitively rejected).")                                                                    \
+  X(put_no_space, kCounter, "fluxon_errors_total", "kind=put_no_space", "")                       \
+  X(publish_failures, kCounter, "fluxon_errors_total", "kind=publish_failure", "")                \
+  X(reserved_entries, kGauge, "fluxon_key_entries", "state=reserved",                             \
+    "Owner key entries by state.")                                                                \
+  X(local_visible_entries, kGauge, "fluxon_key_entries", "state=local_visible", "")               \
+  X(committed_entries, kGauge, "fluxon_key_entries", "state=committed", "")                       \
+  X(live_handles, kGauge, "fluxon_live_get_handles", "",                                          \
+    "Get handles not yet transferred or cancelled.")                                              \
+  X(live_views, kGauge, "fluxon_live_get_views", "",                                              \
+    "Get plans whose views are not yet released.")                                                \
+  X(disconnects, kCounter, "fluxon_client_disconnects_total", "", "Client sessions that ended.")
+
+struct OwnerCounters {
+#define FLUXON_OWNER_COUNTER_FIELD(field, kind, metric, label, help) std::atomic<int64_t> field{0};
+  FLUXON_OWNER_COUNTERS(FLUXON_OWNER_COUNTER_FIELD)
+#undef FLUXON_OWNER_COUNTER_FIELD
+};
+
+// How one counter is exported.
+struct OwnerCounterDef {
+  const char* name;  // stats-map key ("put_batches")
+  CounterKind kind;
+  const char* metric;  // Prometheus family
+  const char* label;   // "key=value" or ""
+  const char* help;    // the family's help (on its first member)
+  std::atomic<int64_t> OwnerCounters::*field;
+};
+
+inline constexpr OwnerCounterDef kOwnerCounterDefs[] = {
+#define FLUXON_OWNER_COUNTER_DEF(field, kind, metric, label, help) \
+  {#field, CounterKind::kind, metric, label, help, &OwnerCounters::field},
+    FLUXON_OWNER_COUNTERS(FLUXON_OWNER_COUNTER_DEF)
+#undef FLUXON_OWNER_COUNTER_DEF
+};
+
+// Adds every counter's current value to `out` under its stats-map name.
+inline void AppendCounters(const OwnerCounters& c, std::map<std::string, int64_t>* out) {
+  for (const OwnerCounterDef& d : kOwnerCounterDefs) {
+    (*out)[d.name] = (c.*d.field).load(std::memory_order_relaxed);
+  }
+}
+
+}  // namespace fluxon

@@ -1,0 +1,193 @@
+#include "owner/publisher.h"
+
+#include "absl/strings/str_format.h"
+#include "common/check.h"
+#include "rpc/retry.h"
+#include "spdlog/spdlog.h"
+
+namespace fluxon {
+
+using Clock = std::chrono::steady_clock;
+
+absl::Status Publisher::ReservePlace() {
+  MutexLock lock(&mu_);
+  const auto deadline = Clock::now() + options_.commit_wait_timeout;
+  while (queue_.size() + reserved_ >= options_.queue_capacity) {
+    if (stop_->stopped()) {
+      return absl::UnavailableError("the owner is shutting down; the put was aborted");
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      counters_->commit_timeouts.fetch_add(1, std::memory_order_relaxed);
+      return absl::UnavailableError(absl::StrFormat(
+          "the publish queue stayed full for %d ms (commit_wait_timeout; is the master "
+          "reachable?); the put was aborted",
+          options_.commit_wait_timeout.count()));
+    }
+    cv_.WaitUntil(&mu_, std::min(deadline, now + std::chrono::milliseconds(100)));
+  }
+  ++reserved_;
+  return absl::OkStatus();
+}
+
+void Publisher::CancelPlace() {
+  MutexLock lock(&mu_);
+  FLUXON_DCHECK(reserved_ > 0, "a publish place is given back twice");
+  --reserved_;
+  cv_.SignalAll();
+}
+
+void Publisher::Push(std::shared_ptr<PutBatch> batch, PutDoneCallback done, bool defer_wake) {
+  MutexLock lock(&mu_);
+  FLUXON_DCHECK(reserved_ > 0, "a batch is queued without a reserved place");
+  --reserved_;
+  queue_.push_back(Job{std::move(batch), std::move(done)});
+  if (!defer_wake) cv_.SignalAll();
+}
+
+void Publisher::Wake() {
+  MutexLock lock(&mu_);
+  cv_.SignalAll();
+}
+
+void Publisher::Interrupt() { Wake(); }
+
+size_t Publisher::backlog() const {
+  MutexLock lock(&mu_);
+  return queue_.size() + in_flight_;
+}
+
+void Publisher::Run() {
+  for (;;) {
+    Job job;
+    {
+      MutexLock lock(&mu_);
+      while (queue_.empty()) {
+        if (stop_->stopped()) return;
+        cv_.WaitUntil(&mu_, Clock::now() + std::chrono::milliseconds(100));
+      }
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      ++in_flight_;
+      cv_.SignalAll();
+    }
+    // A stopping owner does not call the master for the backlog (each call could wait out its
+    // deadline): the remaining jobs end Cancelled at once.
+    const absl::Status outcome = stop_->stopped()
+                                     ? absl::CancelledError("owner stopping before publish")
+                                     : PublishOne(*job.batch);
+    {
+      MutexLock lock(&mu_);
+      --in_flight_;
+    }
+    // After the batch left the queue's accounting, so a caller woken here sees it settled.
+    if (job.done) job.done(outcome);
+  }
+}
+
+absl::Status Publisher::PublishOne(const PutBatch& b) {
+  const OwnerIdentity& me = registration_->identity();
+  v1::PublishBatchRequest req;
+  req.set_node_id(me.node_id);
+  req.set_generation(me.generation);
+  req.set_put_id(b.put_id);
+  for (size_t i = 0; i < b.keys.size(); ++i) {
+    v1::RouteItem* item = req.add_items();
+    item->set_key(b.keys[i]);
+    item->set_put_id(b.put_id);
+    item->set_offset(pool_->OffsetOf(b.slots[i]));
+    item->set_len(b.value_len);
+  }
+  for (uint32_t g : b.group_lens) req.add_atomic_group_lens(g);
+
+  bool reregistered = false;
+  absl::StatusOr<v1::PublishBatchReply> reply = RetryUncertain(
+      [&]() -> absl::StatusOr<v1::PublishBatchReply> {
+        absl::StatusOr<v1::PublishBatchReply> r = master_->PublishBatch(req);
+        if (!r.ok() && r.status().code() == absl::StatusCode::kFailedPrecondition &&
+            !reregistered) {
+          // The master does not know this generation (it restarted, or dropped us): register
+          // again and retry once, instead of failing every later publish for good.
+          reregistered = true;
+          absl::Status reg = registration_->Register();
+          spdlog::warn("publish of put {} refused ({}); re-registering with the master: {}",
+                       b.put_id, std::string(r.status().message()), reg.ToString());
+          if (reg.ok()) {
+            counters_->master_reregistrations.fetch_add(1, std::memory_order_relaxed);
+            r = master_->PublishBatch(req);
+          }
+        }
+        return r;
+      },
+      stop_,
+      [&](const absl::Status& s, std::chrono::milliseconds backoff) {
+        counters_->publish_retries.fetch_add(1, std::memory_order_relaxed);
+        spdlog::warn("publish of put {} uncertain ({}); retrying in {} ms", b.put_id, s.ToString(),
+                     backoff.count());
+      });
+  if (!reply.ok() && IsUncertain(reply.status()) && stop_->stopped()) {
+    return absl::CancelledError("owner stopping before publish resolved");
+  }
+  counters_->publish_batches.fetch_add(1, std::memory_order_relaxed);
+
+  std::vector<bool> published(b.keys.size(), false);
+  if (reply.ok()) {
+    for (size_t i = 0; i < b.keys.size() && i < static_cast<size_t>(reply->outcomes_size()); ++i) {
+      published[i] = reply->outcomes(i) == v1::PUBLISHED;
+    }
+  }
+  size_t not_published = 0;
+  PromoteAndAdmit(b, published, &not_published);
+  if (not_published > 0) {
+    counters_->superseded.fetch_add(not_published, std::memory_order_relaxed);
+    if (!reply.ok()) counters_->publish_failures.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!reply.ok()) return reply.status();
+  if (not_published > 0) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "%d of %d keys were already published by another writer", not_published, b.keys.size()));
+  }
+  return absl::OkStatus();
+}
+
+void Publisher::PromoteAndAdmit(const PutBatch& b, const std::vector<bool>& published,
+                                size_t* not_published) {
+  std::vector<uint32_t> groups = b.group_lens;
+  if (groups.empty()) groups.assign(b.keys.size(), 1);
+  size_t start = 0;
+  std::vector<Cohort> cohorts;
+  for (uint32_t len : groups) {
+    Cohort cohort;
+    cohort.id = next_cohort_id_.fetch_add(1);
+    cohort.put_id = b.put_id;
+    for (size_t i = start; i < start + len; ++i) {
+      if (published[i]) {
+        const absl::Status route = pool_->PublishRoute(b.slots[i]);
+        if (!route.ok()) {
+          spdlog::error("publishing the route of put {} key {}: {}", b.put_id, b.keys[i],
+                        route.ToString());
+          FLUXON_DCHECK(route.ok(), "a published slot refused its route");
+        }
+        if (keys_->Promote(b.keys[i], b.put_id, cohort.id)) {
+          cohort.keys.push_back(b.keys[i]);
+          cohort.weight += pool_->SlotSizeOf(b.slots[i]);
+        }
+      } else {
+        // Never published (superseded or rejected): the value stays local-only no longer.
+        ++*not_published;
+        HolderRef dropped = keys_->EraseUnpublished(b.keys[i], b.put_id);
+      }
+    }
+    start += len;
+    if (!cohort.keys.empty()) cohorts.push_back(std::move(cohort));
+  }
+  // A1: the whole batch is admitted after every member was promoted, as one chain that continues
+  // the parent's when the client named the page before it.
+  const uint64_t parent_cohort = b.parent_key.empty() ? 0 : keys_->CommittedCohort(b.parent_key);
+  hot_->AdmitChain(std::move(cohorts), parent_cohort);
+  // Wake claims that may be waiting for eviction of now-evictable cohorts.
+  signals_->CandidatesChanged();
+  signals_->SignalPressure();
+}
+
+}  // namespace fluxon

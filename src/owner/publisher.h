@@ -1,0 +1,127 @@
+// Publisher: the owner's one publish actor (design §5 step 3). Committed batches wait in a
+// bounded queue; the actor sends each batch as one PublishBatch, promotes the values the master
+// published (LocalVisible -> Committed, route live), drops the ones it superseded, admits the
+// batch to the hot tier as one chain, and completes the batch's PutDone.
+//
+// Invariants:
+// - A1/A2: one job owns one whole batch and one PublishBatch identity; an uncertain outcome is
+//   retried with the same identity (RetryUncertain) until it resolves; only a definite answer
+//   drops local values. A refusal because the master does not know this generation (it
+//   restarted) re-registers once and retries, instead of failing every later publish.
+// - V2/V3: a value is promoted only after the master published its route; the batch's cohorts
+//   are admitted to the hot tier after every member was promoted (A1).
+// - Backpressure: commits take a place in the queue (ReservePlace) before their values become
+//   visible; a place not found within commit_wait_timeout, or while stopping, is an error the
+//   committer turns into an abort. The queue never holds more than queue_capacity jobs.
+// - Stopping: the backlog is completed Cancelled without calling the master.
+// - The publisher tells the evictor about new candidates through EvictionSignals only.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/mutex.h"
+#include "common/stop_signal.h"
+#include "owner/hot_tier.h"
+#include "owner/key_index.h"
+#include "owner/master_registration.h"
+#include "owner/owner_counters.h"
+#include "rpc/master_api.h"
+#include "slot/slot_pool.h"
+
+namespace fluxon {
+
+using PutDoneCallback = std::function<void(const absl::Status&)>;
+
+// What the publisher and the get path tell the evictor.
+class EvictionSignals {
+ public:
+  virtual ~EvictionSignals() = default;
+  // Pins were dropped or cohorts admitted: a backed-off eviction may try again at once.
+  virtual void CandidatesChanged() = 0;
+  // Wakes the maintenance actor now (capacity may need eviction).
+  virtual void SignalPressure() = 0;
+};
+
+// A prepared put: its keys, slots and hints, from PutStart to the end of its publish.
+struct PutBatch {
+  uint64_t client_id = 0;
+  uint64_t put_id = 0;
+  std::vector<std::string> keys;
+  std::vector<SlotRef> slots;
+  uint64_t value_len = 0;
+  std::vector<uint32_t> group_lens;
+  std::string parent_key;
+  std::chrono::steady_clock::time_point deadline;  // put_lease
+};
+
+class Publisher {
+ public:
+  struct Options {
+    size_t queue_capacity = 512;
+    std::chrono::milliseconds commit_wait_timeout{30'000};
+  };
+  Publisher(Options options, MasterRegistration* registration, MasterApi* master, KeyIndex* keys,
+            SlotPool* pool, HotTier<>* hot, OwnerCounters* counters, EvictionSignals* signals,
+            StopSignal* stop)
+      : options_(options),
+        registration_(registration),
+        master_(master),
+        keys_(keys),
+        pool_(pool),
+        hot_(hot),
+        counters_(counters),
+        signals_(signals),
+        stop_(stop) {}
+
+  // Takes a place in the queue, waiting up to commit_wait_timeout; Unavailable when none was
+  // found in time or the owner is stopping.
+  absl::Status ReservePlace();
+  // Gives a reserved place back (the commit failed before Push).
+  void CancelPlace();
+  // Queues `batch` in a reserved place; `done` runs with its outcome. Wakes the actor unless
+  // `defer_wake` (then Wake() must follow).
+  void Push(std::shared_ptr<PutBatch> batch, PutDoneCallback done, bool defer_wake);
+  void Wake();
+  // The actor: publishes queued batches until stopping (then cancels the backlog).
+  void Run();
+  // Wakes every wait (call after stop_->Stop()).
+  void Interrupt();
+  // Batches queued or being published.
+  size_t backlog() const;
+
+ private:
+  struct Job {
+    std::shared_ptr<PutBatch> batch;
+    PutDoneCallback done;
+  };
+  // The batch's outcome for its PutDone.
+  absl::Status PublishOne(const PutBatch& b);
+  // One cohort per atomic group (or per key), of the members the master published.
+  void PromoteAndAdmit(const PutBatch& b, const std::vector<bool>& published,
+                       size_t* not_published);
+
+  const Options options_;
+  MasterRegistration* const registration_;
+  MasterApi* const master_;
+  KeyIndex* const keys_;
+  SlotPool* const pool_;
+  HotTier<>* const hot_;
+  OwnerCounters* const counters_;
+  EvictionSignals* const signals_;
+  StopSignal* const stop_;
+  std::atomic<uint64_t> next_cohort_id_{1};
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // places taken between ReservePlace and Push
+};
+
+}  // namespace fluxon

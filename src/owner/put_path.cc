@@ -1,0 +1,163 @@
+#include "owner/put_path.h"
+
+#include "absl/strings/str_format.h"
+#include "common/check.h"
+#include "fluxon/batch.h"
+#include "fluxon/status.h"
+#include "spdlog/spdlog.h"
+
+namespace fluxon {
+
+PutPath::~PutPath() {
+  std::vector<uint64_t> ids;
+  puts_.ForEach([&](const uint64_t& id, const std::shared_ptr<PutBatch>&) { ids.push_back(id); });
+  for (uint64_t id : ids) {
+    std::optional<std::shared_ptr<PutBatch>> b = puts_.Take(id);
+    if (b) Release(**b);
+  }
+}
+
+absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, const PutStartArgs& a,
+                                               std::vector<uint32_t>* conflicts) {
+  FLUXON_RETURN_IF_ERROR(ValidateKeys(a.keys));
+  FLUXON_RETURN_IF_ERROR(ValidateParentKey(a.parent_key, a.keys));
+  FLUXON_RETURN_IF_ERROR(ValidateValueLen(a.value_len));
+  FLUXON_RETURN_IF_ERROR(ValidateGroups(a.atomic_group_lens, a.keys.size()));
+  FLUXON_RETURN_IF_ERROR(
+      ValidateReplicaMask(a.make_replica_task_mask, a.atomic_group_lens, a.keys.size()));
+  if (a.write_through) {
+    return absl::UnimplementedError(
+        "write_through needs a remote owner; this deployment has none (use write_through=False)");
+  }
+  const uint64_t put_id = next_put_id_.fetch_add(1);
+  // Reserve every key, one shard lock each (G3); a conflict reserves nothing.
+  if (!keys_->ReserveAll(a.keys, put_id, conflicts)) {
+    counters_->put_conflicts.fetch_add(1, std::memory_order_relaxed);
+    const size_t n = conflicts != nullptr ? conflicts->size() : 0;
+    return absl::AlreadyExistsError(
+        absl::StrFormat("%d of %d keys are already stored or being written; nothing was reserved",
+                        n, a.keys.size()));
+  }
+  absl::StatusOr<std::vector<SlotRef>> slots =
+      pool_->Claim(static_cast<uint64_t>(a.value_len), a.keys.size());
+  if (!slots.ok()) {
+    keys_->Unreserve(a.keys, put_id);
+    if (slots.status().code() == absl::StatusCode::kResourceExhausted) {
+      counters_->put_no_space.fetch_add(1, std::memory_order_relaxed);
+    }
+    return slots.status();
+  }
+  auto batch = std::make_shared<PutBatch>();
+  batch->client_id = client_id;
+  batch->put_id = put_id;
+  batch->keys = a.keys;
+  batch->slots = std::move(*slots);
+  batch->value_len = static_cast<uint64_t>(a.value_len);
+  batch->group_lens = a.atomic_group_lens;
+  batch->parent_key = a.parent_key;
+  batch->deadline = std::chrono::steady_clock::now() + put_lease_;
+  PutStartOutcome out;
+  out.put_id = put_id;
+  out.offsets.reserve(batch->slots.size());
+  for (const SlotRef& s : batch->slots) out.offsets.push_back(pool_->OffsetOf(s));
+  puts_.InsertIfAbsent(put_id, std::move(batch));
+  counters_->put_batches.fetch_add(1, std::memory_order_relaxed);
+  counters_->put_pages.fetch_add(a.keys.size(), std::memory_order_relaxed);
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<PutBatch>> PutPath::Take(uint64_t client_id, uint64_t put_id) {
+  std::shared_ptr<PutBatch> taken;
+  puts_.Update(put_id, [&](std::shared_ptr<PutBatch>* b, bool* erase) {
+    if (b == nullptr || (*b)->client_id != client_id) return 0;
+    taken = std::move(*b);
+    *erase = true;
+    return 0;
+  });
+  if (!taken) {
+    // Another session's put is indistinguishable from none: ids are not usable across sessions.
+    return absl::NotFoundError(absl::StrFormat(
+        "put %d is not prepared in this session (committed, aborted or expired)", put_id));
+  }
+  return taken;
+}
+
+void PutPath::Release(const PutBatch& b) {
+  keys_->Unreserve(b.keys, b.put_id);
+  for (const SlotRef& slot : b.slots) {
+    const absl::Status s = pool_->Abort(slot);
+    if (!s.ok()) {
+      spdlog::error("aborting a slot of put {}: {}", b.put_id, s.ToString());
+      FLUXON_DCHECK(s.ok(), "a prepared slot could not be aborted");
+    }
+  }
+}
+
+absl::Status PutPath::Abort(uint64_t client_id, uint64_t put_id) {
+  FLUXON_ASSIGN_OR_RETURN(std::shared_ptr<PutBatch> taken, Take(client_id, put_id));
+  Release(*taken);
+  counters_->put_aborts.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status PutPath::Commit(uint64_t client_id, uint64_t put_id, PutDoneCallback done,
+                             bool defer_publish_wake) {
+  // Backpressure first, before anything becomes visible: a commit that cannot be queued aborts
+  // the put, so a failed commit leaves nothing reserved.
+  if (absl::Status place = publisher_->ReservePlace(); !place.ok()) {
+    if (Abort(client_id, put_id).ok()) {
+      spdlog::warn("commit of put {}: {}", put_id, std::string(place.message()));
+    }
+    return place;
+  }
+  absl::StatusOr<std::shared_ptr<PutBatch>> taken = Take(client_id, put_id);
+  if (!taken.ok()) {
+    publisher_->CancelPlace();
+    return taken.status();
+  }
+  std::shared_ptr<PutBatch> batch = std::move(*taken);
+  // V1: every value is local-read-ready before this returns.
+  for (size_t i = 0; i < batch->keys.size(); ++i) {
+    absl::StatusOr<HolderRef> h = HolderRef::CommitLocalVisible(
+        pool_, batch->slots[i], batch->keys[i], put_id, batch->value_len);
+    if (!h.ok()) {
+      spdlog::error("commit of put {} key {}: {}", put_id, batch->keys[i], h.status().ToString());
+      keys_->Unreserve({&batch->keys[i], 1}, put_id);  // the key is not left reserved
+      continue;
+    }
+    // If the entry is not this put's reservation, `h` keeps the holder and frees the slot.
+    keys_->MakeLocalVisible(batch->keys[i], put_id, &*h);
+  }
+  counters_->put_commits.fetch_add(1, std::memory_order_relaxed);
+  publisher_->Push(std::move(batch), std::move(done), defer_publish_wake);
+  return absl::OkStatus();
+}
+
+size_t PutPath::ExpireDue(std::chrono::steady_clock::time_point now) {
+  std::vector<std::pair<uint64_t, uint64_t>> due;  // (client, put)
+  puts_.ForEach([&](const uint64_t& id, const std::shared_ptr<PutBatch>& b) {
+    if (b->deadline <= now) due.emplace_back(b->client_id, id);
+  });
+  size_t expired = 0;
+  for (const auto& [client, put_id] : due) {
+    if (Abort(client, put_id).ok()) {
+      ++expired;
+      counters_->puts_expired.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("put {} (session {}) not committed or aborted within put_lease ({} ms): aborted",
+                   put_id, client, put_lease_.count());
+    }
+  }
+  return expired;
+}
+
+size_t PutPath::AbortSession(uint64_t client_id) {
+  std::vector<uint64_t> ids;
+  puts_.ForEach([&](const uint64_t& id, const std::shared_ptr<PutBatch>& b) {
+    if (b->client_id == client_id) ids.push_back(id);
+  });
+  size_t aborted = 0;
+  for (uint64_t id : ids) aborted += Abort(client_id, id).ok();
+  return aborted;
+}
+
+}  // namespace fluxon

@@ -1,0 +1,84 @@
+// PutPath: the hostless put path (design §5 steps 1–2): reserve keys and claim slots
+// (PutStart), make them locally readable and hand the batch to the publisher (Commit), or
+// release everything (Abort). Owns the table of prepared puts.
+//
+// Invariants:
+// - Validation happens before anything is reserved; a conflict reserves nothing.
+// - A prepared put belongs to its session; another session's put id is NotFound.
+// - V1: Commit makes every value of the batch locally readable (pinnable by GetStart) before it
+//   returns, without waiting for the master. A commit consumes its put: if the publisher has no
+//   place for it (backpressure timeout, stopping) the put is aborted and nothing stays reserved.
+// - A prepared put is committed, aborted, expired (put_lease) or dropped with its session —
+//   exactly one of them, through Take (the table's one removal), so it is never released twice.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/sharded_table.h"
+#include "owner/key_index.h"
+#include "owner/owner_counters.h"
+#include "owner/publisher.h"
+#include "slot/slot_pool.h"
+
+namespace fluxon {
+
+struct PutStartArgs {
+  std::vector<std::string> keys;
+  int64_t value_len = 0;
+  bool reject_if_inflight_same_key = true;
+  bool reject_if_exist_same_key = true;
+  bool write_through = false;
+  bool make_replica_task = false;
+  std::vector<bool> make_replica_task_mask;
+  std::vector<uint32_t> atomic_group_lens;
+  std::string lease_id;
+  std::string parent_key;  // eviction-order hint; empty: unknown
+};
+
+struct PutStartOutcome {
+  uint64_t put_id = 0;
+  std::vector<uint64_t> offsets;
+  std::vector<uint32_t> conflict_indices;  // non-empty only with an AlreadyExists status
+};
+
+class PutPath {
+ public:
+  PutPath(std::chrono::milliseconds put_lease, KeyIndex* keys, SlotPool* pool, Publisher* publisher,
+          OwnerCounters* counters)
+      : put_lease_(put_lease),
+        keys_(keys),
+        pool_(pool),
+        publisher_(publisher),
+        counters_(counters) {}
+  ~PutPath();
+
+  absl::StatusOr<PutStartOutcome> Start(uint64_t client_id, const PutStartArgs& args,
+                                        std::vector<uint32_t>* conflict_indices);
+  absl::Status Commit(uint64_t client_id, uint64_t put_id, PutDoneCallback done,
+                      bool defer_publish_wake);
+  absl::Status Abort(uint64_t client_id, uint64_t put_id);
+  // Aborts every prepared put past put_lease; returns how many.
+  size_t ExpireDue(std::chrono::steady_clock::time_point now);
+  // Aborts every prepared put of a session that ended; returns how many.
+  size_t AbortSession(uint64_t client_id);
+  size_t prepared() const { return puts_.size(); }
+
+ private:
+  // Removes a prepared put of `client_id` from the table (commit, abort, expiry all use it).
+  absl::StatusOr<std::shared_ptr<PutBatch>> Take(uint64_t client_id, uint64_t put_id);
+  // Releases a taken put's reservations and slots.
+  void Release(const PutBatch& b);
+
+  const std::chrono::milliseconds put_lease_;
+  KeyIndex* const keys_;
+  SlotPool* const pool_;
+  Publisher* const publisher_;
+  OwnerCounters* const counters_;
+  std::atomic<uint64_t> next_put_id_{1};
+  ShardedTable<uint64_t, std::shared_ptr<PutBatch>, 16> puts_;
+};
+
+}  // namespace fluxon

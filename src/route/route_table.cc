@@ -1,0 +1,84 @@
+#include "route/route_table.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+
+namespace fluxon {
+
+RouteTable::PublishOutcome RouteTable::Publish(const std::string& key,
+                                               const RouteLocation& primary) {
+  return routes_.Upsert(
+      key, [&] { return Route{{primary}}; },
+      [&](Route& cur, bool inserted) {
+        if (inserted) return PublishOutcome::kPublished;
+        for (const RouteLocation& l : cur.locations) {
+          if (l.SameIdentity(primary)) return PublishOutcome::kRepublished;
+        }
+        return PublishOutcome::kSuperseded;
+      });
+}
+
+bool RouteTable::AddCopy(const std::string& key, const RouteLocation& copy) {
+  return routes_.Update(key, [&](Route* r, bool*) {
+    if (r == nullptr || r->put_id() != copy.put_id) return false;
+    for (const RouteLocation& l : r->locations) {
+      if (l.node_id == copy.node_id && l.generation == copy.generation) return l.SameIdentity(copy);
+    }
+    r->locations.push_back(copy);
+    return true;
+  });
+}
+
+std::optional<Route> RouteTable::Lookup(const std::string& key) const { return routes_.Get(key); }
+
+bool RouteTable::RemoveLocation(const std::string& key, uint32_t node_id, uint64_t generation,
+                                uint64_t put_id) {
+  return routes_.Update(key, [&](Route* r, bool* erase) {
+    if (r == nullptr) return false;
+    auto it = std::find_if(r->locations.begin(), r->locations.end(), [&](const RouteLocation& l) {
+      return l.node_id == node_id && l.generation == generation && l.put_id == put_id;
+    });
+    if (it == r->locations.end()) return false;
+    r->locations.erase(it);  // a copy moves up to primary when the primary goes
+    if (r->locations.empty()) *erase = true;
+    return true;
+  });
+}
+
+uint64_t RouteTable::DropNode(uint32_t node_id, uint64_t generation) {
+  std::vector<std::pair<std::string, uint64_t>> found;  // (key, put_id)
+  routes_.ForEach([&](const std::string& key, const Route& r) {
+    for (const RouteLocation& l : r.locations) {
+      if (l.node_id == node_id && l.generation == generation) found.emplace_back(key, l.put_id);
+    }
+  });
+  uint64_t dropped = 0;
+  for (const auto& [key, put_id] : found)
+    dropped += RemoveLocation(key, node_id, generation, put_id);
+  return dropped;
+}
+
+std::map<uint32_t, uint64_t> RouteTable::LocationsPerNode() const {
+  std::map<uint32_t, uint64_t> out;
+  routes_.ForEach([&](const std::string&, const Route& r) {
+    for (const RouteLocation& l : r.locations) ++out[l.node_id];
+  });
+  return out;
+}
+
+std::vector<std::pair<std::string, Route>> RouteTable::ListByPrefix(const std::string& prefix,
+                                                                    size_t limit) const {
+  std::map<std::string, Route> sorted;
+  routes_.ForEach([&](const std::string& key, const Route& r) {
+    if (absl::StartsWith(key, prefix)) sorted.emplace(key, r);
+  });
+  std::vector<std::pair<std::string, Route>> out;
+  for (auto& [key, r] : sorted) {
+    if (out.size() >= limit) break;
+    out.emplace_back(key, std::move(r));
+  }
+  return out;
+}
+
+}  // namespace fluxon

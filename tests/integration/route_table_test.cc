@@ -1,0 +1,60 @@
+// RouteTable: versions, copies and exact removal (T1, T2).
+#include "route/route_table.h"
+
+#include <gtest/gtest.h>
+
+namespace fluxon {
+namespace {
+
+RouteLocation Loc(uint32_t node, uint64_t gen, uint64_t put, uint64_t offset = 0) {
+  return RouteLocation{node, gen, put, offset, 4096};
+}
+
+TEST(RouteTable, PublishIsIdempotentAndOtherIdentitiesAreSuperseded) {
+  RouteTable t;
+  EXPECT_EQ(t.Publish("k", Loc(1, 10, 7)), RouteTable::PublishOutcome::kPublished);
+  EXPECT_EQ(t.Publish("k", Loc(1, 10, 7)), RouteTable::PublishOutcome::kRepublished);
+  EXPECT_EQ(t.Publish("k", Loc(2, 20, 8)), RouteTable::PublishOutcome::kSuperseded);
+  EXPECT_EQ(t.Publish("k", Loc(1, 10, 7, 8192)), RouteTable::PublishOutcome::kSuperseded);
+  ASSERT_TRUE(t.Lookup("k").has_value());
+  EXPECT_EQ(t.Lookup("k")->locations.size(), 1u);
+  EXPECT_EQ(t.Lookup("k")->primary().node_id, 1u);
+}
+
+TEST(RouteTable, CopiesJoinOnlyTheRoutedVersionAndPromoteWhenThePrimaryGoes) {
+  RouteTable t;
+  t.Publish("k", Loc(1, 10, 7));
+  EXPECT_FALSE(t.AddCopy("k", Loc(2, 20, 8)));  // another version: stale (T2)
+  EXPECT_FALSE(t.AddCopy("absent", Loc(2, 20, 7)));
+  EXPECT_TRUE(t.AddCopy("k", Loc(2, 20, 7, 4096)));
+  EXPECT_TRUE(t.AddCopy("k", Loc(2, 20, 7, 4096)));   // the same copy again: one location
+  EXPECT_FALSE(t.AddCopy("k", Loc(2, 20, 7, 8192)));  // one location per owner generation
+  ASSERT_EQ(t.Lookup("k")->locations.size(), 2u);
+  EXPECT_EQ(t.LocationsPerNode()[2], 1u);
+  EXPECT_FALSE(t.RemoveLocation("k", 1, 11, 7));  // wrong generation: exact removal only
+  EXPECT_TRUE(t.RemoveLocation("k", 1, 10, 7));
+  ASSERT_TRUE(t.Lookup("k").has_value());
+  EXPECT_EQ(t.Lookup("k")->primary().node_id, 2u);  // the copy is the primary now
+  EXPECT_TRUE(t.RemoveLocation("k", 2, 20, 7));
+  EXPECT_FALSE(t.Lookup("k").has_value());
+  EXPECT_EQ(t.size(), 0u);
+}
+
+TEST(RouteTable, DropNodeRemovesEveryLocationOfThatGeneration) {
+  RouteTable t;
+  t.Publish("a", Loc(1, 10, 1));
+  t.Publish("b", Loc(2, 20, 2));
+  t.AddCopy("b", Loc(1, 10, 2));
+  t.Publish("c", Loc(1, 11, 3));  // another generation of node 1
+  EXPECT_EQ(t.DropNode(1, 10), 2u);
+  EXPECT_FALSE(t.Lookup("a").has_value());
+  ASSERT_TRUE(t.Lookup("b").has_value());
+  EXPECT_EQ(t.Lookup("b")->locations.size(), 1u);
+  EXPECT_TRUE(t.Lookup("c").has_value());
+  auto listed = t.ListByPrefix("", 10);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].first, "b");
+}
+
+}  // namespace
+}  // namespace fluxon
