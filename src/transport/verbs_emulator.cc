@@ -353,7 +353,7 @@ void EmulatedFabric::Complete(Qp& qp, const SendWr& wr, WcStatus status) {
   if (cq.overrun) return;
   if (cq.entries.size() >= cq.depth) {
     cq.overrun = true;
-    Violation(absl::StrCat("CQ overrun: depth ", cq.depth, " exceeded by QP ", qp.qp_num));
+    (void)Violation(absl::StrCat("CQ overrun: depth ", cq.depth, " exceeded by QP ", qp.qp_num));
     return;
   }
   cq.entries.push_back(WorkCompletion{wr.wr_id, status, qp.qp_num});
@@ -370,12 +370,13 @@ void EmulatedFabric::ToError(Qp& qp) {
 
 bool EmulatedFabric::Execute(Qp& qp) {
   const SendWr wr = qp.queue.front();
-  auto fail = [&](WcStatus s) {
+  auto fail = [&](WcStatus st) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // called with mu_ held
     qp.queue.pop_front();
-    Complete(qp, wr, s);
+    Complete(qp, wr, st);
     ToError(qp);
     return true;
   };
+
   // The responder: the connected QP, alive, in RTR/RTS, connected back to us.
   auto rit = qp_by_num_.find(qp.remote_qp_num);
   if (rit == qp_by_num_.end()) return fail(WcStatus::kRetryExceeded);
@@ -395,7 +396,8 @@ bool EmulatedFabric::Execute(Qp& qp) {
   if (local == nullptr ||
       !Within(reinterpret_cast<uint64_t>(local->addr), local->len, wr.local_addr, wr.length) ||
       (wr.opcode == WrOpcode::kRdmaRead && !(local->access & kLocalWrite))) {
-    Violation(absl::StrCat("local protection error on QP ", qp.qp_num, " (lkey ", wr.lkey, ")"));
+    (void)Violation(
+        absl::StrCat("local protection error on QP ", qp.qp_num, " (lkey ", wr.lkey, ")"));
     return fail(WcStatus::kLocalProtectionError);
   }
   // Remote key: the responder's PD, inside its MR, with the access right; the responder QP must
