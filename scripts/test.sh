@@ -2,9 +2,10 @@
 # Sets up, builds and runs every test that needs no GPU:
 #   1. installs the Debian/PyPI packages (scripts/install-deps.sh),
 #   2. builds everything (CUDA kernels too when nvcc exists) and runs ctest,
-#   3. builds the memory core under ThreadSanitizer (clang, which also checks the lock
+#   3. checks every lock annotation in the tree with clang -Wthread-safety (syntax only),
+#   4. builds the memory core under ThreadSanitizer (clang, which also checks the lock
 #      annotations) and AddressSanitizer+UBSan and runs its unit and stress tests,
-#   4. builds and installs the fluxon wheel in a venv and runs the Python tests against it.
+#   5. builds and installs the fluxon wheel in a venv and runs the Python tests against it.
 # Usage: scripts/test.sh [--skip-deps] [--skip-sanitizers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,9 @@ cmake --build build -j "$JOBS"
 
 step "ctest"
 (cd build && ctest --output-on-failure -j "$JOBS")
+
+step "lock annotations of the whole tree (clang -Wthread-safety, syntax only)"
+bash scripts/check-thread-safety.sh build-tsa
 
 step "python wheel (scikit-build-core) and pytest against the installed wheel"
 python3 -m venv --system-site-packages build/venv
