@@ -1,17 +1,33 @@
-// Eviction policies on replayed prompt traces: hit rate of the owner's policy against LRU and
-// Belady's offline optimum (design §7), and the policy's cost per replayed access.
+// Eviction policies on replayed prompt traces (design §7, issue 14): hit rate of every policy at
+// 10 / 25 / 50 % of each trace's working set, against Belady's offline optimum, and each policy's
+// cost per replayed access (time inside the HotTier: admit, touch, take victims).
 //
-//   build/bench/bench_eviction_policy --benchmark_counters_tabular=true
+//   build/bench/bench_eviction_policy                    # the tables of docs/perf.md (markdown)
+//   build/bench/bench_eviction_policy --dump-traces DIR  # also writes DIR/<trace>.trace for
+//                                                        # bench/eviction_fluxond_replay.py
+//   build/bench/bench_eviction_policy --only cyclic,zipf1.1 --capacities 25,50
 //
-// Traces (pages of one conversation are chained; a restore is a leading prefix):
-//   multiturn: 16 conversations x 4 rounds, 16 pages then 8 more per round (working set 640),
-//              the Fluxon-vs-Mooncake multi-turn workload (bench/mooncake_compare.py);
-//   zipf:      64 conversations picked with Zipf(1) weights, 1,500 accesses, up to 12 turns.
-// Capacity is in pages; the hit rate is restored pages over requested pages (%).
-#include <benchmark/benchmark.h>
-
+// Traces (src/owner/eviction_replay.h; page ids stand for chained keys, system prompts shared):
+//   cyclic     96 conversations x 8 rounds, round barrier, 4 shared system prompts;
+//   zipfA      256 conversations and 8 system prompts picked with Zipf(A), A = 0.8 / 1.1 / 1.4,
+//              up to 10 turns then restart, 4,000 accesses, no round barrier;
+//   mix        48 round-barrier conversations interleaved with Zipf(1.1) over 128 others;
+//   scan       zipf1.1's hot set with a one-hit prompt of 48 new pages after every 9 hot accesses;
+//   diurnal    Zipf(1.1) over 128 conversations, a different 128 (and system prompts) halfway.
+// Policies: page LRU (LruPolicy), cohort LRU (LRU over chains, tail first), S3-FIFO and ARC (page
+// level, as published), reuse prediction (ReusePredictionPolicy, the previous default), adaptive
+// (AdaptiveChainPolicy, the default) and its prediction expert alone (ablation), Belady.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
 #include <vector>
 
+#include "owner/eviction_policies.h"
 #include "owner/eviction_replay.h"
 
 namespace fluxon {
@@ -19,50 +35,125 @@ namespace {
 
 using namespace eviction_replay;
 
-const std::vector<Access>& Trace(int which) {
-  static const auto* multiturn = new std::vector<Access>(MultiTurn(16, 4, 16, 8));
-  static const auto* zipf = new std::vector<Access>(ZipfTurns(64, 1500, 16, 8, 12, 7));
-  return which == 0 ? *multiturn : *zipf;
+struct ChainLruPolicy : AdaptiveChainPolicy {
+  ChainLruPolicy() : AdaptiveChainPolicy(Mode::kRecencyOnly) {}
+};
+struct ChainPredictionPolicy : AdaptiveChainPolicy {
+  ChainPredictionPolicy() : AdaptiveChainPolicy(Mode::kPredictionOnly) {}
+};
+
+struct Entry {
+  const char* name;
+  std::function<Result(const Trace&, uint64_t)> run;
+};
+
+template <typename P>
+Entry Of(const char* name) {
+  return {name, [](const Trace& t, uint64_t cap) { return Replay<P>(t, cap); }};
 }
 
-enum Kind { kLru = 0, kReusePrediction = 1, kReusePredictionNoHint = 2, kBelady = 3 };
+std::vector<Entry> Policies() {
+  return {Of<LruPolicy>("page LRU"),
+          Of<ChainLruPolicy>("cohort LRU"),
+          Of<S3FifoPolicy>("S3-FIFO"),
+          Of<ArcPolicy>("ARC"),
+          Of<ReusePredictionPolicy>("reuse prediction (old)"),
+          Of<ChainPredictionPolicy>("prediction expert alone"),
+          Of<AdaptiveChainPolicy>("adaptive (new)"),
+          {"Belady", [](const Trace& t, uint64_t cap) { return ReplayBelady(t, cap); }}};
+}
 
-void BM_Replay(benchmark::State& state) {
-  const auto& trace = Trace(static_cast<int>(state.range(0)));
-  const uint64_t cap = static_cast<uint64_t>(state.range(1));
-  const auto kind = static_cast<Kind>(state.range(2));
-  Result r;
-  for (auto _ : state) {
-    switch (kind) {
-      case kLru:
-        r = Replay<LruPolicy>(trace, cap, 128);
-        break;
-      case kReusePrediction:
-        r = Replay<ReusePredictionPolicy>(trace, cap, 128);
-        break;
-      case kReusePredictionNoHint:
-        r = Replay<ReusePredictionPolicy>(trace, cap, 128, /*parent_hint=*/false);
-        break;
-      case kBelady:
-        r = ReplayBelady(trace, cap);
-        break;
-    }
-    benchmark::DoNotOptimize(r);
+std::vector<Trace> Traces() {
+  return {CyclicMultiTurn(), ZipfMultiTurn(0.8), ZipfMultiTurn(1.1), ZipfMultiTurn(1.4), Mix(),
+          Scan(), Diurnal()};
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) out.push_back(x);
+  return out;
+}
+
+void Dump(const Trace& t, const std::string& dir) {
+  std::ofstream f(dir + "/" + t.name + ".trace");
+  f << "# " << t.name << ": one prompt per line, page ids (chained keys); working set "
+    << t.distinct << " pages\n";
+  for (size_t i = 0; i < t.size(); ++i) {
+    for (size_t j = 0; j < t.length(i); ++j) f << (j ? " " : "") << t.prompt(i)[j];
+    f << "\n";
   }
-  static const char* kNames[] = {"lru", "reuse_prediction", "reuse_prediction_no_hint", "belady"};
-  state.SetLabel(std::string(state.range(0) == 0 ? "multiturn " : "zipf ") + kNames[kind]);
-  state.counters["hit_%"] = r.hit_rate();
-  state.counters["evicted"] = static_cast<double>(r.evictions);
-  state.counters["accesses/s"] = benchmark::Counter(static_cast<double>(trace.size()),
-                                                    benchmark::Counter::kIsIterationInvariantRate);
 }
-
-BENCHMARK(BM_Replay)
-    ->ArgsProduct({{0},
-                   {227, 341, 455, 568},
-                   {kLru, kReusePrediction, kReusePredictionNoHint, kBelady}})
-    ->ArgsProduct({{1}, {227, 455, 910}, {kLru, kReusePrediction, kReusePredictionNoHint, kBelady}})
-    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace fluxon
+
+int main(int argc, char** argv) {
+  using namespace fluxon;
+  std::string dump, only;
+  std::vector<int> caps = {10, 25, 50};
+  int reps = 3;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--dump-traces") && i + 1 < argc) {
+      dump = argv[++i];
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+      only = argv[++i];
+    } else if (!std::strcmp(argv[i], "--capacities") && i + 1 < argc) {
+      caps.clear();
+      for (const auto& c : Split(argv[++i])) caps.push_back(std::atoi(c.c_str()));
+    } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--dump-traces DIR] [--only t1,t2] [--capacities 10,25,50] "
+                   "[--reps N]\n", argv[0]);
+      return 2;
+    }
+  }
+  const auto policies = Policies();
+  std::vector<std::string> wanted = Split(only);
+  std::vector<std::vector<double>> cost(policies.size());  // ns/access, every trace x capacity
+  std::printf("hit rate, %% of requested pages (capacity in %% of the working set; pages)\n\n");
+  std::printf("| trace | capacity |");
+  for (const auto& p : policies) std::printf(" %s |", p.name);
+  std::printf("\n|---|---|");
+  for (size_t i = 0; i < policies.size(); ++i) std::printf("---|");
+  std::printf("\n");
+  for (const Trace& t : Traces()) {
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), t.name) == wanted.end()) continue;
+    if (!dump.empty()) Dump(t, dump);
+    for (int pct : caps) {
+      const uint64_t cap = static_cast<uint64_t>(t.distinct) * pct / 100;
+      std::printf("| %s | %d %% (%llu) |", t.name.c_str(), pct, static_cast<unsigned long long>(cap));
+      double best_baseline = 0, adaptive = 0;
+      for (size_t k = 0; k < policies.size(); ++k) {
+        Result r;
+        double best_ns = 0;
+        for (int rep = 0; rep < (policies[k].name == std::string("Belady") ? 1 : reps); ++rep) {
+          r = policies[k].run(t, cap);
+          if (rep == 0 || r.ns_per_access() < best_ns) best_ns = r.ns_per_access();
+        }
+        cost[k].push_back(best_ns);
+        const std::string n = policies[k].name;
+        if (n == "page LRU" || n == "S3-FIFO" || n == "ARC") best_baseline = std::max(best_baseline, r.hit_rate());
+        if (n == "adaptive (new)") adaptive = r.hit_rate();
+        std::printf(" %.1f |", r.hit_rate());
+      }
+      std::printf("%s\n", adaptive + 1e-9 < best_baseline ? " <- below the best of LRU/S3-FIFO/ARC" : "");
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\ncost, ns per replayed access inside the HotTier (best of %d runs; median over the "
+              "traces and capacities above, then the max)\n\n| policy | median ns/access | max | vs page LRU |\n|---|---|---|---|\n",
+              reps);
+  double lru_median = 0;
+  for (size_t k = 0; k + 1 < policies.size(); ++k) {
+    auto v = cost[k];
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    const double median = v[v.size() / 2];
+    if (k == 0) lru_median = median;
+    std::printf("| %s | %.0f | %.0f | %.2fx |\n", policies[k].name, median, v.back(),
+                lru_median > 0 ? median / lru_median : 0);
+  }
+  return 0;
+}

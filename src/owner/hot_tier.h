@@ -11,9 +11,11 @@
 //   inside a prompt); a victim is always the tail of its chain, so a restore's prefix is never
 //   broken while later pages of the same chain are kept (design §7: a miss at page i makes every
 //   later page useless).
-// - The eviction order is the Policy type parameter (ReusePredictionPolicy by default):
-//   Insert(id, after, now, refresh), Touch(ids, now), Erase(id), Predecessor(id) and
+// - The eviction order is the Policy type parameter (AdaptiveChainPolicy by default, see
+//   owner/eviction_policies.h for it, the interface and the baselines): Insert(id, after, now,
+//   refresh, fingerprint, weight), Touch(ids, now), Erase(id), Evict(id), Predecessor(id) and
 //   Coldest(now) -> optional<id>, on a logical clock that advances once per admission or access.
+// - Fingerprints (for ghost lists): a cohort's own, or a hash of its first key and key count.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +28,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "common/mutex.h"
+#include "owner/eviction_policies.h"
 
 namespace fluxon {
 
@@ -36,12 +40,16 @@ struct Cohort {
   std::vector<std::string> keys;
   uint64_t weight = 0;  // sum of member slot sizes
   uint64_t after = 0;   // the cohort before it in its chain when it was taken (0: chain head)
+  // Identifies the cohort's content across lifetimes (ghost lists); 0: HotTier derives it from
+  // the first key.
+  uint64_t fingerprint = 0;
 };
 
 // Least recently used cohort first; within one access the caller's order decides.
 class LruPolicy {
  public:
-  void Insert(uint64_t id, uint64_t /*after*/, uint64_t /*now*/, bool /*refresh*/) {
+  void Insert(uint64_t id, uint64_t /*after*/, uint64_t /*now*/, bool /*refresh*/,
+              uint64_t /*fingerprint*/ = 0, uint64_t /*weight*/ = 1) {
     order_.push_front(id);
     pos_[id] = order_.begin();
   }
@@ -57,6 +65,7 @@ class LruPolicy {
     order_.erase(it->second);
     pos_.erase(it);
   }
+  void Evict(uint64_t id) { Erase(id); }
   uint64_t Predecessor(uint64_t /*id*/) const { return 0; }
   std::optional<uint64_t> Coldest(uint64_t /*now*/) const {
     if (order_.empty()) return std::nullopt;
@@ -68,7 +77,8 @@ class LruPolicy {
   absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> pos_;
 };
 
-// Evicts the chain whose next access is predicted to come last, tail first (an approximation of
+// The previous default (kept as a baseline and as AdaptiveChainPolicy's prediction expert's
+// origin). Evicts the chain whose next access is predicted to come last, tail first (an approximation of
 // Belady's optimum for prefix-restored chains). Each chain learns its reuse period (EWMA of the
 // gaps between accesses, on the logical clock); its next access is predicted at last + period
 // (chains seen only once use the mean period of the others). A chain that is overdue by more
@@ -82,7 +92,8 @@ class ReusePredictionPolicy {
  public:
   // `after` == 0 or not the tail of a live chain: `id` starts a new chain. `refresh`: this is an
   // access (an admission by a put), not a re-insertion of a cohort that could not be evicted.
-  void Insert(uint64_t id, uint64_t after, uint64_t now, bool refresh) {
+  void Insert(uint64_t id, uint64_t after, uint64_t now, bool refresh,
+              uint64_t /*fingerprint*/ = 0, uint64_t /*weight*/ = 1) {
     auto prev = cohorts_.find(after);
     uint64_t chain_id;
     if (after != 0 && prev != cohorts_.end() &&
@@ -143,6 +154,7 @@ class ReusePredictionPolicy {
       chains_.erase(chain_id);
     }
   }
+  void Evict(uint64_t id) { Erase(id); }
   uint64_t Predecessor(uint64_t id) const {
     auto m = cohorts_.find(id);
     if (m == cohorts_.end()) return 0;
@@ -225,7 +237,7 @@ class ReusePredictionPolicy {
   uint64_t period_count_ = 0;
 };
 
-template <typename Policy = ReusePredictionPolicy>
+template <typename Policy = AdaptiveChainPolicy>
 class HotTier {
  public:
   // Admits the cohorts of one put batch as one chain, in batch order. `parent`: the cohort of the
@@ -237,7 +249,8 @@ class HotTier {
     uint64_t after = parent;
     for (Cohort& cohort : chain) {
       weight_ += cohort.weight;
-      policy_.Insert(cohort.id, after, now, /*refresh=*/true);
+      if (cohort.fingerprint == 0 && !cohort.keys.empty()) cohort.fingerprint = Fingerprint(cohort);
+      policy_.Insert(cohort.id, after, now, /*refresh=*/true, cohort.fingerprint, cohort.weight);
       after = cohort.id;
       cohorts_.emplace(cohort.id, std::move(cohort));
     }
@@ -255,7 +268,7 @@ class HotTier {
       std::optional<uint64_t> id = policy_.Coldest(clock_);
       if (!id) break;
       const uint64_t after = policy_.Predecessor(*id);
-      policy_.Erase(*id);
+      policy_.Evict(*id);
       auto it = cohorts_.find(*id);
       taken += it->second.weight;
       weight_ -= it->second.weight;
@@ -270,7 +283,8 @@ class HotTier {
   void Readmit(Cohort cohort) {
     MutexLock lock(&mu_);
     weight_ += cohort.weight;
-    policy_.Insert(cohort.id, cohort.after, clock_, /*refresh=*/false);
+    policy_.Insert(cohort.id, cohort.after, clock_, /*refresh=*/false, cohort.fingerprint,
+                   cohort.weight);
     cohorts_.emplace(cohort.id, std::move(cohort));
   }
   // Drops a cohort whose every key starts with `prefix` (its values were deleted on request);
@@ -296,7 +310,19 @@ class HotTier {
     return cohorts_.size();
   }
 
+  // Runs `f(const Policy&)` under the lock (tests, the bench).
+  template <typename F>
+  auto InspectPolicy(F&& f) const {
+    MutexLock lock(&mu_);
+    return f(policy_);
+  }
+
  private:
+  static uint64_t Fingerprint(const Cohort& cohort) {
+    const uint64_t h = absl::HashOf(cohort.keys.front(), cohort.keys.size());
+    return h == 0 ? 1 : h;
+  }
+
   mutable Mutex mu_;
   Policy policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Cohort> cohorts_ ABSL_GUARDED_BY(mu_);

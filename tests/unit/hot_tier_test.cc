@@ -1,5 +1,5 @@
-// HotTier and its eviction policies: chain order (tail first), S4 ownership transfer, the reuse
-// prediction on cyclic and skewed traces against LRU and Belady's optimum.
+// HotTier and its eviction policies: chain order (tail first), S4 ownership transfer, the previous
+// default (reuse prediction). The default, AdaptiveChainPolicy: tests/unit/eviction_policy_test.
 #include "owner/hot_tier.h"
 
 #include <gtest/gtest.h>
@@ -64,7 +64,7 @@ TEST(HotTierTest, AProbeThenAReadIsOneAccess) {
   // Every 8 ticks: B is read once; two ticks later A is probed and read. Both come back every 8
   // ticks and A was last seen later, so A is predicted back last and goes first. Counting A's
   // probe as an access of its own would shrink A's period to about half and take B instead.
-  HotTier<> tier;
+  HotTier<ReusePredictionPolicy> tier;
   tier.AdmitChain(Chain(1, 1));            // A
   tier.AdmitChain(Chain(10, 1));           // B
   auto tick = [&] { tier.Touch({999}); };  // another request: the clock advances
@@ -80,7 +80,7 @@ TEST(HotTierTest, AProbeThenAReadIsOneAccess) {
 
 TEST(HotTierTest, ChainPredictedToReturnLastGoesFirst) {
   // Two chains with the same reuse period; A was accessed more recently, so B returns sooner.
-  HotTier<> tier;
+  HotTier<ReusePredictionPolicy> tier;
   tier.AdmitChain(Chain(1, 2));   // A
   tier.AdmitChain(Chain(10, 2));  // B
   tier.Touch({2, 1});
@@ -92,7 +92,7 @@ TEST(HotTierTest, ChainPredictedToReturnLastGoesFirst) {
 }
 
 TEST(HotTierTest, OverdueChainGoesBeforeLiveOnes) {
-  HotTier<> tier;
+  HotTier<ReusePredictionPolicy> tier;
   tier.AdmitChain(Chain(1, 1));   // A: used once, then forgotten
   tier.AdmitChain(Chain(10, 1));  // B and C: steady period 2
   tier.AdmitChain(Chain(20, 1));
@@ -125,45 +125,6 @@ TEST(HotTierTest, LruPolicyEvictsLeastRecentlyUsed) {
   tier.AdmitChain({Make(3)});
   tier.Touch({1});
   EXPECT_EQ(Ids(tier.TakeVictims(2)), (std::vector<uint64_t>{2, 3}));
-}
-
-// The owner's policy on replayed traces (design §7: measure against Belady, not only LRU).
-TEST(HotTierTest, MultiTurnReplayComesCloseToBeladyWhereLruCollapses) {
-  using namespace eviction_replay;
-  const auto trace = MultiTurn(16, 4, 16, 8);  // working set 640 pages
-  for (uint64_t cap : {341u, 455u}) {
-    const double lru = Replay<LruPolicy>(trace, cap, 128).hit_rate();
-    const double ours = Replay<ReusePredictionPolicy>(trace, cap, 128).hit_rate();
-    const double opt = ReplayBelady(trace, cap).hit_rate();
-    SCOPED_TRACE(cap);
-    EXPECT_LE(ours, opt + 1e-9);
-    EXPECT_GE(ours, opt - 6.5);   // measured: 46.9 vs 52.3 (341 pages), 60.0 vs 61.1 (455)
-    EXPECT_GE(ours, lru + 10.0);  // LRU: 23.9 and 46.7
-  }
-}
-
-// Skewed (Zipf) traffic is LRU's good case; the prediction is no worse there.
-TEST(HotTierTest, SkewedReplayIsNoWorseThanLru) {
-  using namespace eviction_replay;
-  const auto trace = ZipfTurns(64, 1500, 16, 8, 12, 7);
-  for (uint64_t cap : {227u, 455u, 910u}) {
-    const double lru = Replay<LruPolicy>(trace, cap, 128).hit_rate();
-    const double ours = Replay<ReusePredictionPolicy>(trace, cap, 128).hit_rate();
-    SCOPED_TRACE(cap);
-    EXPECT_GE(ours, lru);  // measured: +2.1, +3.2, +2.2 points at 227, 455, 910 pages
-    EXPECT_LE(ours, ReplayBelady(trace, cap).hit_rate() + 1e-9);
-  }
-}
-
-TEST(HotTierTest, ReplayNeverExceedsCapacityAndCountsEveryPage) {
-  using namespace eviction_replay;
-  const auto trace = MultiTurn(8, 3, 4, 4);
-  const Result big = Replay<ReusePredictionPolicy>(trace, 1000, 128);
-  EXPECT_EQ(big.evictions, 0u);
-  // With room for everything, only each turn's new pages miss: 8 x (4 + 4 + 4) of 8 x 24.
-  EXPECT_EQ(big.hits, 8u * (4 + 8));
-  EXPECT_EQ(big.requested, 8u * (4 + 8 + 12));
-  EXPECT_EQ(ReplayBelady(trace, 1000).hits, big.hits);
 }
 
 }  // namespace

@@ -1,0 +1,230 @@
+// AdaptiveChainPolicy (the HotTier default) and the replayed acceptance traces of issue 14: tail
+// first within a chain, shared prefixes kept while a branch lives, cohorts never split, S4
+// readmits lossless, ghost regret moving the weights the right way, bounded metadata, and the hit
+// rates against the baselines and Belady.
+#include "owner/eviction_policies.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "owner/eviction_replay.h"
+#include "owner/hot_tier.h"
+
+namespace fluxon {
+namespace {
+
+using namespace eviction_replay;
+
+Cohort Make(uint64_t id, uint64_t weight = 1) {
+  Cohort c;
+  c.id = id;
+  c.weight = weight;
+  c.fingerprint = 1000 + id;
+  return c;
+}
+
+std::vector<Cohort> Chain(uint64_t first, uint64_t n) {
+  std::vector<Cohort> out;
+  for (uint64_t i = 0; i < n; ++i) out.push_back(Make(first + i));
+  return out;
+}
+
+std::vector<uint64_t> Ids(const std::vector<Cohort>& cs) {
+  std::vector<uint64_t> out;
+  for (const Cohort& c : cs) out.push_back(c.id);
+  return out;
+}
+
+size_t IndexOf(const std::vector<uint64_t>& v, uint64_t id) {
+  return static_cast<size_t>(std::find(v.begin(), v.end(), id) - v.begin());
+}
+
+// An adaptive policy that starts undecided (0.5 / 0.5), to see which way the ghosts move it.
+struct Undecided : AdaptiveChainPolicy {
+  Undecided() : AdaptiveChainPolicy(Mode::kAdaptive, 0.5) {}
+};
+
+struct RecencyOnly : AdaptiveChainPolicy {
+  RecencyOnly() : AdaptiveChainPolicy(Mode::kRecencyOnly) {}
+};
+
+TEST(AdaptiveChainPolicyTest, VictimsComeFromTheTailOfTheirChain) {
+  HotTier<AdaptiveChainPolicy> tier;
+  tier.AdmitChain(Chain(1, 4));
+  EXPECT_EQ(Ids(tier.TakeVictims(2)), (std::vector<uint64_t>{4, 3}));
+  EXPECT_EQ(Ids(tier.TakeVictims(2)), (std::vector<uint64_t>{2, 1}));
+}
+
+TEST(AdaptiveChainPolicyTest, ASharedPrefixOutlivesEveryBranchBuiltOnIt) {
+  // A system prompt (1, 2) with conversation A (3, 4) in one batch; B (10, 11) and C (20) branch
+  // off page 2. Whatever the experts prefer, 1 and 2 go only after every branch, 2 before 1.
+  for (bool touch_prefix : {false, true}) {
+    HotTier<AdaptiveChainPolicy> tier;
+    tier.AdmitChain(Chain(1, 4));
+    tier.AdmitChain(Chain(10, 2), /*parent=*/2);
+    tier.AdmitChain(Chain(20, 1), /*parent=*/2);
+    if (touch_prefix) tier.Touch({2, 1});  // the prefix is the hottest: still last
+    const auto v = Ids(tier.TakeVictims(7));
+    SCOPED_TRACE(touch_prefix);
+    ASSERT_EQ(v.size(), 7u);
+    EXPECT_EQ(IndexOf(v, 2), 5u);
+    EXPECT_EQ(IndexOf(v, 1), 6u);
+    EXPECT_LT(IndexOf(v, 4), IndexOf(v, 3));  // A tail first
+    EXPECT_LT(IndexOf(v, 11), IndexOf(v, 10));
+  }
+}
+
+TEST(AdaptiveChainPolicyTest, AnAtomicGroupIsOneVictimWithAllItsKeys) {
+  HotTier<AdaptiveChainPolicy> tier;
+  Cohort g = Make(1, 300);
+  g.keys = {"k0", "k1", "k2"};
+  Cohort h = Make(2, 100);
+  h.keys = {"k3"};
+  tier.AdmitChain({g, h});
+  auto v = tier.TakeVictims(150);  // the tail (100) is not enough: the whole group follows
+  ASSERT_EQ(Ids(v), (std::vector<uint64_t>{2, 1}));
+  EXPECT_EQ(v[1].keys, (std::vector<std::string>{"k0", "k1", "k2"}));
+  EXPECT_EQ(v[1].weight, 300u);
+  EXPECT_EQ(tier.weight(), 0u);
+}
+
+TEST(AdaptiveChainPolicyTest, S4ReadmitIsLosslessAndReturnsUnderItsParent) {
+  HotTier<AdaptiveChainPolicy> tier;
+  tier.AdmitChain(Chain(1, 2));
+  tier.AdmitChain(Chain(10, 1), /*parent=*/2);  // a branch: 2 is kept while 10 lives
+  auto v = tier.TakeVictims(1);
+  ASSERT_EQ(v.size(), 1u);
+  const uint64_t first = v[0].id;
+  ASSERT_TRUE(first == 10 || first == 2) << first;  // 2 is its chain's tail after the split
+  EXPECT_EQ(v[0].after, first == 10 ? 2u : 1u) << "the predecessor is recorded for the readmit";
+  const double w = tier.InspectPolicy([](const auto& p) { return p.prediction_weight(); });
+  tier.Readmit(std::move(v[0]));  // pinned: not evicted, not lost
+  EXPECT_EQ(tier.size(), 3u);
+  EXPECT_EQ(tier.weight(), 3u);
+  // A readmit is not a miss: no regret from the ghost entry the eviction left.
+  EXPECT_EQ(tier.InspectPolicy([](const auto& p) { return p.prediction_weight(); }), w);
+  const auto all = Ids(tier.TakeVictims(3));
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all.back(), 1u);
+  EXPECT_EQ(tier.weight(), 0u);
+  EXPECT_TRUE(tier.TakeVictims(1).empty());
+}
+
+TEST(AdaptiveChainPolicyTest, ADeleteIsNotAGhost) {
+  HotTier<AdaptiveChainPolicy> tier;
+  Cohort a = Make(1);
+  a.keys = {"ns:a"};
+  tier.AdmitChain({a});
+  EXPECT_TRUE(tier.ForgetIfAllUnder(1, "ns:"));
+  EXPECT_EQ(tier.InspectPolicy([](const auto& p) { return p.ghost_size(); }), 0u);
+  EXPECT_EQ(tier.InspectPolicy([](const auto& p) { return p.cohorts(); }), 0u);
+}
+
+// 4 hot prompts of 4 pages, each round all four, then a scan of 12 new pages; capacity 20 pages.
+Trace HotSetAndScans() {
+  Trace t;
+  uint32_t next = 16;
+  for (int round = 0; round < 60; ++round) {
+    for (uint32_t h = 0; h < 4; ++h) t.Add({4 * h, 4 * h + 1, 4 * h + 2, 4 * h + 3});
+    std::vector<uint32_t> scan;
+    for (int i = 0; i < 12; ++i) scan.push_back(next++);
+    t.Add(scan);
+  }
+  t.distinct = next;
+  t.name = "hot set and scans";
+  return t;
+}
+
+// Replays `trace` at `pct` % of its working set (20 pages for pct 0) with an undecided start; returns the final
+// prediction weight.
+double FinalPredictionWeight(const Trace& trace, int pct) {
+  HotTier<Undecided> tier;
+  Replay<Undecided>(trace, pct == 0 ? 20 : trace.distinct * pct / 100, 128, true, &tier);
+  return tier.InspectPolicy([](const auto& p) { return p.prediction_weight(); });
+}
+
+TEST(AdaptiveChainPolicyTest, GhostsMoveTheWeightTowardTheRightExpert) {
+  // Cyclic multi-turn: recency evicts exactly the conversation that returns next, so its ghosts
+  // come back and prediction gains weight.
+  EXPECT_GT(FinalPredictionWeight(CyclicMultiTurn(), 50), 0.9);
+  // One-hit scans after a hot set that fits: recency keeps each scan and evicts the oldest hot
+  // chain, which returns next round, so recency pays and the weight moves to prediction (0.68
+  // from 0.5 measured; it moves to recency if regret is charged to the wrong expert). Prediction
+  // is no scan filter either (it expects a once-seen chain back after the mean period): 14 % hit
+  // rate here against Belady's 56 % (docs/perf.md).
+  EXPECT_GT(FinalPredictionWeight(HotSetAndScans(), 0), 0.6);
+  // Mild popularity skew (Zipf 0.8) with conversations that end: recency is the better expert
+  // (cohort LRU beats the prediction expert alone there, bench/eviction_policy_bench).
+  EXPECT_LT(FinalPredictionWeight(ZipfMultiTurn(0.8), 25), 0.4);
+}
+
+TEST(AdaptiveChainPolicyTest, MetadataIsBoundedByTheCapacity) {
+  const Trace trace = ZipfMultiTurn(1.1);  // 4,000 accesses, every key new after a restart
+  const uint64_t cap = trace.distinct / 10;
+  HotTier<AdaptiveChainPolicy> tier;
+  const Result r = Replay<AdaptiveChainPolicy>(trace, cap, 128, true, &tier);
+  ASSERT_GT(r.evictions, 5 * cap);  // the ghost has turned over many times
+  tier.InspectPolicy([&](const AdaptiveChainPolicy& p) {
+    EXPECT_LE(p.cohorts(), cap);
+    EXPECT_LE(p.chains(), p.cohorts());
+    EXPECT_LE(p.ghost_size(), cap);
+    EXPECT_LE(p.ghost_index_size(), p.ghost_size());
+    return 0;
+  });
+  tier.TakeVictims(~uint64_t{0});
+  tier.InspectPolicy([&](const AdaptiveChainPolicy& p) {
+    EXPECT_EQ(p.cohorts(), 0u);
+    EXPECT_EQ(p.chains(), 0u);  // no chain outlives its cohorts
+    EXPECT_LE(p.ghost_size(), cap);
+    return 0;
+  });
+}
+
+// The acceptance traces (issue 14), in memory; docs/perf.md has the full table.
+TEST(AdaptiveChainPolicyTest, CyclicTraceIsNearBeladyAndNotBelowTheOldPolicy) {
+  const Trace trace = CyclicMultiTurn();
+  for (int pct : {10, 25, 50}) {
+    const uint64_t cap = trace.distinct * pct / 100;
+    const double ours = Replay<AdaptiveChainPolicy>(trace, cap).hit_rate();
+    const double old = Replay<ReusePredictionPolicy>(trace, cap).hit_rate();
+    const double lru = Replay<LruPolicy>(trace, cap).hit_rate();
+    const double opt = ReplayBelady(trace, cap).hit_rate();
+    SCOPED_TRACE(pct);
+    EXPECT_GE(ours, lru + 8.0);
+    EXPECT_GE(ours, opt - 3.0);
+    EXPECT_GE(ours, old - 0.5);  // measured: 34.7 / 50.5 / 70.2 against 34.7 / 49.7 / 70.6
+  }
+}
+
+TEST(AdaptiveChainPolicyTest, SkewedTracesAreNotBelowPageLru) {
+  for (double alpha : {0.8, 1.1, 1.4}) {
+    const Trace trace = ZipfMultiTurn(alpha);
+    for (int pct : {10, 25, 50}) {
+      const uint64_t cap = trace.distinct * pct / 100;
+      const double ours = Replay<AdaptiveChainPolicy>(trace, cap).hit_rate();
+      const double lru = Replay<LruPolicy>(trace, cap).hit_rate();
+      const double old = Replay<ReusePredictionPolicy>(trace, cap).hit_rate();
+      SCOPED_TRACE(trace.name + " " + std::to_string(pct));
+      EXPECT_GE(ours, lru - 0.3);  // measured: at most 0.2 below (zipf0.8 at 10 %)
+      EXPECT_GE(ours, old - 0.2);
+      EXPECT_LE(ours, ReplayBelady(trace, cap).hit_rate() + 1e-9);
+    }
+  }
+}
+
+TEST(AdaptiveChainPolicyTest, ReplayCountsEveryPageAndSharesSystemPrompts) {
+  // 4 conversations over 2 system prompts of 8 pages, 2 rounds, room for everything: only pages
+  // never seen before miss (each system prompt once, each turn's new pages).
+  const Trace trace = CyclicMultiTurn(4, 2, 2);
+  const Result r = Replay<AdaptiveChainPolicy>(trace, 1000);
+  EXPECT_EQ(r.evictions, 0u);
+  EXPECT_EQ(r.requested, 4u * (16 + 20));
+  EXPECT_EQ(r.requested - r.hits, trace.distinct);
+  EXPECT_EQ(ReplayBelady(trace, 1000).hits, r.hits);
+}
+
+}  // namespace
+}  // namespace fluxon
