@@ -132,7 +132,7 @@ class ClientServer::Impl {
   void Serve(Connection* c);
   void ServeEvents(Connection* c);
   // Handles one request; returns false when the connection must close.
-  bool Handle(Connection* c, const v1::ClientRequest& req, bool* events);
+  bool Handle(Connection* c, v1::ClientRequest& req, bool* events);
   // Opens a session for `c` or joins the one its Hello names.
   absl::Status OpenOrJoinSession(Connection* c, const v1::Hello& h, std::string* new_secret);
   // `c` leaves its session; the last connection out ends it (cleanup in the core).
@@ -404,7 +404,7 @@ void ClientServer::Impl::SendEvent(uint64_t client_id, const v1::OwnerMessage& m
   (void)!::write(c->wake_fd, &one, sizeof one);
 }
 
-bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, bool* events) {
+bool ClientServer::Impl::Handle(Connection* c, v1::ClientRequest& req, bool* events) {
   v1::OwnerMessage resp;
   resp.set_id(req.id());
   const auto parsed_at = std::chrono::steady_clock::now();
@@ -462,9 +462,11 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, boo
       return SendFrameWithFd(c->fd, EncodeFrame(resp), seg.fd()).ok();
     }
     case v1::ClientRequest::kPutStart: {
-      const v1::PutStartRequest& p = req.put_start();
+      v1::PutStartRequest& p = *req.mutable_put_start();
       PutStartArgs a;
-      a.keys.assign(p.keys().begin(), p.keys().end());
+      // The request is ours: its keys move into the put (one allocation per key, not two).
+      a.keys.reserve(p.keys_size());
+      for (std::string& k : *p.mutable_keys()) a.keys.push_back(std::move(k));
       a.value_len = static_cast<int64_t>(p.value_len());
       a.reject_if_inflight_same_key = p.reject_if_inflight_same_key();
       a.reject_if_exist_same_key = p.reject_if_exist_same_key();
@@ -476,7 +478,7 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, boo
       a.lease_id = p.lease_id();
       a.parent_key = p.parent_key();
       std::vector<uint32_t> conflicts;
-      absl::StatusOr<PutStartOutcome> r = core_->PutStart(c->session, a, &conflicts);
+      absl::StatusOr<PutStartOutcome> r = core_->PutStart(c->session, std::move(a), &conflicts);
       v1::PutStartReply* pr = resp.mutable_put_start();
       for (uint32_t i : conflicts) pr->add_conflict_indices(i);
       if (r.ok()) {
@@ -510,8 +512,10 @@ bool ClientServer::Impl::Handle(Connection* c, const v1::ClientRequest& req, boo
       st = core_->PutAbort(c->session, req.put_abort().put_id());
       break;
     case v1::ClientRequest::kGetStart: {
-      const v1::GetStartRequest& g = req.get_start();
-      std::vector<std::string> keys(g.keys().begin(), g.keys().end());
+      v1::GetStartRequest& g = *req.mutable_get_start();
+      std::vector<std::string> keys;
+      keys.reserve(g.keys_size());
+      for (std::string& k : *g.mutable_keys()) keys.push_back(std::move(k));
       std::vector<uint32_t> groups(g.atomic_group_lens().begin(), g.atomic_group_lens().end());
       absl::StatusOr<GetStartOutcome> r =
           core_->GetStart(c->session, keys, groups, g.prefix_best_effort());

@@ -106,9 +106,9 @@ class OwnerCore {
   // A client session ended: its prepared puts are aborted, its handles and views released.
   void DisconnectClient(uint64_t client_id);
 
-  absl::StatusOr<PutStartOutcome> PutStart(uint64_t client_id, const PutStartArgs& args,
+  absl::StatusOr<PutStartOutcome> PutStart(uint64_t client_id, PutStartArgs args,
                                            std::vector<uint32_t>* conflict_indices) {
-    return puts_->Start(client_id, args, conflict_indices);
+    return puts_->Start(client_id, std::move(args), conflict_indices);
   }
   // With `defer_publish_wake`, the publish actor is not woken until WakePublisher(): a socket
   // server answers the client first, so the woken actor does not preempt the answer.

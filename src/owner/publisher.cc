@@ -10,12 +10,14 @@ namespace fluxon {
 using Clock = std::chrono::steady_clock;
 
 absl::Status Publisher::ReservePlace() {
+  const absl::Status stopping =
+      absl::UnavailableError("the owner is shutting down; the put was aborted");
   MutexLock lock(&mu_);
   const auto deadline = Clock::now() + options_.commit_wait_timeout;
+  // A stopping owner takes no new commits, even when the cancelled backlog made room.
+  if (stop_->stopped()) return stopping;
   while (queue_.size() + reserved_ >= options_.queue_capacity) {
-    if (stop_->stopped()) {
-      return absl::UnavailableError("the owner is shutting down; the put was aborted");
-    }
+    if (stop_->stopped()) return stopping;
     const auto now = Clock::now();
     if (now >= deadline) {
       counters_->commit_timeouts.fetch_add(1, std::memory_order_relaxed);
@@ -26,6 +28,7 @@ absl::Status Publisher::ReservePlace() {
     }
     cv_.WaitUntil(&mu_, std::min(deadline, now + std::chrono::milliseconds(100)));
   }
+  if (stop_->stopped()) return stopping;
   ++reserved_;
   return absl::OkStatus();
 }

@@ -17,7 +17,7 @@ PutPath::~PutPath() {
   }
 }
 
-absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, const PutStartArgs& a,
+absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, PutStartArgs a,
                                                std::vector<uint32_t>* conflicts) {
   FLUXON_RETURN_IF_ERROR(ValidateKeys(a.keys));
   FLUXON_RETURN_IF_ERROR(ValidateParentKey(a.parent_key, a.keys));
@@ -50,11 +50,12 @@ absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, const PutStar
   auto batch = std::make_shared<PutBatch>();
   batch->client_id = client_id;
   batch->put_id = put_id;
-  batch->keys = a.keys;
+  const size_t n = a.keys.size();
+  batch->keys = std::move(a.keys);
   batch->slots = std::move(*slots);
   batch->value_len = static_cast<uint64_t>(a.value_len);
-  batch->group_lens = a.atomic_group_lens;
-  batch->parent_key = a.parent_key;
+  batch->group_lens = std::move(a.atomic_group_lens);
+  batch->parent_key = std::move(a.parent_key);
   batch->deadline = std::chrono::steady_clock::now() + put_lease_;
   PutStartOutcome out;
   out.put_id = put_id;
@@ -62,7 +63,7 @@ absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, const PutStar
   for (const SlotRef& s : batch->slots) out.offsets.push_back(pool_->OffsetOf(s));
   puts_.InsertIfAbsent(put_id, std::move(batch));
   counters_->put_batches.fetch_add(1, std::memory_order_relaxed);
-  counters_->put_pages.fetch_add(a.keys.size(), std::memory_order_relaxed);
+  counters_->put_pages.fetch_add(n, std::memory_order_relaxed);
   return out;
 }
 

@@ -55,7 +55,8 @@ class PutPath {
         counters_(counters) {}
   ~PutPath();
 
-  absl::StatusOr<PutStartOutcome> Start(uint64_t client_id, const PutStartArgs& args,
+  // Takes `args` by value: its keys move into the prepared batch (no second copy per key).
+  absl::StatusOr<PutStartOutcome> Start(uint64_t client_id, PutStartArgs args,
                                         std::vector<uint32_t>* conflict_indices);
   absl::Status Commit(uint64_t client_id, uint64_t put_id, PutDoneCallback done,
                       bool defer_publish_wake);

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "common/sharded_table.h"
 
 namespace fluxon {
@@ -39,7 +40,9 @@ struct RouteLocation {
 };
 
 struct Route {
-  std::vector<RouteLocation> locations;  // [0] is the primary; never empty in the table
+  // [0] is the primary; never empty in the table. Inline: most keys have one location, and a
+  // publish must not allocate per key beyond the table entry itself.
+  absl::InlinedVector<RouteLocation, 1> locations;
   const RouteLocation& primary() const { return locations.front(); }
   uint64_t put_id() const { return locations.front().put_id; }
 };

@@ -319,6 +319,9 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
         cls->mu.Lock();
         cls->refilling = false;
         if (grown.ok()) continue;
+        // Slots freed while the lock was released signalled nobody (this claim was not
+        // waiting): look again before sleeping, or the wake-up is lost until the deadline.
+        if (cls->free_slots >= count) continue;
       }
     } else {
       stage = "claim_turn";

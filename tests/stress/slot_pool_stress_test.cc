@@ -263,3 +263,49 @@ TEST(SlotPoolStress, GrowAndShrinkUnderLoad) {
 
 }  // namespace
 }  // namespace fluxon
+
+namespace fluxon {
+namespace {
+
+// A claim that finds the pool at its cap tries to grow (AddGrant, lock released), fails, and
+// waits. Slots freed while it was growing must not be a lost wake-up: the claim is served as soon
+// as enough slots are free, not at its hard timeout. (Multi-turn traffic at a capacity cap hit
+// this: a put waited the whole 30 s with the slots it needed free.)
+TEST(SlotPoolStress, ClaimAtTheCapIsServedAsSoonAsSlotsAreFreed) {
+  SlotPoolOptions opts;
+  opts.expected_capacity =
+      ExpectedCapacity{kValueLen, SlotsPerGrant(SlotSizeFor(kValueLen)) * SlotSizeFor(kValueLen)};
+  opts.claim_hard_timeout = std::chrono::milliseconds(5000);
+  Env env(2, opts);
+  SlotPool& pool = *env.pool;
+  ASSERT_TRUE(pool.Prewarm().ok());
+  const size_t total = SlotsPerGrant(SlotSizeFor(kValueLen));
+  auto all = pool.Claim(kValueLen, total);
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::vector<SlotRef> held = std::move(*all);
+  const int rounds = Iterations() / 50;
+  for (int r = 0; r < rounds; ++r) {
+    const size_t k = 16 + r % 48;  // freed one by one: a burst, as eviction frees a cohort set
+    std::vector<SlotRef> to_free(held.end() - k, held.end());
+    held.resize(held.size() - k);
+    std::thread freer([&] {
+      // Free at slightly different moments so some land while the claim is growing.
+      std::this_thread::sleep_for(std::chrono::microseconds(r % 50));
+      for (const SlotRef& s : to_free) {
+        ASSERT_TRUE(pool.Abort(s).ok());
+        std::this_thread::yield();
+      }
+    });
+    const auto start = std::chrono::steady_clock::now();
+    auto got = pool.Claim(kValueLen, k);
+    const auto waited = std::chrono::steady_clock::now() - start;
+    freer.join();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_LT(waited, std::chrono::milliseconds(1000)) << "round " << r;
+    held.insert(held.end(), got->begin(), got->end());
+  }
+  for (const SlotRef& s : held) ASSERT_TRUE(pool.Abort(s).ok());
+}
+
+}  // namespace
+}  // namespace fluxon
