@@ -89,6 +89,12 @@ struct OwnerConfig {
   std::chrono::milliseconds frame_timeout{10'000};
   // How often the owner tells the master it is alive (the master's owner_lease must be longer).
   std::chrono::milliseconds heartbeat_interval{1'000};
+  // Data plane: where this owner serves its segment to other owners (host:port; port 0 lets the
+  // kernel pick; empty: no data plane, the single-machine default) and with which transports.
+  // Only "tcp" is served today; "rdma" (the verbs transport) needs the owners' peer service for
+  // its queue-pair exchange and is refused until that exists.
+  std::string data_address;
+  std::vector<std::string> transports = {"tcp"};
   // How long a starting owner retries a registration the master refuses because the node_id's
   // previous owner is still within its lease (a restart right after kill -9); then it fails.
   std::chrono::milliseconds register_timeout{30'000};

@@ -400,6 +400,34 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o, const MachineLimits& machi
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("frame_timeout_ms", &o->frame_timeout));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("heartbeat_interval_ms", &o->heartbeat_interval));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("register_timeout_ms", &o->register_timeout));
+  FLUXON_RETURN_IF_ERROR(sec.Str("data_address", &o->data_address));
+  if (!o->data_address.empty()) {
+    FLUXON_RETURN_IF_ERROR(
+        sec.CheckHostPort("data_address", o->data_address, /*allow_port_zero=*/true));
+  }
+  if (sec.Has("transports")) {
+    const YAML::Node list = sec.Get("transports");
+    if (!list.IsSequence() || list.size() == 0) {
+      return sec.Bad("transports", "must be a non-empty list, e.g. [tcp]");
+    }
+    o->transports.clear();
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].IsScalar()) return sec.Bad("transports", "entries must be transport names");
+      const std::string name = list[i].Scalar();
+      if (name == "rdma") {
+        return sec.Bad("transports",
+                       "rdma is not served yet (the verbs transport needs the owners' peer "
+                       "service for its queue-pair exchange); use [tcp]");
+      }
+      if (name != "tcp") {
+        return sec.Bad("transports", "unknown transport '" + name + "' (known: tcp, rdma)");
+      }
+      for (const std::string& t : o->transports) {
+        if (t == name) return sec.Bad("transports", "'" + name + "' is listed twice");
+      }
+      o->transports.push_back(name);
+    }
+  }
   FLUXON_RETURN_IF_ERROR(sec.CheckSocketPath("socket_path", o->socket_path));
   if (!o->master_address.empty()) {
     FLUXON_RETURN_IF_ERROR(
@@ -672,6 +700,10 @@ std::string DumpConfig(const Config& c) {
     out << YAML::Key << "frame_timeout_ms" << YAML::Value << o.frame_timeout.count();
     out << YAML::Key << "heartbeat_interval_ms" << YAML::Value << o.heartbeat_interval.count();
     out << YAML::Key << "register_timeout_ms" << YAML::Value << o.register_timeout.count();
+    if (!o.data_address.empty()) {
+      out << YAML::Key << "data_address" << YAML::Value << o.data_address;
+    }
+    out << YAML::Key << "transports" << YAML::Value << YAML::Flow << o.transports;
     if (!o.master_address.empty()) {
       out << YAML::Key << "master_address" << YAML::Value << o.master_address;
     }

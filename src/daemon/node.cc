@@ -8,6 +8,7 @@
 #include "fluxon/units.h"
 #include "rpc/fault_injecting_master.h"
 #include "spdlog/spdlog.h"
+#include "transport/tcp_transport.h"
 
 namespace fluxon {
 
@@ -41,8 +42,23 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
     oo.commit_wait_timeout = config.owner->commit_wait_timeout;
     oo.heartbeat_interval = config.owner->heartbeat_interval;
     oo.register_timeout = config.owner->register_timeout;
+    if (!config.owner->data_address.empty()) {
+      // Bound before the owner registers, so the master learns the endpoint peers can reach.
+      transport::TcpTransportOptions to;
+      to.listen_address = config.owner->data_address;
+      FLUXON_ASSIGN_OR_RETURN(node->data_plane_, transport::TcpTransport::Create(to));
+      oo.data_address = node->data_plane_->endpoint();
+      oo.transports = config.owner->transports;
+    }
     FLUXON_ASSIGN_OR_RETURN(node->owner_,
                             OwnerCore::Create(*config.owner, node->master_for_owner_.get(), oo));
+  }
+  if (node->data_plane_) {
+    const Segment& seg = node->owner_->memory().segment();
+    FLUXON_RETURN_IF_ERROR(
+        node->data_plane_->RegisterRegion(seg.generation(), seg.base(), seg.total_bytes()));
+    spdlog::info("data plane ({}) serving the segment on {}", node->data_plane_->name(),
+                 node->data_plane_->endpoint());
   }
   FLUXON_ASSIGN_OR_RETURN(node->grpc_, GrpcServers::Start(node.get()));
   if (node->owner_) {
@@ -82,6 +98,7 @@ void FluxonNode::Stop() {
   if (clients_) clients_->Stop();
   if (grpc_) grpc_->Stop();
   if (owner_) owner_->Stop();
+  if (data_plane_) (void)data_plane_->UnregisterRegion();  // NotFound when already done
 }
 
 std::string FluxonNode::StatusText() const {
@@ -111,5 +128,9 @@ std::string FluxonNode::admin_address() const {
 }
 
 int FluxonNode::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+
+std::string FluxonNode::data_address() const {
+  return data_plane_ ? data_plane_->endpoint() : std::string();
+}
 
 }  // namespace fluxon

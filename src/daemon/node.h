@@ -1,7 +1,8 @@
 // FluxonNode: one fluxond's components, assembled from its config by role.
 //   embedded:     MasterCore + OwnerCore (in-process master calls) + client socket + admin
 //   master:       MasterCore served over gRPC + admin
-//   owner:        OwnerCore with a gRPC master client + client socket + admin
+//   owner:        OwnerCore with a gRPC master client + client socket + admin (+ the data plane
+//                 serving its segment when owner.data_address is set)
 //   remote_cache: OwnerCore with a gRPC master client (no local clients) + admin
 // Every master call an owner makes passes through the fault injector (points "master.<Method>").
 //
@@ -29,6 +30,9 @@ namespace fluxon {
 
 class GrpcServers;
 class MetricsServer;
+namespace transport {
+class Transport;
+}
 
 class FluxonNode {
  public:
@@ -49,6 +53,8 @@ class FluxonNode {
   // ":0" addresses); metrics_port() is 0 when metrics are disabled.
   std::string admin_address() const;
   int metrics_port() const;
+  // The data-plane endpoint this owner serves its segment on (empty without a data plane).
+  std::string data_address() const;
 
  private:
   explicit FluxonNode(Config config);
@@ -59,6 +65,9 @@ class FluxonNode {
   std::unique_ptr<MasterApi> remote_master_;
   std::unique_ptr<MasterApi> master_for_owner_;
   std::unique_ptr<OwnerCore> owner_;
+  // The data plane serving the owner's segment to peers. Declared after owner_: destroyed (and
+  // its region unregistered) before the owner's memory goes.
+  std::unique_ptr<transport::Transport> data_plane_;
   std::unique_ptr<ClientServer> clients_;
   std::unique_ptr<GrpcServers> grpc_;
   std::unique_ptr<MetricsServer> metrics_;

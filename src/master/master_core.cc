@@ -53,6 +53,7 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     rec.info.set_role(r.role());
     rec.info.set_capacity_bytes(r.capacity_bytes());
     rec.info.set_address(r.address());
+    rec.info.mutable_transports()->CopyFrom(r.transports());
     rec.last_heard = now;
   }
   if (old_generation == r.generation()) {

@@ -14,6 +14,8 @@ absl::Status MasterRegistration::Register() {
   req.set_generation(identity_.generation);
   req.set_role(identity_.role);
   req.set_capacity_bytes(identity_.capacity_bytes);
+  req.set_address(identity_.data_address);
+  for (const std::string& t : identity_.transports) req.add_transports(t);
   return master_->RegisterOwner(req).status();
 }
 

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/stop_signal.h"
@@ -26,6 +27,8 @@ struct OwnerIdentity {
   uint64_t generation = 0;
   std::string role;
   uint64_t capacity_bytes = 0;
+  std::string data_address;             // data-plane endpoint peers reach; empty: none
+  std::vector<std::string> transports;  // data-plane transports served there
 };
 
 class MasterRegistration {

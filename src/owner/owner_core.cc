@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   OwnerCounters* counters = c.counters_.get();
   c.registration_ = std::make_unique<MasterRegistration>(
       OwnerIdentity{options.node_id, c.generation(), options.role,
-                    c.memory_->segment().data_bytes()},
+                    c.memory_->segment().data_bytes(), options.data_address, options.transports},
       master, &c.stop_);
   const OwnerIdentity* identity = &c.registration_->identity();
   c.keys_ = std::make_unique<KeyIndex>(counters);

@@ -85,6 +85,9 @@ struct OwnerOptions {
   std::chrono::milliseconds join_timeout{5'000};
   std::chrono::milliseconds maintenance_interval{50};
   size_t publish_queue_capacity = 512;
+  // The data-plane endpoint and transports this owner serves (registered with the master).
+  std::string data_address;
+  std::vector<std::string> transports;
 };
 
 class OwnerCore {

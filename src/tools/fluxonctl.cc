@@ -258,20 +258,26 @@ class Command {
     if (as_json_) {
       json owners = json::array();
       for (const v1::OwnerInfo& o : r.owners()) {
-        owners.push_back({{"node_id", o.node_id()},
-                          {"generation", o.generation()},
-                          {"role", o.role()},
-                          {"capacity_bytes", o.capacity_bytes()},
-                          {"address", o.address()},
-                          {"routes", o.routes()}});
+        owners.push_back(
+            {{"node_id", o.node_id()},
+             {"generation", o.generation()},
+             {"role", o.role()},
+             {"capacity_bytes", o.capacity_bytes()},
+             {"address", o.address()},
+             {"transports", std::vector<std::string>(o.transports().begin(), o.transports().end())},
+             {"last_heard_ms_ago", o.last_heard_ms_ago()},
+             {"routes", o.routes()}});
       }
       Print(json{{"owners", owners}});
       return std::nullopt;
     }
-    Table t({"NODE", "GENERATION", "ROLE", "CAPACITY_BYTES", "ROUTES", "ADDRESS"});
+    Table t({"NODE", "GENERATION", "ROLE", "CAPACITY_BYTES", "ROUTES", "ADDRESS", "TRANSPORTS",
+             "HEARD_MS_AGO"});
     for (const v1::OwnerInfo& o : r.owners()) {
       t.AddRow({Num(uint64_t{o.node_id()}), Num(o.generation()), o.role(), Num(o.capacity_bytes()),
-                Num(o.routes()), o.address().empty() ? "-" : o.address()});
+                Num(o.routes()), o.address().empty() ? "-" : o.address(),
+                o.transports().empty() ? "-" : absl::StrJoin(o.transports(), ","),
+                Num(o.last_heard_ms_ago())});
     }
     std::cout << t.Render();
     return std::nullopt;

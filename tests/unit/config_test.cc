@@ -519,3 +519,38 @@ TEST(Config, ShippedConfigsPassCheck) {
 
 }  // namespace
 }  // namespace fluxon
+
+namespace fluxon {
+namespace {
+
+TEST(Config, DataPlaneAddressAndTransports) {
+  auto c =
+      ParseConfig("role: embedded\nowner: {data_address: \"127.0.0.1:0\", transports: [tcp]}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->owner->data_address, "127.0.0.1:0");
+  ASSERT_EQ(c->owner->transports.size(), 1u);
+  auto again = ParseConfig(DumpConfig(*c));
+  ASSERT_TRUE(again.ok()) << again.status() << DumpConfig(*c);
+  EXPECT_EQ(again->owner->data_address, "127.0.0.1:0");
+  EXPECT_EQ(again->owner->transports, std::vector<std::string>{"tcp"});
+  auto d = ParseConfig("role: embedded\n");
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->owner->data_address.empty());  // off by default
+  EXPECT_EQ(d->owner->transports, std::vector<std::string>{"tcp"});
+}
+
+TEST(ConfigRejects, BadDataPlaneSettings) {
+  for (const char* owner :
+       {"{data_address: \"127.0.0.1\"}", "{data_address: \"host:99999\"}", "{transports: []}",
+        "{transports: [tcp, tcp]}", "{transports: [carrier-pigeon]}", "{transports: [rdma]}",
+        "{transports: tcp}"}) {
+    auto c = ParseConfig(std::string("role: embedded\nowner: ") + owner + "\n");
+    EXPECT_FALSE(c.ok()) << owner;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << owner;
+  }
+  auto rdma = ParseConfig("role: embedded\nowner: {transports: [rdma]}\n");
+  EXPECT_NE(std::string(rdma.status().message()).find("owner.transports"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fluxon

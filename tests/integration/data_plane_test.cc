@@ -1,0 +1,75 @@
+// The owner's data plane: with owner.data_address set, fluxond serves its segment over the TCP
+// transport and registers the endpoint with the master; a peer reads a committed value's bytes
+// at its route's offset, and a request naming another generation is refused.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "tests/integration/test_node.h"
+#include "transport/tcp_transport.h"
+
+namespace fluxon {
+namespace {
+
+using ::fluxon::testing::Connect;
+using ::fluxon::testing::StartNode;
+using ::fluxon::testing::TestConfig;
+
+TEST(DataPlane, PeerReadsACommittedValueAtItsRouteAndAStaleGenerationIsRefused) {
+  Config c = TestConfig();
+  c.owner->data_address = "127.0.0.1:0";
+  auto node = StartNode(c);
+  ASSERT_FALSE(node->data_address().empty());
+  auto owners = node->master()->ListOwners({});
+  ASSERT_TRUE(owners.ok());
+  ASSERT_EQ(owners->owners_size(), 1);
+  EXPECT_EQ(owners->owners(0).address(), node->data_address());
+  ASSERT_EQ(owners->owners(0).transports_size(), 1);
+  EXPECT_EQ(owners->owners(0).transports(0), "tcp");
+
+  constexpr int64_t kLen = 64 * 1024;
+  std::vector<uint8_t> bytes(kLen);
+  for (int64_t i = 0; i < kLen; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3);
+  auto client = Connect(c);
+  auto plan = client->LocalFastPutStart({"remote-readable"}, kLen, PutOptions{});
+  ASSERT_TRUE(plan.ok());
+  ASSERT_TRUE(CopyPlanValues(*plan, bytes.data(), kLen, CopyDirection::kToValues).ok());
+  auto fut = client->LocalFastPutCommit(*plan);
+  ASSERT_TRUE(fut.ok() && fut->Wait(std::chrono::milliseconds(5000)).ok());
+  v1::LookupRequest lr;
+  lr.add_keys("remote-readable");
+  auto route = node->master()->Lookup(lr);
+  ASSERT_TRUE(route.ok() && route->found(0));
+
+  // A peer: its own transport with a registered local buffer.
+  transport::TcpTransportOptions po;
+  po.listen_address = "";
+  auto peer = transport::TcpTransport::Create(po);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::vector<uint8_t> local(kLen, 0);
+  ASSERT_TRUE((*peer)->RegisterRegion(77, local.data(), local.size()).ok());
+  const transport::Descriptor d{route->routes(0).offset(), local.data(),
+                                static_cast<uint64_t>(kLen)};
+  auto batch = (*peer)->Submit({node->data_address(), node->owner()->generation()},
+                               transport::OpKind::kRead, {&d, 1}, absl::Seconds(5));
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  const transport::BatchResult& r = batch->Wait();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(local, bytes);
+
+  auto stale = (*peer)->Submit({node->data_address(), node->owner()->generation() + 1},
+                               transport::OpKind::kRead, {&d, 1}, absl::Seconds(5));
+  ASSERT_TRUE(stale.ok());
+  EXPECT_EQ(stale->Wait().status.code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*peer)->UnregisterRegion().ok());
+}
+
+TEST(DataPlane, OffByDefault) {
+  Config c = TestConfig();
+  auto node = StartNode(c);
+  EXPECT_TRUE(node->data_address().empty());
+}
+
+}  // namespace
+}  // namespace fluxon
