@@ -20,6 +20,8 @@
 //   an IP address alone (IPv4 or unbracketed IPv6: the metrics server resolves no names);
 // - ratios must lie strictly inside (0, 1);
 // - a key may appear only once in any mapping (yaml-cpp would keep both and read the first);
+// - the text is UTF-8 (YAML is Unicode; yaml-cpp's emitter turns other bytes into U+FFFD, so
+//   DumpConfig would not reproduce a value holding them);
 // - owner-only keys (the `owner` section, expected capacity) are rejected on master and client
 //   configs; unknown keys are rejected everywhere (a typo must not silently fall back to a
 //   default).

@@ -504,7 +504,51 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text) {
   return ParseConfig(yaml_text, ThisMachineLimits());
 }
 
+namespace {
+// Offset of the first byte that is not part of a well-formed UTF-8 sequence (overlong forms,
+// surrogates and code points past U+10FFFF included), or npos. YAML text is Unicode; yaml-cpp
+// passes other bytes through on parsing but its emitter writes each as U+FFFD, so a value holding
+// them (a socket path, say) would not survive DumpConfig -> ParseConfig.
+size_t FirstInvalidUtf8(absl::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2, cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3, cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (n - i < len) return i;
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+        (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) {
+      return i;
+    }
+    i += len;
+  }
+  return absl::string_view::npos;
+}
+}  // namespace
+
 absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLimits& machine) {
+  if (const size_t bad = FirstInvalidUtf8(yaml_text); bad != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("config is not UTF-8 text: byte %d (0x%02x) starts no valid sequence", bad,
+                        static_cast<unsigned char>(yaml_text[bad])));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml_text));

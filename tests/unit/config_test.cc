@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "fluxon/units.h"
 
@@ -550,6 +551,34 @@ TEST(ConfigRejects, BadDataPlaneSettings) {
   }
   auto rdma = ParseConfig("role: embedded\nowner: {transports: [rdma]}\n");
   EXPECT_NE(std::string(rdma.status().message()).find("owner.transports"), std::string::npos);
+}
+
+// Found by fuzz/config_fuzzer: a socket path holding bytes that are not UTF-8 was accepted (107
+// bytes, under the 108-byte limit), but DumpConfig writes each such byte as U+FFFD (3 bytes), so
+// the dumped config (what --check-config prints) named another path, 136 bytes long, which
+// ParseConfig then refused. Non-UTF-8 text is now refused up front with the offending byte.
+TEST(ConfigRejects, TextThatIsNotUtf8) {
+  const std::string crash = "role: client\nclient:\n  socket_path: /tmp/flux" +
+                            std::string(36, '\x04') + "1" + std::string(20, '\x04') +
+                            std::string(14, '\xff') + "\xf6" + std::string(8, '\xff') + "0\n";
+  EXPECT_THAT(Reject(crash), HasSubstr("not UTF-8"));
+  EXPECT_THAT(Reject("role: client\nclient:\n  socket_path: /tmp/a\xff.sock\n"),
+              HasSubstr("byte 42 (0xff)"));
+  EXPECT_THAT(Reject("log_level: info # \xc0\xaf overlong\n"), HasSubstr("not UTF-8"));
+  EXPECT_THAT(Reject("log_level: info # \xed\xa0\x80 surrogate\n"), HasSubstr("not UTF-8"));
+  EXPECT_THAT(Reject("log_level: info # \xe2\x82 cut\n"), HasSubstr("not UTF-8"));
+  // UTF-8 (and control characters, which the emitter escapes) round-trips through the dump.
+  for (const std::string& path :
+       std::vector<std::string>{"/tmp/fl\xc3\xbcxon-\xe2\x82\xac-\xf0\x9f\x98\x80.sock",
+                                "/tmp/flux" + std::string(20, '\x04') + ".sock"}) {
+    absl::StatusOr<Config> c =
+        ParseConfig("role: client\nclient:\n  socket_path: \"" + path + "\"\n");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->client->socket_path, path);
+    absl::StatusOr<Config> again = ParseConfig(DumpConfig(*c));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->client->socket_path, path);
+  }
 }
 
 }  // namespace
