@@ -6,6 +6,8 @@
 #   4. builds the memory core under ThreadSanitizer (clang, which also checks the lock
 #      annotations) and AddressSanitizer+UBSan and runs its unit and stress tests,
 #   5. builds and installs the fluxon wheel in a venv and runs the Python tests against it.
+#   6. builds the libFuzzer targets (fuzz/, clang, ASan+UBSan) and runs each for FUZZ_SECONDS
+#      (default 15) from its seed corpus (scripts/run-fuzzers.sh); skipped with the sanitizers.
 # Usage: scripts/test.sh [--skip-deps] [--skip-sanitizers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +57,9 @@ if [ $SKIP_SAN = 0 ]; then
     -DFLUXON_CORE_ONLY=ON -DFLUXON_SANITIZER=address >/dev/null
   cmake --build build-asan -j "$JOBS"
   (cd build-asan && ASAN_OPTIONS="detect_leaks=1" ctest --output-on-failure -j "$JOBS")
+
+  step "fuzzers (libFuzzer, ${FUZZ_SECONDS:-15}s each)"
+  JOBS="$JOBS" bash scripts/run-fuzzers.sh "${FUZZ_SECONDS:-15}"
 fi
 
 echo
