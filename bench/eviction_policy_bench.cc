@@ -64,8 +64,9 @@ std::vector<Entry> Policies() {
 }
 
 std::vector<Trace> Traces() {
-  return {CyclicMultiTurn(), ZipfMultiTurn(0.8), ZipfMultiTurn(1.1), ZipfMultiTurn(1.4), Mix(),
-          Scan(), Diurnal()};
+  return {
+      CyclicMultiTurn(), ZipfMultiTurn(0.8), ZipfMultiTurn(1.1), ZipfMultiTurn(1.4), Mix(), Scan(),
+      Diurnal()};
 }
 
 std::vector<std::string> Split(const std::string& s) {
@@ -104,8 +105,10 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--dump-traces DIR] [--only t1,t2] [--capacities 10,25,50] "
-                   "[--reps N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--dump-traces DIR] [--only t1,t2] [--capacities 10,25,50] "
+                   "[--reps N]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -119,11 +122,13 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < policies.size(); ++i) std::printf("---|");
   std::printf("\n");
   for (const Trace& t : Traces()) {
-    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), t.name) == wanted.end()) continue;
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), t.name) == wanted.end())
+      continue;
     if (!dump.empty()) Dump(t, dump);
     for (int pct : caps) {
       const uint64_t cap = static_cast<uint64_t>(t.distinct) * pct / 100;
-      std::printf("| %s | %d %% (%llu) |", t.name.c_str(), pct, static_cast<unsigned long long>(cap));
+      std::printf("| %s | %d %% (%llu) |", t.name.c_str(), pct,
+                  static_cast<unsigned long long>(cap));
       double best_baseline = 0, adaptive = 0;
       for (size_t k = 0; k < policies.size(); ++k) {
         Result r;
@@ -134,17 +139,21 @@ int main(int argc, char** argv) {
         }
         cost[k].push_back(best_ns);
         const std::string n = policies[k].name;
-        if (n == "page LRU" || n == "S3-FIFO" || n == "ARC") best_baseline = std::max(best_baseline, r.hit_rate());
+        if (n == "page LRU" || n == "S3-FIFO" || n == "ARC")
+          best_baseline = std::max(best_baseline, r.hit_rate());
         if (n == "adaptive (new)") adaptive = r.hit_rate();
         std::printf(" %.1f |", r.hit_rate());
       }
-      std::printf("%s\n", adaptive + 1e-9 < best_baseline ? " <- below the best of LRU/S3-FIFO/ARC" : "");
+      std::printf("%s\n",
+                  adaptive + 1e-9 < best_baseline ? " <- below the best of LRU/S3-FIFO/ARC" : "");
       std::fflush(stdout);
     }
   }
-  std::printf("\ncost, ns per replayed access inside the HotTier (best of %d runs; median over the "
-              "traces and capacities above, then the max)\n\n| policy | median ns/access | max | vs page LRU |\n|---|---|---|---|\n",
-              reps);
+  std::printf(
+      "\ncost, ns per replayed access inside the HotTier (best of %d runs; median over the "
+      "traces and capacities above, then the max)\n\n| policy | median ns/access | max | vs page "
+      "LRU |\n|---|---|---|---|\n",
+      reps);
   double lru_median = 0;
   for (size_t k = 0; k + 1 < policies.size(); ++k) {
     auto v = cost[k];

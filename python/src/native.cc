@@ -175,8 +175,8 @@ class PyClient {
  public:
   PyClient(const std::string& socket_path, int64_t call_timeout_ms) {
     if (call_timeout_ms <= 0 || call_timeout_ms > kMaxSettingMs) {
-      Raise(absl::InvalidArgumentError(absl::StrFormat(
-          "call_timeout must be in (0, %d] ms, got %d", kMaxSettingMs, call_timeout_ms)));
+      Raise(absl::InvalidArgumentError(absl::StrFormat("call_timeout must be in (0, %d] ms, got %d",
+                                                       kMaxSettingMs, call_timeout_ms)));
     }
     ClientOptions o;
     o.socket_path = socket_path;
@@ -216,13 +216,13 @@ class PyClient {
     Check(s);
   }
 
-  uint64_t put_start(py::handle py_keys, int64_t value_len, bool reject_inflight,
-                     bool reject_exist, bool write_through, bool make_replica_task,
-                     std::vector<bool> mask, std::vector<uint32_t> groups, std::string lease_id,
-                     py::handle py_parent_key) {
+  uint64_t put_start(py::handle py_keys, int64_t value_len, bool reject_inflight, bool reject_exist,
+                     bool write_through, bool make_replica_task, std::vector<bool> mask,
+                     std::vector<uint32_t> groups, std::string lease_id, py::handle py_parent_key) {
     const std::vector<std::string> keys = KeysFromPy(py_keys);
     std::string parent_key;
-    if (!py_parent_key.is_none()) parent_key = Utf8FromPy(py_parent_key, "parent_key", kMaxKeyBytes);
+    if (!py_parent_key.is_none())
+      parent_key = Utf8FromPy(py_parent_key, "parent_key", kMaxKeyBytes);
     PutOptions o;
     o.reject_if_inflight_same_key = reject_inflight;
     o.reject_if_exist_same_key = reject_exist;
@@ -316,7 +316,7 @@ class PyClient {
     return Unwrap(std::move(s));
   }
 
- // Plan access: each validates plan_ptr with this client's registry (PeekPlan: NotFound for an
+  // Plan access: each validates plan_ptr with this client's registry (PeekPlan: NotFound for an
   // address it never issued, FailedPrecondition once consumed) before the blob is read.
   std::vector<uint64_t> plan_value_ptrs(uint64_t plan) const {
     const PlanView v = Unwrap(client_->PeekPlan(plan));
@@ -372,8 +372,8 @@ class PyClient {
       const uint64_t p = v.value_ptrs[i];
       bool mapped = false;
       for (const SegmentMapping& m : segments_) {
-        mapped = mapped || (p >= m.write_ptr && value_len <= m.len &&
-                            p - m.write_ptr <= m.len - value_len);
+        mapped = mapped ||
+                 (p >= m.write_ptr && value_len <= m.len && p - m.write_ptr <= m.len - value_len);
       }
       if (!mapped) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -451,10 +451,9 @@ PYBIND11_MODULE(_native, m) {
       .def("plan_value_ptrs", &PyClient::plan_value_ptrs, py::arg("plan_ptr"))
       .def("copy_plan", &PyClient::copy_plan, py::arg("plan_ptr"), py::arg("host_ptr"),
            py::arg("value_len"), py::arg("to_values"), py::arg("threads") = 4)
-      .def("copy_segments", &PyClient::copy_segments, py::arg("plan_ptr"),
-           py::arg("value_count"), py::arg("value_len"), py::arg("seg_ptrs"),
-           py::arg("seg_sizes"), py::arg("segs_per_value"), py::arg("to_values"),
-           py::arg("threads") = 4);
+      .def("copy_segments", &PyClient::copy_segments, py::arg("plan_ptr"), py::arg("value_count"),
+           py::arg("value_len"), py::arg("seg_ptrs"), py::arg("seg_sizes"),
+           py::arg("segs_per_value"), py::arg("to_values"), py::arg("threads") = 4);
   m.def("socket_from_config", &SocketFromConfig, py::arg("path"));
   m.def("call_timeout_ms_from_config", &CallTimeoutMsFromConfig, py::arg("path"));
   m.def("slot_size_for", [](uint64_t v) { return SlotSizeFor(v); });

@@ -32,11 +32,11 @@
 //      is skewed and periods are noisy, and after a shift of the hot set.
 // 3. Adaptation. Each victim chain is chosen by one expert: the one with the larger share of
 //    decisions, given deterministically in proportion to the weights (a running credit, no random
-//    numbers). While the experts disagree, the victim's fingerprint goes to a ghost FIFO tagged with
-//    the expert that chose it; a victim both experts picked is not tagged. When a tagged page is
-//    admitted again (it was evicted, then missed), the expert that evicted it pays regret
-//    d^age (age in evictions since, d chosen so that regret falls to 0.005 at the ghost's length,
-//    as LeCaR does), weight *= exp(-0.45 * regret), renormalised; weights stay in [0.001, 0.999] so
+//    numbers). While the experts disagree, the victim's fingerprint goes to a ghost FIFO tagged
+//    with the expert that chose it; a victim both experts picked is not tagged. When a tagged page
+//    is admitted again (it was evicted, then missed), the expert that evicted it pays regret d^age
+//    (age in evictions since, d chosen so that regret falls to 0.005 at the ghost's length, as
+//    LeCaR does), weight *= exp(-0.45 * regret), renormalised; weights stay in [0.001, 0.999] so
 //    the losing expert keeps being sampled and the mix can swing back when the traffic changes.
 //    The prior is prediction (0.999): the chains exist for it, and where no ghost ever comes back
 //    (cyclic traffic at a small capacity: every evicted page returns after more evictions than
@@ -72,7 +72,8 @@ class AdaptiveChainPolicy {
   enum class Mode { kAdaptive, kPredictionOnly, kRecencyOnly };
   enum Expert : int { kPrediction = 0, kRecency = 1, kNone = 2 };
 
-  explicit AdaptiveChainPolicy(Mode mode = Mode::kAdaptive, double prediction_weight = 1.0 - kMinWeight)
+  explicit AdaptiveChainPolicy(Mode mode = Mode::kAdaptive,
+                               double prediction_weight = 1.0 - kMinWeight)
       : mode_(mode), weight_{prediction_weight, 1.0 - prediction_weight} {}
 
   void Insert(uint64_t id, uint64_t after, uint64_t now, bool refresh, uint64_t fingerprint = 0,
@@ -354,7 +355,7 @@ class AdaptiveChainPolicy {
   std::set<std::pair<uint64_t, uint64_t>> by_last_;    // (last access, leaf chain)
   std::set<std::pair<double, uint64_t>> by_pred_;      // (predicted next access, leaf chain)
   std::set<std::pair<uint64_t, uint64_t>> no_period_;  // (last access, leaf chain), no period yet
-  double period_sum_ = 0;  // over the leaf chains with a period
+  double period_sum_ = 0;                              // over the leaf chains with a period
   uint64_t period_count_ = 0;
   // The victim chain and the expert that chose it.
   uint64_t victim_chain_ = 0;
@@ -366,7 +367,7 @@ class AdaptiveChainPolicy {
   absl::flat_hash_map<uint64_t, uint64_t> ghost_index_;
   uint64_t evictions_ = 0;
   uint64_t high_water_ = 0;  // the most cohorts ever resident: bounds the ghost FIFO
-  double weight_[2];  // prior: prediction (see 3.)
+  double weight_[2];         // prior: prediction (see 3.)
   double credit_ = 0;
 };
 
@@ -508,7 +509,8 @@ class ArcPolicy {
     // |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c.
     const uint64_t b1_max = cap_ > t1_.size() ? cap_ - t1_.size() : 1;
     if (t2) {
-      b2_.Push(fp, std::max<uint64_t>(2 * cap_ - std::min(2 * cap_, entries_.size() + b1_.size()), 1));
+      b2_.Push(fp,
+               std::max<uint64_t>(2 * cap_ - std::min(2 * cap_, entries_.size() + b1_.size()), 1));
     } else {
       b1_.Push(fp, b1_max);
     }

@@ -13,9 +13,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <set>
 #include <string>
@@ -29,9 +29,9 @@ namespace fluxon::eviction_replay {
 
 struct Trace {
   std::string name;
-  std::vector<uint32_t> pages;     // every prompt's page ids, concatenated
-  std::vector<size_t> start{0};    // prompt i is pages[start[i], start[i + 1])
-  uint32_t distinct = 0;           // page ids are 0 .. distinct - 1: the working set
+  std::vector<uint32_t> pages;   // every prompt's page ids, concatenated
+  std::vector<size_t> start{0};  // prompt i is pages[start[i], start[i + 1])
+  uint32_t distinct = 0;         // page ids are 0 .. distinct - 1: the working set
   size_t size() const { return start.size() - 1; }
   size_t length(size_t i) const { return start[i + 1] - start[i]; }
   const uint32_t* prompt(size_t i) const { return pages.data() + start[i]; }
@@ -73,7 +73,11 @@ class ZipfConversations {
  public:
   ZipfConversations(Ids* ids, uint32_t conversations, uint32_t system_prompts, double alpha,
                     uint32_t max_turns, Shape shape, uint64_t seed)
-      : ids_(ids), shape_(shape), max_turns_(max_turns), rng_(seed), ctx_(conversations),
+      : ids_(ids),
+        shape_(shape),
+        max_turns_(max_turns),
+        rng_(seed),
+        ctx_(conversations),
         turns_(conversations, 0) {
     auto cw = ZipfWeights(conversations, alpha);
     auto sw = ZipfWeights(system_prompts, alpha);
@@ -140,8 +144,8 @@ inline Trace Finish(std::string name, const std::vector<std::vector<uint32_t>>& 
 inline Trace CyclicMultiTurn(uint32_t conversations = 96, uint32_t rounds = 8,
                              uint32_t system_prompts = 4, Shape shape = {}) {
   internal::Ids ids;
-  return internal::Finish("cyclic", internal::Cyclic(&ids, conversations, rounds, system_prompts, shape),
-                          ids);
+  return internal::Finish(
+      "cyclic", internal::Cyclic(&ids, conversations, rounds, system_prompts, shape), ids);
 }
 
 // 256 conversations and 8 system prompts picked with Zipf(alpha), up to 10 turns then restart.
@@ -190,7 +194,8 @@ inline Trace Diurnal(uint32_t accesses = 4000, uint64_t seed = 4, Shape shape = 
   internal::ZipfConversations day(&ids, 128, 8, 1.1, 10, shape, seed);
   internal::ZipfConversations night(&ids, 128, 8, 1.1, 10, shape, seed + 1);
   std::vector<std::vector<uint32_t>> prompts;
-  for (uint32_t i = 0; i < accesses; ++i) prompts.push_back(i < accesses / 2 ? day.Next() : night.Next());
+  for (uint32_t i = 0; i < accesses; ++i)
+    prompts.push_back(i < accesses / 2 ? day.Next() : night.Next());
   return internal::Finish("diurnal", prompts, ids);
 }
 

@@ -78,10 +78,10 @@ class LruPolicy {
 };
 
 // The previous default (kept as a baseline and as AdaptiveChainPolicy's prediction expert's
-// origin). Evicts the chain whose next access is predicted to come last, tail first (an approximation of
-// Belady's optimum for prefix-restored chains). Each chain learns its reuse period (EWMA of the
-// gaps between accesses, on the logical clock); its next access is predicted at last + period
-// (chains seen only once use the mean period of the others). A chain that is overdue by more
+// origin). Evicts the chain whose next access is predicted to come last, tail first (an
+// approximation of Belady's optimum for prefix-restored chains). Each chain learns its reuse period
+// (EWMA of the gaps between accesses, on the logical clock); its next access is predicted at last +
+// period (chains seen only once use the mean period of the others). A chain that is overdue by more
 // than one period (now > last + 2 * period) is taken as finished and goes first.
 //
 // Why not LRU: multi-turn traffic is cyclic (every conversation comes back once per round, after
@@ -92,8 +92,8 @@ class ReusePredictionPolicy {
  public:
   // `after` == 0 or not the tail of a live chain: `id` starts a new chain. `refresh`: this is an
   // access (an admission by a put), not a re-insertion of a cohort that could not be evicted.
-  void Insert(uint64_t id, uint64_t after, uint64_t now, bool refresh,
-              uint64_t /*fingerprint*/ = 0, uint64_t /*weight*/ = 1) {
+  void Insert(uint64_t id, uint64_t after, uint64_t now, bool refresh, uint64_t /*fingerprint*/ = 0,
+              uint64_t /*weight*/ = 1) {
     auto prev = cohorts_.find(after);
     uint64_t chain_id;
     if (after != 0 && prev != cohorts_.end() &&
