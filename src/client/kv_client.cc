@@ -275,6 +275,24 @@ class KvClient::Impl {
     return resp;
   }
 
+  // The value addresses of an answer's offsets, each checked to lie inside the mapped segment
+  // with its length (Segment::Resolve): a buggy or stale owner's offsets never become
+  // pointers outside the mapping. `len(i)` is value i's length.
+  template <typename Offsets, typename Len>
+  absl::StatusOr<std::vector<uint64_t>> ValuePointers(const Offsets& offsets, Len len) const {
+    std::vector<uint64_t> ptrs;
+    ptrs.reserve(offsets.size());
+    for (int i = 0; i < offsets.size(); ++i) {
+      absl::StatusOr<uint8_t*> p = segment->Resolve(offsets[i], len(i));
+      if (!p.ok()) {
+        return absl::DataLossError(absl::StrCat("the owner answered value ", i,
+                                                " outside the segment: ", p.status().message()));
+      }
+      ptrs.push_back(reinterpret_cast<uint64_t>(*p));
+    }
+    return ptrs;
+  }
+
   // A request whose answer carries nothing but its status.
   absl::Status CallForStatus(v1::ClientRequest& req) {
     FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, Call(req));
@@ -418,13 +436,19 @@ absl::StatusOr<uint64_t> KvClient::LocalFastPutStart(const std::vector<std::stri
     return st;
   }
   const v1::PutStartReply& r = resp.put_start();
-  std::vector<uint64_t> ptrs;
-  ptrs.reserve(r.offsets_size());
-  const uint64_t base = reinterpret_cast<uint64_t>(impl_->segment->base());
-  for (uint64_t off : r.offsets()) ptrs.push_back(base + off);
-  auto payload = std::make_unique<PutPlan>();
-  payload->put_id = r.put_id();
-  absl::StatusOr<uint64_t> plan = impl_->plans->Issue(PlanKind::kPut, ptrs, std::move(payload));
+  absl::StatusOr<std::vector<uint64_t>> ptrs =
+      static_cast<size_t>(r.offsets_size()) == keys.size()
+          ? impl_->ValuePointers(r.offsets(), [&](int) { return static_cast<uint64_t>(value_len); })
+          : absl::DataLossError(absl::StrFormat("the owner answered %d offsets for %d keys",
+                                                r.offsets_size(), keys.size()));
+  absl::StatusOr<uint64_t> plan = absl::UnknownError("no plan");
+  if (ptrs.ok()) {
+    auto payload = std::make_unique<PutPlan>();
+    payload->put_id = r.put_id();
+    plan = impl_->plans->Issue(PlanKind::kPut, *ptrs, std::move(payload));
+  } else {
+    plan = ptrs.status();
+  }
   if (!plan.ok()) {
     v1::ClientRequest abort;
     abort.mutable_put_abort()->set_put_id(r.put_id());
@@ -476,6 +500,25 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
   FLUXON_RETURN_IF_ERROR(StatusOf(resp));
   const v1::GetStartReply& r = resp.get_start();
+  // The transferable prefix must be described whole and inside the segment before it is kept.
+  const uint32_t t = r.transferable_len();
+  absl::Status shape = absl::OkStatus();
+  if (t > keys.size() || static_cast<uint32_t>(r.offsets_size()) != t ||
+      static_cast<uint32_t>(r.lens_size()) != t) {
+    shape = absl::DataLossError(absl::StrFormat(
+        "the owner answered transferable_len %d with %d offsets and %d lens for %d keys", t,
+        r.offsets_size(), r.lens_size(), keys.size()));
+  } else {
+    shape = impl_->ValuePointers(r.offsets(), [&](int i) { return r.lens(i); }).status();
+  }
+  if (!shape.ok()) {
+    if (r.handle_id() != 0) {
+      v1::ClientRequest cancel;
+      cancel.mutable_cancel_get()->set_handle_id(r.handle_id());
+      (void)impl_->Call(cancel);
+    }
+    return shape;
+  }
   GetStartHandle h;
   h.id = impl_->next_handle.fetch_add(1);
   GetStartResult& res = h.result;
@@ -533,6 +576,7 @@ absl::StatusOr<uint64_t> KvClient::GetTransfer(const GetStartHandle& handle,
   req.mutable_get_transfer()->set_consume_prefix_len(consume);
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
   FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+  // The offsets were checked against the segment in GetStart.
   std::vector<uint64_t> ptrs(consume);
   const uint64_t base = reinterpret_cast<uint64_t>(impl_->segment->base());
   for (uint32_t i = 0; i < consume; ++i) ptrs[i] = base + hs.offsets[i];

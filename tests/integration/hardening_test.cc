@@ -14,12 +14,15 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <thread>
 
 #include "fluxon/v1/client.pb.h"
 #include "rpc/frame.h"
+#include "slot/segment.h"
 #include "tests/integration/test_node.h"
 
 namespace fluxon {
@@ -516,6 +519,125 @@ TEST(ClientTimeout, StuckOwnerBecomesDeadlineExceeded) {
   node->faults().Clear("");
   // The connection that timed out was dropped; the next call works.
   EXPECT_TRUE((*client)->GetStart({"stuck-2"}).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client trusts no offset the owner sends: a buggy or stale owner's offsets outside the
+// mapped segment (or a prefix described by too few offsets) fail the call, never become plan
+// pointers a kernel or copy would write through.
+
+// A fake owner on a Unix socket: a real segment, a session, and a scripted answer per request.
+class FakeOwner {
+ public:
+  using Answer = std::function<void(const v1::ClientRequest&, v1::OwnerMessage*)>;
+  FakeOwner(std::string path, Answer answer) : path_(std::move(path)), answer_(std::move(answer)) {
+    SegmentOptions so;
+    so.size_bytes = kGrantBytes;
+    segment_ = std::move(*Segment::Create(so));
+    listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof addr.sun_path - 1);
+    ::unlink(path_.c_str());
+    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(listen(listen_fd_, 8), 0);
+    accept_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~FakeOwner() {
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    close(listen_fd_);
+    accept_.join();
+    for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+    for (auto& t : conns_) t.join();
+    for (int fd : fds_) close(fd);
+    ::unlink(path_.c_str());
+  }
+  uint64_t total_bytes() const { return segment_->total_bytes(); }
+
+ private:
+  void AcceptLoop() {
+    for (;;) {
+      const int fd = accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) return;
+      fds_.push_back(fd);
+      conns_.emplace_back([this, fd] { Serve(fd); });
+    }
+  }
+  void Serve(int fd) {
+    for (;;) {
+      v1::ClientRequest req;
+      FrameReadOptions o;
+      o.deadline = Clock::now() + milliseconds(10'000);
+      if (!ReadFrame(fd, &req, o).ok()) return;
+      v1::OwnerMessage resp;
+      resp.set_id(req.id());
+      if (req.has_hello()) {
+        if (req.hello().events()) {
+          (void)WriteFrame(fd, resp);
+          continue;
+        }
+        v1::HelloReply* h = resp.mutable_hello();
+        h->set_client_id(1);
+        h->set_session_secret(std::string(16, 's'));
+        v1::SegmentInfo* si = h->mutable_segment();
+        si->set_generation(segment_->generation());
+        si->set_total_bytes(segment_->total_bytes());
+        si->set_data_offset(segment_->data_offset());
+        si->set_node_id(segment_->node_id());
+        (void)SendFrameWithFd(fd, EncodeFrame(resp), segment_->fd());
+        continue;
+      }
+      answer_(req, &resp);
+      (void)WriteFrame(fd, resp);
+    }
+  }
+  const std::string path_;
+  const Answer answer_;
+  std::unique_ptr<Segment> segment_;
+  int listen_fd_ = -1;
+  std::thread accept_;
+  std::vector<int> fds_;  // accept thread only until the destructor joins it
+  std::vector<std::thread> conns_;
+};
+
+TEST(ClientChecksOwner, OffsetsOutsideTheSegmentFailTheCall) {
+  const std::string path = ::fluxon::testing::UniqueSocketPath();
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::atomic<int> aborts{0}, cancels{0};
+  uint64_t outside = 0;
+  FakeOwner owner(path, [&](const v1::ClientRequest& req, v1::OwnerMessage* resp) {
+    if (req.has_put_start()) {
+      resp->mutable_put_start()->set_put_id(7);
+      resp->mutable_put_start()->add_offsets(outside);  // past the end of the segment
+    } else if (req.has_get_start()) {
+      v1::GetStartReply* g = resp->mutable_get_start();
+      g->set_handle_id(9);
+      g->set_raw_prefix_hit_len(2);
+      g->set_transferable_len(2);  // ... described by one offset only
+      g->add_offsets(outside - kValueLen);
+      g->add_lens(kValueLen);
+    } else if (req.has_put_abort()) {
+      ++aborts;
+    } else if (req.has_cancel_get()) {
+      ++cancels;
+    }
+  });
+  outside = owner.total_bytes();
+  ClientOptions o;
+  o.socket_path = path;
+  auto client = KvClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto plan = (*client)->LocalFastPutStart({"k"}, kValueLen, PutOptions{});
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kDataLoss) << plan.status();
+  EXPECT_EQ(aborts.load(), 1);  // the owner's reservation is given back
+  EXPECT_EQ((*client)->PeekPlan(1).status().code(), absl::StatusCode::kNotFound);
+  auto h = (*client)->GetStart({"a", "b"});
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kDataLoss) << h.status();
+  EXPECT_EQ(cancels.load(), 1);
+  auto stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ((*stats)["client_active_plans"], 0);
+  EXPECT_EQ((*stats)["client_handles"], 0);
 }
 
 // ---------------------------------------------------------------------------------------------
