@@ -23,17 +23,10 @@
 #include <string>
 
 #include "fluxon/v1/client.pb.h"
+#include "fuzz/fuzz_check.h"
 #include "rpc/frame.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 // The stream must fit the socket buffer: the writer never blocks (nothing reads concurrently).
 constexpr size_t kMaxStream = 96 << 10;
@@ -109,20 +102,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int passed = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     FUZZ_CHECK(passed >= 0);
     const size_t first = n < 4 ? n : 4;
-    char cbuf[CMSG_SPACE(sizeof(int))] = {};
-    iovec iov{const_cast<uint8_t*>(stream), first};
-    msghdr mh{};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = cbuf;
-    mh.msg_controllen = sizeof cbuf;
-    cmsghdr* c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &passed, sizeof(int));
-    const ssize_t w = sendmsg(sv[0], &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    FUZZ_CHECK(w == static_cast<ssize_t>(first));
+    FUZZ_CHECK(fluxon::SendFrameWithFd(
+                   sv[0], std::string(reinterpret_cast<const char*>(stream), first), passed)
+                   .ok());
     ::close(passed);
     sent = first;
   }
