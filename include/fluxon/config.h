@@ -100,6 +100,9 @@ struct OwnerConfig {
   // How long a starting owner retries a registration the master refuses because the node_id's
   // previous owner is still within its lease (a restart right after kill -9); then it fails.
   std::chrono::milliseconds register_timeout{30'000};
+  // A remote get (BatchGetStart, the data-plane read, BatchGetDone) ends within this bound;
+  // what is not read by then is a miss. The read is also bounded by the master's in-flight TTL.
+  std::chrono::milliseconds remote_get_timeout{10'000};
 };
 
 struct FaultConfig {
@@ -116,6 +119,9 @@ struct MasterConfig {
   // An owner not heard from (registration, heartbeat, publish, route removal) for owner_lease is
   // no longer live: only then may another process register its node_id.
   std::chrono::milliseconds owner_lease{5'000};
+  // An owner not heard for owner_lease + owner_grace expires: its routes are dropped and its
+  // generation is refused from then on. inflight_ttl bounds a remote get (and its source pin).
+  std::chrono::milliseconds owner_grace{5'000};
 };
 
 struct ClientConfig {

@@ -97,7 +97,17 @@ class Connection {
           "request of %d bytes exceeds the %d-byte frame limit (fewer or shorter keys per batch)",
           req.ByteSizeLong(), kMaxFrameBytes));
     }
-    FLUXON_RETURN_IF_ERROR(WriteFrame(fd_, req));
+    if (absl::Status wrote = WriteFrame(fd_, req); !wrote.ok()) {
+      // The owner may have refused the connection (id-0 frame, then close) before our write
+      // arrived: its reason is more useful than the broken pipe.
+      FrameReadOptions read;
+      read.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      v1::OwnerMessage refusal;
+      if (ReadFrame(fd_, &refusal, read).ok() && refusal.id() == 0 && refusal.code() != 0) {
+        return absl::Status(static_cast<absl::StatusCode>(refusal.code()), refusal.message());
+      }
+      return wrote;
+    }
     const auto deadline = std::chrono::steady_clock::now() + call_timeout_;
     absl::Status st = WaitReadable(fd_, busy_poll_us_, deadline);
     v1::OwnerMessage resp;

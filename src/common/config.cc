@@ -400,6 +400,7 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o, const MachineLimits& machi
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("frame_timeout_ms", &o->frame_timeout));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("heartbeat_interval_ms", &o->heartbeat_interval));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("register_timeout_ms", &o->register_timeout));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("remote_get_timeout_ms", &o->remote_get_timeout));
   FLUXON_RETURN_IF_ERROR(sec.Str("data_address", &o->data_address));
   if (!o->data_address.empty()) {
     FLUXON_RETURN_IF_ERROR(
@@ -470,6 +471,7 @@ absl::Status ParseMaster(Section& sec, MasterConfig* m) {
       sec.Ratio("replica_cache_capacity_ratio", &m->replica_cache_capacity_ratio));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("inflight_ttl_ms", &m->inflight_ttl));
   FLUXON_RETURN_IF_ERROR(sec.PositiveMs("owner_lease_ms", &m->owner_lease));
+  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("owner_grace_ms", &m->owner_grace));
   return sec.Finish();
 }
 
@@ -701,6 +703,7 @@ std::string DumpConfig(const Config& c) {
         << c.master->replica_cache_capacity_ratio;
     out << YAML::Key << "inflight_ttl_ms" << YAML::Value << c.master->inflight_ttl.count();
     out << YAML::Key << "owner_lease_ms" << YAML::Value << c.master->owner_lease.count();
+    out << YAML::Key << "owner_grace_ms" << YAML::Value << c.master->owner_grace.count();
     out << YAML::EndMap;
   }
   if (c.owner) {
@@ -744,6 +747,7 @@ std::string DumpConfig(const Config& c) {
     out << YAML::Key << "frame_timeout_ms" << YAML::Value << o.frame_timeout.count();
     out << YAML::Key << "heartbeat_interval_ms" << YAML::Value << o.heartbeat_interval.count();
     out << YAML::Key << "register_timeout_ms" << YAML::Value << o.register_timeout.count();
+    out << YAML::Key << "remote_get_timeout_ms" << YAML::Value << o.remote_get_timeout.count();
     if (!o.data_address.empty()) {
       out << YAML::Key << "data_address" << YAML::Value << o.data_address;
     }

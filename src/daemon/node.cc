@@ -21,7 +21,10 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
   if (RoleHasMaster(config.role)) {
     MasterOptions mo;
     mo.owner_lease = config.master->owner_lease;
+    mo.owner_grace = config.master->owner_grace;
+    mo.inflight_get_ttl = config.master->inflight_ttl;
     node->master_ = std::make_unique<MasterCore>(mo);
+    node->master_->StartMaintenance(std::chrono::milliseconds(100));
   }
   if (RoleHasOwner(config.role)) {
     MasterApi* master = node->master_.get();
@@ -42,6 +45,8 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
     oo.commit_wait_timeout = config.owner->commit_wait_timeout;
     oo.heartbeat_interval = config.owner->heartbeat_interval;
     oo.register_timeout = config.owner->register_timeout;
+    oo.remote_get_timeout = config.owner->remote_get_timeout;
+    oo.faults = &node->faults_;
     if (!config.owner->data_address.empty()) {
       // Bound before the owner registers, so the master learns the endpoint peers can reach.
       transport::TcpTransportOptions to;
@@ -49,6 +54,7 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
       FLUXON_ASSIGN_OR_RETURN(node->data_plane_, transport::TcpTransport::Create(to));
       oo.data_address = node->data_plane_->endpoint();
       oo.transports = config.owner->transports;
+      oo.data_plane = node->data_plane_.get();
     }
     FLUXON_ASSIGN_OR_RETURN(node->owner_,
                             OwnerCore::Create(*config.owner, node->master_for_owner_.get(), oo));

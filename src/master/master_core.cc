@@ -4,6 +4,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "fluxon/status.h"
+#include "fluxon/units.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon {
@@ -28,9 +30,19 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     const v1::RegisterOwnerRequest& r) {
   if (r.generation() == 0) return absl::InvalidArgumentError("owner generation must be non-zero");
   uint64_t old_generation = 0;
+  v1::RegisterOwnerReply reply;
+  reply.set_master_epoch(1);
+  reply.set_inflight_get_ttl_ms(static_cast<uint64_t>(options_.inflight_get_ttl.count()));
+  reply.set_owner_lease_ms(static_cast<uint64_t>(options_.owner_lease.count()));
   {
     MutexLock lock(&owners_mu_);
     const auto now = Clock::now();
+    if (retired_.contains({r.node_id(), r.generation()})) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "owner node %d generation %d expired (not heard for longer than the %d ms lease + %d "
+          "ms grace; its routes were dropped); restart the owner to register a new generation",
+          r.node_id(), r.generation(), options_.owner_lease.count(), options_.owner_grace.count()));
+    }
     auto it = owners_.find(r.node_id());
     if (it != owners_.end() && it->second.info.generation() != r.generation()) {
       const auto quiet = now - it->second.last_heard;
@@ -56,11 +68,7 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     rec.info.mutable_transports()->CopyFrom(r.transports());
     rec.last_heard = now;
   }
-  if (old_generation == r.generation()) {
-    v1::RegisterOwnerReply reply;  // a heartbeat
-    reply.set_master_epoch(1);
-    return reply;
-  }
+  if (old_generation == r.generation()) return reply;  // a heartbeat
   if (old_generation != 0) {
     // The old owner's memory is gone: its routes must not be served.
     const uint64_t dropped = routes_.DropNode(r.node_id(), old_generation);
@@ -70,8 +78,10 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     spdlog::info("owner node {} registered (role {}, generation {})", r.node_id(), r.role(),
                  r.generation());
   }
-  v1::RegisterOwnerReply reply;
-  reply.set_master_epoch(1);
+  if (old_generation != 0) {
+    MutexLock lock(&gets_mu_);
+    inflight_.DropRequester(r.node_id(), old_generation);
+  }
   return reply;
 }
 
@@ -88,6 +98,10 @@ absl::StatusOr<v1::UnregisterOwnerReply> MasterCore::UnregisterOwner(
   }
   v1::UnregisterOwnerReply reply;
   reply.set_dropped_routes(routes_.DropNode(r.node_id(), r.generation()));
+  {
+    MutexLock lock(&gets_mu_);
+    inflight_.DropRequester(r.node_id(), r.generation());
+  }
   spdlog::info("owner node {} (generation {}) unregistered; dropped {} routes", r.node_id(),
                r.generation(), reply.dropped_routes());
   return reply;
@@ -154,11 +168,21 @@ absl::StatusOr<v1::LookupReply> MasterCore::Lookup(const v1::LookupRequest& r) {
 absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveRoutesRequest& r) {
   if (absl::Status s = CheckGeneration(r.node_id(), r.generation()); !s.ok()) return s;
   v1::RemoveRoutesReply reply;
+  // Under gets_mu_: a location is either pinned by a get that BatchGetStart handed it to, or
+  // removed before any such get starts (never both).
+  MutexLock lock(&gets_mu_);
   for (const v1::RouteItem& item : r.items()) {
+    if (inflight_.Pinned(item.key(), r.node_id(), r.generation(), item.put_id())) {
+      counters_.remove_refused_pinned.fetch_add(1, std::memory_order_relaxed);
+      reply.add_removed(false);
+      reply.add_pinned(true);
+      continue;
+    }
     const bool removed =
         routes_.RemoveLocation(item.key(), r.node_id(), r.generation(), item.put_id());
     if (removed) counters_.removed_routes.fetch_add(1, std::memory_order_relaxed);
     reply.add_removed(removed);
+    reply.add_pinned(false);
   }
   return reply;
 }
@@ -166,14 +190,24 @@ absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveR
 absl::StatusOr<v1::ListOwnersReply> MasterCore::ListOwners(const v1::ListOwnersRequest&) {
   std::map<uint32_t, uint64_t> per_node = routes_.LocationsPerNode();
   v1::ListOwnersReply reply;
-  MutexLock lock(&owners_mu_);
-  const auto now = Clock::now();
-  for (const auto& [id, rec] : owners_) {
-    v1::OwnerInfo* o = reply.add_owners();
-    *o = rec.info;
-    o->set_routes(per_node[id]);
-    o->set_last_heard_ms_ago(static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - rec.last_heard).count()));
+  {
+    MutexLock lock(&owners_mu_);
+    const auto now = Clock::now();
+    for (const auto& [id, rec] : owners_) {
+      v1::OwnerInfo* o = reply.add_owners();
+      *o = rec.info;
+      o->set_routes(per_node[id]);
+      const auto quiet =
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - rec.last_heard);
+      o->set_last_heard_ms_ago(static_cast<uint64_t>(quiet.count()));
+      o->set_lease_ms_left(static_cast<uint64_t>(
+          std::max<int64_t>(0, (options_.owner_lease + options_.owner_grace - quiet).count())));
+    }
+  }
+  MutexLock lock(&gets_mu_);
+  for (v1::OwnerInfo& o : *reply.mutable_owners()) {
+    o.set_inflight_gets(inflight_.RequestedBy(o.node_id()));
+    o.set_source_pins(inflight_.PinsOn(o.node_id()));
   }
   return reply;
 }
@@ -185,6 +219,221 @@ absl::StatusOr<v1::ListKeysReply> MasterCore::ListKeys(const v1::ListKeysRequest
     FillRoute(key, route, reply.add_routes());
   }
   return reply;
+}
+
+std::map<uint32_t, MasterCore::Peer> MasterCore::LivePeers() const {
+  std::map<uint32_t, Peer> out;
+  MutexLock lock(&owners_mu_);
+  const auto now = Clock::now();
+  for (const auto& [id, rec] : owners_) {
+    if (rec.info.address().empty() || now - rec.last_heard >= options_.owner_lease) continue;
+    Peer& p = out[id];
+    p.generation = rec.info.generation();
+    p.address = rec.info.address();
+    p.transports.assign(rec.info.transports().begin(), rec.info.transports().end());
+  }
+  return out;
+}
+
+absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
+    const v1::BatchGetStartRequest& r) {
+  FLUXON_RETURN_IF_ERROR(CheckGeneration(r.requester_node_id(), r.requester_generation()));
+  if (r.request_id() == 0) return absl::InvalidArgumentError("BatchGetStart needs a request_id");
+  if (r.items_size() == 0 || r.items_size() > static_cast<int>(kMaxBatchKeys)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "BatchGetStart carries %d items; it must carry 1 to %d", r.items_size(), kMaxBatchKeys));
+  }
+  counters_.get_start_calls.fetch_add(1, std::memory_order_relaxed);
+  counters_.get_start_items.fetch_add(r.items_size(), std::memory_order_relaxed);
+  const std::map<uint32_t, Peer> peers = LivePeers();
+  const auto now = Clock::now();
+  MutexLock lock(&gets_mu_);
+  if (const v1::BatchGetStartReply* seen =
+          inflight_.FindReply(r.requester_node_id(), r.request_id())) {
+    counters_.get_start_replayed.fetch_add(1, std::memory_order_relaxed);
+    return *seen;  // T1: the same request again changes nothing
+  }
+  v1::BatchGetStartReply reply;
+  reply.set_inflight_get_ttl_ms(static_cast<uint64_t>(options_.inflight_get_ttl.count()));
+  for (const v1::GetStartItem& item : r.items()) {
+    v1::GetStartResult* out = reply.add_results();
+    if (item.key().empty() || item.key().size() > kMaxKeyBytes || item.len() == 0) {
+      out->set_outcome(v1::GET_INVALID);
+      continue;
+    }
+    const std::optional<Route> route = routes_.Lookup(item.key());
+    if (!route) {
+      out->set_outcome(v1::GET_NO_ROUTE);
+      continue;
+    }
+    if (route->put_id() != item.put_id()) {
+      out->set_outcome(v1::GET_STALE_VERSION);  // T2: only another put_id is stale
+      continue;
+    }
+    const RouteLocation* source = nullptr;
+    bool local = false;
+    for (const RouteLocation& l : route->locations) {
+      if (l.node_id == r.requester_node_id()) {
+        local = l.generation == r.requester_generation();
+        continue;
+      }
+      auto peer = peers.find(l.node_id);
+      if (source == nullptr && peer != peers.end() && peer->second.generation == l.generation &&
+          l.len == item.len()) {
+        source = &l;
+      }
+    }
+    if (local) {
+      out->set_outcome(v1::GET_ALREADY_LOCAL);
+      continue;
+    }
+    if (source == nullptr) {
+      out->set_outcome(v1::GET_NO_SOURCE);
+      continue;
+    }
+    if (inflight_.Busy(item.key(), r.requester_node_id())) {
+      out->set_outcome(v1::GET_BUSY);  // G7: one prepared target per (key, requester)
+      continue;
+    }
+    out->set_outcome(v1::GET_STARTED);
+    out->set_get_id(inflight_.Start(item.key(), r.requester_node_id(), r.requester_generation(),
+                                    *source, item.target_offset(), item.len(), now));
+    v1::RouteLocation* src = out->mutable_source();
+    src->set_node_id(source->node_id);
+    src->set_generation(source->generation);
+    src->set_put_id(source->put_id);
+    src->set_offset(source->offset);
+    src->set_len(source->len);
+    const Peer& peer = peers.at(source->node_id);
+    out->set_source_address(peer.address);
+    for (const std::string& t : peer.transports) out->add_source_transports(t);
+    counters_.gets_started.fetch_add(1, std::memory_order_relaxed);
+  }
+  inflight_.StoreReply(r.requester_node_id(), r.request_id(), reply, now);
+  return reply;
+}
+
+absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGetDoneRequest& r) {
+  FLUXON_RETURN_IF_ERROR(CheckGeneration(r.requester_node_id(), r.requester_generation()));
+  counters_.get_done_calls.fetch_add(1, std::memory_order_relaxed);
+  v1::BatchGetDoneReply reply;
+  MutexLock lock(&gets_mu_);
+  for (const v1::GetDoneItem& item : r.items()) {
+    const RouteLocation target{r.requester_node_id(), r.requester_generation(), item.put_id(),
+                               item.target_offset(), item.len()};
+    const InflightGets::Get* get = inflight_.Find(item.get_id());
+    // A get_id naming another key, requester or target is not this request's: left alone.
+    const bool ours =
+        get != nullptr && get->key == item.key() && get->requester_node == target.node_id &&
+        get->target_offset == item.target_offset() && get->source.put_id == item.put_id();
+    const std::optional<Route> route = routes_.Lookup(item.key());
+    // The requester's location of this version, if the route has one already.
+    const RouteLocation* mine = nullptr;
+    if (route && route->put_id() == item.put_id()) {
+      for (const RouteLocation& l : route->locations) {
+        if (l.node_id == target.node_id && l.generation == target.generation) mine = &l;
+      }
+    }
+    v1::RemoteGetDoneOutcome outcome;
+    if (mine != nullptr) {
+      // T2: the same version is converging, not stale. Ours (a retried Done) or another one.
+      outcome = mine->SameIdentity(target) ? v1::GET_DONE : v1::GET_DONE_PRESENT;
+    } else if (!ours) {
+      outcome = v1::GET_DONE_UNKNOWN;  // expired, revoked, or not this requester's get
+    } else if (!route || route->put_id() != item.put_id()) {
+      outcome = v1::GET_DONE_STALE;
+    } else {
+      outcome = routes_.AddCopy(item.key(), target) ? v1::GET_DONE : v1::GET_DONE_STALE;
+    }
+    if (ours) inflight_.Take(item.get_id());  // ends the get, releasing the source pin
+    if (outcome == v1::GET_DONE) counters_.gets_done.fetch_add(1, std::memory_order_relaxed);
+    reply.add_outcomes(outcome);
+  }
+  return reply;
+}
+
+absl::StatusOr<v1::BatchGetRevokeReply> MasterCore::BatchGetRevoke(
+    const v1::BatchGetRevokeRequest& r) {
+  FLUXON_RETURN_IF_ERROR(CheckGeneration(r.requester_node_id(), r.requester_generation()));
+  counters_.get_revoke_calls.fetch_add(1, std::memory_order_relaxed);
+  v1::BatchGetRevokeReply reply;
+  MutexLock lock(&gets_mu_);
+  for (uint64_t id : r.get_ids()) {
+    const InflightGets::Get* get = inflight_.Find(id);
+    if (get != nullptr && get->requester_node != r.requester_node_id()) {
+      reply.add_revoked(false);  // not the caller's get: left alone
+      continue;
+    }
+    if (get != nullptr) {
+      inflight_.Take(id);
+      counters_.gets_revoked.fetch_add(1, std::memory_order_relaxed);
+    }
+    reply.add_revoked(true);  // idempotent: nothing is in flight for it now
+  }
+  return reply;
+}
+
+size_t MasterCore::inflight_gets() const {
+  MutexLock lock(&gets_mu_);
+  return inflight_.size();
+}
+
+void MasterCore::ExpireDue(Clock::time_point now) {
+  size_t expired_gets = 0;
+  {
+    MutexLock lock(&gets_mu_);
+    expired_gets = inflight_.ExpireDue(now);
+  }
+  if (expired_gets > 0) {
+    counters_.gets_expired.fetch_add(static_cast<int64_t>(expired_gets), std::memory_order_relaxed);
+    spdlog::info("{} remote gets passed their {} ms in-flight TTL; their source pins are released",
+                 expired_gets, options_.inflight_get_ttl.count());
+  }
+  std::vector<std::pair<uint32_t, uint64_t>> expired;
+  {
+    MutexLock lock(&owners_mu_);
+    for (auto it = owners_.begin(); it != owners_.end();) {
+      if (now - it->second.last_heard < options_.owner_lease + options_.owner_grace) {
+        ++it;
+        continue;
+      }
+      const std::pair<uint32_t, uint64_t> id{it->first, it->second.info.generation()};
+      expired.push_back(id);
+      retired_.insert(id);
+      retired_order_.push_back(id);
+      while (retired_order_.size() > 4096) {
+        retired_.erase(retired_order_.front());
+        retired_order_.pop_front();
+      }
+      it = owners_.erase(it);
+    }
+  }
+  for (const auto& [node, generation] : expired) {
+    const uint64_t dropped = routes_.DropNode(node, generation);
+    size_t gets = 0;
+    {
+      MutexLock lock(&gets_mu_);
+      gets = inflight_.DropRequester(node, generation);
+    }
+    counters_.owners_expired.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn(
+        "owner node {} generation {} expired (not heard for {} ms lease + {} ms grace): dropped "
+        "{} routes and {} in-flight gets; that generation is refused from now on",
+        node, generation, options_.owner_lease.count(), options_.owner_grace.count(), dropped,
+        gets);
+  }
+}
+
+void MasterCore::StartMaintenance(std::chrono::milliseconds interval) {
+  if (maintenance_.joinable()) return;
+  maintenance_ = std::thread([this, interval] {
+    while (stop_.SleepFor(interval)) ExpireDue(Clock::now());
+  });
+}
+
+MasterCore::~MasterCore() {
+  stop_.Stop();
+  if (maintenance_.joinable()) maintenance_.join();
 }
 
 }  // namespace fluxon

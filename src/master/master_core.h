@@ -13,14 +13,28 @@
 //   identity, publish, route removal) within owner_lease. A new generation for a live owner's
 //   node_id is refused (AlreadyExists): a second process cannot take over a live owner's
 //   node_id and drop its routes. UnregisterOwner (a stopping owner) frees the node_id at once.
+// - An owner not heard for owner_lease + owner_grace has expired: its routes are dropped, the
+//   gets it requested end, and its generation is refused from then on (a restarted owner comes
+//   back with a new generation). Expiry runs in ExpireDue (the maintenance thread).
+// - Remote gets (InflightGets): BatchGetStart looks up each key and pins its source location in
+//   one critical section with RemoveRoutes' pin check, so a route is never removed between the
+//   lookup that hands it to a reader and the pin that protects the read. A source is a live
+//   owner with a data plane that is not the requester. BatchGetDone adds the requester's target
+//   as a location of the same put_id (key/version/owner CAS) or says why not; Revoke ends gets.
+// - Lock order: owners_mu_ is never held while gets_mu_ is taken (snapshots are taken first).
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <map>
+#include <set>
 #include <string>
+#include <thread>
 
 #include "common/mutex.h"
+#include "common/stop_signal.h"
+#include "master/inflight_gets.h"
 #include "route/route_table.h"
 #include "rpc/master_api.h"
 
@@ -34,15 +48,32 @@ struct MasterCounters {
   std::atomic<int64_t> lookup_batches{0};
   std::atomic<int64_t> lookup_keys{0};
   std::atomic<int64_t> removed_routes{0};
+  std::atomic<int64_t> remove_refused_pinned{0};  // locations kept: a remote get reads them
+  // Remote gets: calls grow with batches, items with keys (G8).
+  std::atomic<int64_t> get_start_calls{0};
+  std::atomic<int64_t> get_start_items{0};
+  std::atomic<int64_t> get_start_replayed{0};  // retried requests answered from the stored reply
+  std::atomic<int64_t> gets_started{0};
+  std::atomic<int64_t> get_done_calls{0};
+  std::atomic<int64_t> gets_done{0};
+  std::atomic<int64_t> get_revoke_calls{0};
+  std::atomic<int64_t> gets_revoked{0};
+  std::atomic<int64_t> gets_expired{0};
+  std::atomic<int64_t> owners_expired{0};
 };
 
 struct MasterOptions {
   std::chrono::milliseconds owner_lease{5'000};
+  // After the lease: how much longer before an unheard owner's routes are dropped.
+  std::chrono::milliseconds owner_grace{5'000};
+  std::chrono::milliseconds inflight_get_ttl{60'000};
 };
 
 class MasterCore final : public MasterApi {
  public:
-  explicit MasterCore(MasterOptions options = {}) : options_(options) {}
+  explicit MasterCore(MasterOptions options = {})
+      : options_(options), inflight_(options.inflight_get_ttl) {}
+  ~MasterCore() override;
 
   absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(const v1::RegisterOwnerRequest& r) override;
   absl::StatusOr<v1::UnregisterOwnerReply> UnregisterOwner(
@@ -52,8 +83,18 @@ class MasterCore final : public MasterApi {
   absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) override;
   absl::StatusOr<v1::ListOwnersReply> ListOwners(const v1::ListOwnersRequest& r) override;
   absl::StatusOr<v1::ListKeysReply> ListKeys(const v1::ListKeysRequest& r) override;
+  absl::StatusOr<v1::BatchGetStartReply> BatchGetStart(const v1::BatchGetStartRequest& r) override;
+  absl::StatusOr<v1::BatchGetDoneReply> BatchGetDone(const v1::BatchGetDoneRequest& r) override;
+  absl::StatusOr<v1::BatchGetRevokeReply> BatchGetRevoke(
+      const v1::BatchGetRevokeRequest& r) override;
+
+  // Ends remote gets past their TTL and expires owners past lease + grace.
+  void ExpireDue(std::chrono::steady_clock::time_point now);
+  // Runs ExpireDue every `interval` on a thread until destruction (the node calls it).
+  void StartMaintenance(std::chrono::milliseconds interval);
 
   size_t route_count() const { return routes_.size(); }
+  size_t inflight_gets() const;
   const MasterCounters& counters() const { return counters_; }
 
  private:
@@ -64,12 +105,26 @@ class MasterCore final : public MasterApi {
   };
   // Checks the caller's generation and renews its lease.
   absl::Status CheckGeneration(uint32_t node_id, uint64_t generation);
+  struct Peer {
+    uint64_t generation = 0;
+    std::string address;
+    std::vector<std::string> transports;
+  };
+  // Live owners with a data plane, by node.
+  std::map<uint32_t, Peer> LivePeers() const;
 
   const MasterOptions options_;
   mutable Mutex owners_mu_;
   std::map<uint32_t, OwnerRec> owners_ ABSL_GUARDED_BY(owners_mu_);
+  // Expired (node, generation)s, refused from then on; bounded (oldest forgotten first).
+  std::set<std::pair<uint32_t, uint64_t>> retired_ ABSL_GUARDED_BY(owners_mu_);
+  std::deque<std::pair<uint32_t, uint64_t>> retired_order_ ABSL_GUARDED_BY(owners_mu_);
   RouteTable routes_;
+  mutable Mutex gets_mu_;
+  InflightGets inflight_ ABSL_GUARDED_BY(gets_mu_);
   MasterCounters counters_;
+  StopSignal stop_;
+  std::thread maintenance_;
 };
 
 }  // namespace fluxon

@@ -97,6 +97,20 @@ uint64_t Evictor::EvictSome(uint64_t bytes) {
       hot_->Readmit(std::move(cohort));  // S4: back to the tier, not dropped
       continue;
     }
+    if (!removals[i].pinned_keys.empty()) {
+      // A peer reads these members (master pin): they stay, with their cohort.
+      const size_t members = cohort.keys.size();
+      const uint64_t kept_weight = cohort.weight * removals[i].pinned_keys.size() / members;
+      const uint64_t freed = cohort.weight - kept_weight;
+      evicted += freed;
+      Cohort kept = std::move(cohort);
+      kept.keys = removals[i].pinned_keys;
+      kept.weight = kept_weight;
+      hot_->Readmit(std::move(kept));
+      counters_->evicted_pages.fetch_add(removals[i].pages, std::memory_order_relaxed);
+      counters_->evicted_bytes.fetch_add(freed, std::memory_order_relaxed);
+      continue;
+    }
     if (removals[i].result == RemoveResult::kGone) continue;
     evicted += cohort.weight;
     counters_->evicted_pages.fetch_add(removals[i].pages, std::memory_order_relaxed);
@@ -131,7 +145,10 @@ absl::StatusOr<DeleteOutcome> Evictor::DeletePrefix(const std::string& prefix) {
   out.skipped_in_use = uncommitted;
   for (size_t i = 0; i < cohorts.size(); ++i) {
     if (removals[i].result == RemoveResult::kInUse) out.skipped_in_use += cohorts[i].keys.size();
-    if (removals[i].result == RemoveResult::kRemoved) hot_->ForgetIfAllUnder(cohorts[i].id, prefix);
+    out.skipped_in_use += removals[i].pinned_keys.size();
+    if (removals[i].result == RemoveResult::kRemoved && removals[i].pinned_keys.empty()) {
+      hot_->ForgetIfAllUnder(cohorts[i].id, prefix);
+    }
     out.deleted += removals[i].pages;
   }
   counters_->deleted_pages.fetch_add(out.deleted, std::memory_order_relaxed);
@@ -168,6 +185,7 @@ std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& 
     }
   }
   // S2: the routes go first; the slots are released only after the master removed them.
+  std::vector<bool> pinned(marked.size(), false);
   for (size_t begin = 0; begin < marked.size(); begin += kRouteRemoveBatch) {
     v1::RemoveRoutesRequest req;
     req.set_node_id(identity_->node_id);
@@ -177,13 +195,22 @@ std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& 
       item->set_key(marked[m].second);
       item->set_put_id(cohorts[marked[m].first].put_id);
     }
-    if (!RemoveRoutes(req)) {
+    std::vector<bool> batch_pinned;
+    if (!RemoveRoutes(req, &batch_pinned)) {
       // Stopping: unmark what is still marked, nothing is freed.
       for (const auto& [i, key] : marked) keys_->UnmarkEvicting(key, cohorts[i].put_id);
       return {};
     }
+    for (size_t j = 0; j < batch_pinned.size(); ++j) pinned[begin + j] = batch_pinned[j];
   }
-  for (const auto& [i, key] : marked) {
+  for (size_t m = 0; m < marked.size(); ++m) {
+    const auto& [i, key] = marked[m];
+    if (pinned[m]) {
+      keys_->UnmarkEvicting(key, cohorts[i].put_id);
+      out[i].pinned_keys.push_back(key);
+      counters_->eviction_skipped_source_pinned.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
     HolderRef last = keys_->EraseEvicting(key, cohorts[i].put_id);
     if (!last) continue;
     const absl::Status released = pool_->ReleaseRoute(last->slot);
@@ -197,7 +224,8 @@ std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& 
   return out;
 }
 
-bool Evictor::RemoveRoutes(const v1::RemoveRoutesRequest& req) {
+bool Evictor::RemoveRoutes(const v1::RemoveRoutesRequest& req, std::vector<bool>* pinned) {
+  pinned->assign(req.items_size(), false);
   absl::StatusOr<v1::RemoveRoutesReply> r = RetryUncertain(
       [&] {
         counters_->route_remove_calls.fetch_add(1, std::memory_order_relaxed);
@@ -208,6 +236,9 @@ bool Evictor::RemoveRoutes(const v1::RemoveRoutesRequest& req) {
         counters_->route_remove_retries.fetch_add(1, std::memory_order_relaxed);
       });
   if (!r.ok() && IsUncertain(r.status())) return false;  // stopping
+  if (r.ok()) {
+    for (int j = 0; j < r->pinned_size() && j < req.items_size(); ++j) (*pinned)[j] = r->pinned(j);
+  }
   if (!r.ok()) {
     spdlog::warn("removing {} routes: {} (routes are gone with the old master state)",
                  req.items_size(), r.status().ToString());

@@ -6,7 +6,9 @@
 //   nothing pins; a cohort with a pinned member is re-admitted to the hot tier unchanged (S4).
 // - S2: the routes of every removed cohort go to the master (RemoveRoutes, at most
 //   kRouteRemoveBatch keys per call, retried with the same identity while uncertain, T1) before
-//   any of their slots is released.
+//   any of their slots is released. A location the master reports pinned (a peer's remote get
+//   is reading it) is kept: the member goes back to Committed and its cohort, with the members
+//   kept, is re-admitted; it is tried again in a later round.
 // - Two paths: the hot tier over hot_capacity_ratio of the capacity evicts the overage at once;
 //   claims still short of slots get the rate-limited fallback (<= max_bytes_per_round per round,
 //   rounds >= min_interval apart). Either backs off (up to 2 s) when nothing was evictable, and
@@ -79,13 +81,15 @@ class Evictor final : public EvictionSignals {
   enum class RemoveResult { kRemoved, kInUse, kGone };
   struct Removal {
     RemoveResult result = RemoveResult::kGone;
-    uint64_t pages = 0;  // values freed
+    uint64_t pages = 0;                    // values freed
+    std::vector<std::string> pinned_keys;  // kept: a remote get reads them (master pin)
   };
   // Removes the members of each cohort that still carry its put_id, each cohort all or none.
   // Empty when the owner stopped while a route removal was uncertain.
   std::vector<Removal> RemoveCohorts(const std::vector<Cohort>& cohorts);
-  // False when the owner stopped while retrying an uncertain outcome.
-  bool RemoveRoutes(const v1::RemoveRoutesRequest& req);
+  // False when the owner stopped while retrying an uncertain outcome. Sets pinned[i] for items
+  // the master kept because a remote get reads them.
+  bool RemoveRoutes(const v1::RemoveRoutesRequest& req, std::vector<bool>* pinned);
 
   const Options options_;
   const OwnerIdentity* const identity_;

@@ -39,10 +39,14 @@ absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
   if (out.leader_started > 0) LookupLeaders(keys, led, held, cohort_of);
   // Joiners observe their leader's terminal state and canonical holder (G7).
   if (out.inflight_joined > 0) {
-    const auto deadline = Clock::now() + join_timeout_;
+    const auto begin = Clock::now();
+    const auto deadline = begin + join_timeout_;
     for (size_t i = 0; i < n; ++i) {
       if (joined[i]) held[i] = joined[i]->Wait(deadline);
     }
+    counters_->remote_join_wait_us.fetch_add(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - begin).count(),
+        std::memory_order_relaxed);
   }
   counters_->local_pinned.fetch_add(out.local_pinned, std::memory_order_relaxed);
   counters_->inflight_joined.fetch_add(out.inflight_joined, std::memory_order_relaxed);
@@ -110,20 +114,49 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
     }
   }
   absl::StatusOr<v1::LookupReply> reply = master_->Lookup(req);
+  auto found = [&](size_t j) {
+    return reply.ok() && j < static_cast<size_t>(reply->found_size()) && reply->found(j);
+  };
+  // G5: the prefix ends at the first key nobody has; a remote fetch past it would be released
+  // at once, so it is not started.
+  size_t first_miss = keys.size();
+  for (size_t j = 0; j < leader_index.size(); ++j) {
+    if (!found(j)) {
+      first_miss = leader_index[j];
+      break;
+    }
+  }
+  std::vector<RemoteLeader> remote;
+  std::vector<size_t> remote_index;
   for (size_t j = 0; j < leader_index.size(); ++j) {
     const size_t i = leader_index[j];
-    HolderRef found;
-    if (reply.ok() && j < static_cast<size_t>(reply->found_size()) && reply->found(j)) {
-      const v1::Route& route = reply->routes(j);
-      if (route.node_id() == identity_->node_id && route.generation() == identity_->generation) {
-        // Published here after we looked: take the canonical holder (T2: same put_id).
-        keys_->PinVersion(keys[i], route.put_id(), &found, &cohort_of[i]);
-      }
-      // Routes on other owners need a data transport between owners; they count as misses here.
+    if (!found(j)) continue;
+    const v1::Route& route = reply->routes(j);
+    bool here = false;  // a location on this owner's generation
+    for (const v1::RouteLocation& l : route.locations()) {
+      here |= l.node_id() == identity_->node_id && l.generation() == identity_->generation;
     }
-    held[i] = found;
-    flights_->Finish(keys[i], led[i], std::move(found));
+    if (route.locations_size() == 0) {
+      here = route.node_id() == identity_->node_id && route.generation() == identity_->generation;
+    }
+    if (here) {
+      // Published here after we looked: take the canonical holder (T2: same put_id).
+      keys_->PinVersion(keys[i], route.put_id(), &held[i], &cohort_of[i]);
+    } else if (remote_ != nullptr && i < first_miss) {
+      remote.push_back(RemoteLeader{keys[i], route.put_id(), route.len()});
+      remote_index.push_back(i);
+    }
   }
+  if (!remote.empty()) {
+    std::vector<uint64_t> cohorts;
+    std::vector<HolderRef> fetched = remote_->Fetch(remote, &cohorts);
+    for (size_t r = 0; r < remote_index.size(); ++r) {
+      held[remote_index[r]] = std::move(fetched[r]);
+      cohort_of[remote_index[r]] = cohorts[r];
+    }
+  }
+  // Every leader's op ends with its key's one canonical holder (or a miss), seen by its joiners.
+  for (size_t i : leader_index) flights_->Finish(keys[i], led[i], held[i]);
 }
 
 absl::Status GetPath::Transfer(uint64_t client_id, uint64_t handle_id, uint32_t consume) {

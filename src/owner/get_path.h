@@ -8,7 +8,9 @@
 //   atomically); every pin and marker exists before the batch's one master Lookup (G2, G8).
 // - G6/G7: a key has at most one leader on this owner; joiners see its terminal state and its
 //   canonical holder. A route to this owner's own generation is taken only with the same put_id
-//   (T2); routes on other owners count as misses until the data transport exists.
+//   (T2); leaders routed to other owners are fetched together by the RemoteFetcher (one
+//   BatchGetStart, one read per source peer, one Done/Revoke; G8) before the prefix is computed,
+//   and their joiners share the installed copy. Without a data plane they are misses.
 // - G4/G5: hits are scattered back to their indices before the prefix is computed over the
 //   caller's groups; everything past transferable_len is released inside GetStart.
 #pragma once
@@ -26,6 +28,7 @@
 #include "owner/master_registration.h"
 #include "owner/owner_counters.h"
 #include "owner/publisher.h"
+#include "owner/remote_fetcher.h"
 #include "owner/single_flight.h"
 #include "rpc/master_api.h"
 
@@ -45,7 +48,7 @@ class GetPath {
  public:
   GetPath(std::chrono::milliseconds join_timeout, const OwnerIdentity* identity, MasterApi* master,
           KeyIndex* keys, SingleFlight* flights, HandleTable* handles, HotTier<>* hot,
-          OwnerCounters* counters, EvictionSignals* signals)
+          OwnerCounters* counters, EvictionSignals* signals, RemoteFetcher* remote)
       : join_timeout_(join_timeout),
         identity_(identity),
         master_(master),
@@ -54,7 +57,8 @@ class GetPath {
         handles_(handles),
         hot_(hot),
         counters_(counters),
-        signals_(signals) {}
+        signals_(signals),
+        remote_(remote) {}
 
   absl::StatusOr<GetStartOutcome> Start(uint64_t client_id, const std::vector<std::string>& keys,
                                         const std::vector<uint32_t>& group_lens,
@@ -86,6 +90,7 @@ class GetPath {
   HotTier<>* const hot_;
   OwnerCounters* const counters_;
   EvictionSignals* const signals_;
+  RemoteFetcher* const remote_;
 };
 
 }  // namespace fluxon

@@ -87,6 +87,22 @@ bool KeyIndex::Promote(const std::string& key, uint64_t put_id, uint64_t cohort_
   return promoted;
 }
 
+bool KeyIndex::CommitCopy(const std::string& key, uint64_t put_id, HolderRef* holder,
+                          uint64_t cohort_id) {
+  const bool made = table_.Update(key, [&](Entry* e, bool*) {
+    if (e == nullptr || e->put_id != put_id || e->state != State::kReserved) return false;
+    e->state = State::kCommitted;
+    e->resident = std::move(*holder);
+    e->cohort_id = cohort_id;
+    return true;
+  });
+  if (made) {
+    Count(State::kReserved, -1);
+    Count(State::kCommitted, 1);
+  }
+  return made;
+}
+
 HolderRef KeyIndex::EraseUnpublished(const std::string& key, uint64_t put_id) {
   HolderRef dropped;
   table_.Update(key, [&](Entry* e, bool* erase) {

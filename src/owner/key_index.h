@@ -5,6 +5,7 @@
 //   Reserved --Unreserve--> absent                LocalVisible --Promote--> Committed(cohort)
 //   LocalVisible --EraseUnpublished--> absent     Committed --MarkEvicting--> Evicting
 //   Evicting --UnmarkEvicting--> Committed        Evicting --EraseEvicting--> absent
+//   Reserved --CommitCopy--> Committed(cohort)    (a remote get's cached copy, route published)
 //
 // Invariants:
 // - An entry carries the put_id of the batch that reserved it; every transition names that
@@ -52,6 +53,10 @@ class KeyIndex {
   bool Promote(const std::string& key, uint64_t put_id, uint64_t cohort_id);
   // LocalVisible(put_id) -> absent (never published); returns its holder to drop unlocked.
   HolderRef EraseUnpublished(const std::string& key, uint64_t put_id);
+
+  // Reserved(put_id) -> Committed in `cohort_id` holding `holder` (moved from): a remote get's
+  // target whose copy the master published. False when the key is not put_id's reservation.
+  bool CommitCopy(const std::string& key, uint64_t put_id, HolderRef* holder, uint64_t cohort_id);
 
   // Pins a readable (LocalVisible or Committed) value: its holder and its cohort (0 before
   // commit). False when the key has no readable value.

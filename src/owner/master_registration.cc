@@ -16,7 +16,9 @@ absl::Status MasterRegistration::Register() {
   req.set_capacity_bytes(identity_.capacity_bytes);
   req.set_address(identity_.data_address);
   for (const std::string& t : identity_.transports) req.add_transports(t);
-  return master_->RegisterOwner(req).status();
+  absl::StatusOr<v1::RegisterOwnerReply> r = master_->RegisterOwner(req);
+  if (r.ok()) NoteInflightGetTtl(r->inflight_get_ttl_ms());
+  return r.status();
 }
 
 absl::Status MasterRegistration::RegisterAtStart(std::chrono::milliseconds timeout) {

@@ -11,6 +11,7 @@
 //   never forever; uncertain outcomes are retried a bounded number of times.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -45,11 +46,19 @@ class MasterRegistration {
   void HeartbeatLoop(std::chrono::milliseconds interval);
   // Gives the node_id back (best effort, at stop).
   void Unregister();
+  // The master's in-flight get TTL, as its last registration answer said (60 s until then).
+  std::chrono::milliseconds inflight_get_ttl() const {
+    return std::chrono::milliseconds(inflight_get_ttl_ms_.load(std::memory_order_relaxed));
+  }
+  void NoteInflightGetTtl(uint64_t ms) {
+    if (ms > 0) inflight_get_ttl_ms_.store(static_cast<int64_t>(ms), std::memory_order_relaxed);
+  }
 
  private:
   const OwnerIdentity identity_;
   MasterApi* const master_;
   StopSignal* const stop_;
+  std::atomic<int64_t> inflight_get_ttl_ms_{60'000};
 };
 
 }  // namespace fluxon

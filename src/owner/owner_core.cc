@@ -39,9 +39,13 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
       &c.stop_);
   c.puts_ = std::make_unique<PutPath>(options.put_lease, c.keys_.get(), pool, c.publisher_.get(),
                                       counters);
+  c.remote_ = std::make_unique<RemoteFetcher>(
+      RemoteFetcher::Options{options.remote_get_timeout}, c.registration_.get(), master, pool,
+      c.keys_.get(), c.hot_.get(), c.publisher_.get(), counters, c.evictor_.get(),
+      options.data_plane, options.faults, &c.stop_);
   c.gets_ = std::make_unique<GetPath>(options.join_timeout, identity, master, c.keys_.get(),
                                       c.flights_.get(), c.handles_.get(), c.hot_.get(), counters,
-                                      c.evictor_.get());
+                                      c.evictor_.get(), c.remote_.get());
   return core;
 }
 
@@ -53,6 +57,7 @@ OwnerCore::~OwnerCore() {
   // Everything that holds slots goes before the memory (members are destroyed in reverse
   // declaration order, memory_ last; explicit here so the order is visible).
   gets_.reset();
+  remote_.reset();
   puts_.reset();
   publisher_.reset();
   evictor_.reset();
@@ -103,6 +108,7 @@ void OwnerCore::MaintenanceLoop() {
     const auto now = std::chrono::steady_clock::now();
     gets_->ExpireDue(now);
     puts_->ExpireDue(now);
+    remote_->RunMaintenance(now);
     memory_->pool().ShrinkIdleGrants();
     memory_->pool().RefillLowClasses(0.25);
     evictor_->RunRound();

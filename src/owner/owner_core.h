@@ -2,7 +2,8 @@
 // and owns their threads. Each part owns its state (dependencies point one way, down this list):
 //   KeyIndex (per-key state machine) <- SingleFlight, HandleTable <- Publisher (publish actor)
 //   <- PutPath (reserve, commit, abort) ; GetPath (classify, pin, prefix, handles) ; Evictor
-//   (capacity eviction, delete by prefix) ; MasterRegistration (register, heartbeat).
+//   (capacity eviction, delete by prefix) ; MasterRegistration (register, heartbeat) ;
+//   RemoteFetcher (remote get: BatchGetStart, one read per source peer, Done/Revoke).
 // The invariants below are the parts' together; each part's header states its own.
 //
 // Invariants:
@@ -63,6 +64,7 @@
 #include "owner/owner_memory.h"
 #include "owner/publisher.h"
 #include "owner/put_path.h"
+#include "owner/remote_fetcher.h"
 #include "owner/single_flight.h"
 #include "rpc/master_api.h"
 
@@ -88,6 +90,12 @@ struct OwnerOptions {
   // The data-plane endpoint and transports this owner serves (registered with the master).
   std::string data_address;
   std::vector<std::string> transports;
+  // The data plane this owner reads other owners' values with (remote get); null: routes on
+  // other owners are misses. Not owned; must outlive the core's threads.
+  transport::Transport* data_plane = nullptr;
+  // Fault points of the data plane ("peer.read"); not owned, may be null.
+  FaultInjector* faults = nullptr;
+  std::chrono::milliseconds remote_get_timeout{10'000};
 };
 
 class OwnerCore {
@@ -176,6 +184,7 @@ class OwnerCore {
   std::unique_ptr<Evictor> evictor_;
   std::unique_ptr<Publisher> publisher_;
   std::unique_ptr<PutPath> puts_;
+  std::unique_ptr<RemoteFetcher> remote_;
   std::unique_ptr<GetPath> gets_;
 
   std::atomic<uint64_t> next_client_id_{1};

@@ -53,6 +53,36 @@ enum class CounterKind { kCounter, kGauge };
     "Capacity eviction rounds run.")                                                              \
   X(eviction_skipped_pinned, kCounter, "fluxon_eviction_skipped_pinned_total", "",                \
     "Eviction candidates skipped because a reader pinned them.")                                  \
+  X(eviction_skipped_source_pinned, kCounter, "fluxon_eviction_skipped_source_pinned_total", "",  \
+    "Eviction or delete candidates kept because a peer's remote get was reading them.")           \
+  X(remote_get_batches, kCounter, "fluxon_remote_get_calls_total", "call=start",                  \
+    "Remote-get master calls (they grow with batches, not keys, G8): start (BatchGetStart), "     \
+    "done (BatchGetDone), revoke (BatchGetRevoke), each counted once per call incl. retries.")    \
+  X(remote_get_done_calls, kCounter, "fluxon_remote_get_calls_total", "call=done", "")            \
+  X(remote_get_revoke_calls, kCounter, "fluxon_remote_get_calls_total", "call=revoke", "")        \
+  X(remote_get_keys, kCounter, "fluxon_remote_get_keys_total", "",                                \
+    "Leader keys routed to another owner and sent in a BatchGetStart.")                           \
+  X(remote_hits, kCounter, "fluxon_remote_hits_total", "",                                        \
+    "Keys read from another owner and installed here as a cached copy.")                          \
+  X(remote_misses, kCounter, "fluxon_remote_misses_total", "",                                    \
+    "Keys routed to another owner that could not be fetched (no slot, refused, transfer failed, " \
+    "lost answer, timeout).")                                                                     \
+  X(remote_bytes, kCounter, "fluxon_remote_bytes_total", "",                                      \
+    "Value bytes read from other owners.")                                                        \
+  X(remote_transfer_submissions, kCounter, "fluxon_remote_transfer_submissions_total", "",        \
+    "Data-plane read batches submitted (one per source peer per get batch).")                     \
+  X(remote_transfer_failures, kCounter, "fluxon_remote_transfer_failures_total", "",              \
+    "Data-plane read batches that failed (peer dead, refused, deadline).")                        \
+  X(remote_start_lost, kCounter, "fluxon_remote_start_lost_total", "",                            \
+    "BatchGetStart calls whose answer never came: their targets were quarantined.")               \
+  X(remote_join_wait_us, kCounter, "fluxon_get_join_wait_microseconds_total", "",                 \
+    "Time get batches spent waiting for another batch's in-flight lookup or fetch of a key.")     \
+  X(remote_quarantined_slots, kGauge, "fluxon_remote_quarantined_slots", "",                      \
+    "Remote-get target slots held until the master's in-flight TTL passed (lost BatchGetStart).") \
+  X(remote_unfinished, kGauge, "fluxon_remote_unfinished_gets", "",                               \
+    "Remote gets whose Done or Revoke is still being retried in the background.")                 \
+  X(remote_pending_targets, kGauge, "fluxon_remote_pending_targets", "",                          \
+    "Remote-get target slots claimed and not yet installed or freed.")                            \
   X(deleted_pages, kCounter, "fluxon_deleted_pages_total", "",                                    \
     "Values deleted on request (delete by prefix).")                                              \
   X(publish_batches, kCounter, "fluxon_publish_batches_total", "",                                \

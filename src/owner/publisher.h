@@ -94,6 +94,8 @@ class Publisher {
   void Interrupt();
   // Batches queued or being published.
   size_t backlog() const;
+  // Cohort ids are one sequence per owner (published batches and remote-get copies alike).
+  uint64_t NewCohortId() { return next_cohort_id_.fetch_add(1); }
 
  private:
   struct Job {

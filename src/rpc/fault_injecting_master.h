@@ -35,6 +35,16 @@ class FaultInjectingMaster final : public MasterApi {
   absl::StatusOr<v1::ListKeysReply> ListKeys(const v1::ListKeysRequest& r) override {
     return inner_->ListKeys(r);
   }
+  absl::StatusOr<v1::BatchGetStartReply> BatchGetStart(const v1::BatchGetStartRequest& r) override {
+    return Apply("master.BatchGetStart", [&] { return inner_->BatchGetStart(r); });
+  }
+  absl::StatusOr<v1::BatchGetDoneReply> BatchGetDone(const v1::BatchGetDoneRequest& r) override {
+    return Apply("master.BatchGetDone", [&] { return inner_->BatchGetDone(r); });
+  }
+  absl::StatusOr<v1::BatchGetRevokeReply> BatchGetRevoke(
+      const v1::BatchGetRevokeRequest& r) override {
+    return Apply("master.BatchGetRevoke", [&] { return inner_->BatchGetRevoke(r); });
+  }
 
  private:
   template <typename Call>

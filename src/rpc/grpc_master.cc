@@ -41,6 +41,9 @@ class GrpcMasterClient final : public MasterApi {
   FLUXON_GRPC_CALL(RemoveRoutes, RemoveRoutesRequest, RemoveRoutesReply)
   FLUXON_GRPC_CALL(ListOwners, ListOwnersRequest, ListOwnersReply)
   FLUXON_GRPC_CALL(ListKeys, ListKeysRequest, ListKeysReply)
+  FLUXON_GRPC_CALL(BatchGetStart, BatchGetStartRequest, BatchGetStartReply)
+  FLUXON_GRPC_CALL(BatchGetDone, BatchGetDoneRequest, BatchGetDoneReply)
+  FLUXON_GRPC_CALL(BatchGetRevoke, BatchGetRevokeRequest, BatchGetRevokeReply)
 #undef FLUXON_GRPC_CALL
 
  private:
@@ -78,6 +81,18 @@ class MasterServiceImpl final : public v1::MasterService::Service {
   grpc::Status ListKeys(grpc::ServerContext*, const v1::ListKeysRequest* r,
                         v1::ListKeysReply* out) override {
     return Answer(master_->ListKeys(*r), out);
+  }
+  grpc::Status BatchGetStart(grpc::ServerContext*, const v1::BatchGetStartRequest* r,
+                             v1::BatchGetStartReply* out) override {
+    return Answer(master_->BatchGetStart(*r), out);
+  }
+  grpc::Status BatchGetDone(grpc::ServerContext*, const v1::BatchGetDoneRequest* r,
+                            v1::BatchGetDoneReply* out) override {
+    return Answer(master_->BatchGetDone(*r), out);
+  }
+  grpc::Status BatchGetRevoke(grpc::ServerContext*, const v1::BatchGetRevokeRequest* r,
+                              v1::BatchGetRevokeReply* out) override {
+    return Answer(master_->BatchGetRevoke(*r), out);
   }
 
  private:

@@ -9,6 +9,8 @@
 // - Calls from an owner whose generation is not the registered one fail with FailedPrecondition.
 // - RegisterOwner of the registered identity is a heartbeat; a new generation for a live owner's
 //   node_id fails with AlreadyExists (another process cannot take over a live owner's routes).
+// - BatchGetStart pins the source location it answers until the get's Done, Revoke or TTL:
+//   RemoveRoutes of a pinned location answers pinned = true and removes nothing.
 // - An error of code Unavailable or DeadlineExceeded means "outcome unknown": the caller retries
 //   with the same identity, never assumes it failed.
 #pragma once
@@ -30,6 +32,13 @@ class MasterApi {
   virtual absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) = 0;
   virtual absl::StatusOr<v1::ListOwnersReply> ListOwners(const v1::ListOwnersRequest& r) = 0;
   virtual absl::StatusOr<v1::ListKeysReply> ListKeys(const v1::ListKeysRequest& r) = 0;
+  // Remote get (design §6): one call per batch each (G8). BatchGetStart is idempotent by
+  // (requester, request_id); Done and Revoke by get_id (T1).
+  virtual absl::StatusOr<v1::BatchGetStartReply> BatchGetStart(
+      const v1::BatchGetStartRequest& r) = 0;
+  virtual absl::StatusOr<v1::BatchGetDoneReply> BatchGetDone(const v1::BatchGetDoneRequest& r) = 0;
+  virtual absl::StatusOr<v1::BatchGetRevokeReply> BatchGetRevoke(
+      const v1::BatchGetRevokeRequest& r) = 0;
 };
 
 inline bool IsUncertain(const absl::Status& s) {

@@ -1,0 +1,94 @@
+#include "master/inflight_gets.h"
+
+#include <vector>
+
+#include "common/check.h"
+
+namespace fluxon {
+
+const v1::BatchGetStartReply* InflightGets::FindReply(uint32_t requester_node,
+                                                      uint64_t request_id) const {
+  auto it = replies_.find({requester_node, request_id});
+  return it == replies_.end() ? nullptr : &it->second.reply;
+}
+
+void InflightGets::StoreReply(uint32_t requester_node, uint64_t request_id,
+                              v1::BatchGetStartReply reply, Clock::time_point now) {
+  // A retry can arrive up to the TTL after the first attempt (and its gets live that long).
+  const Clock::time_point expires = now + ttl_ + ttl_;
+  replies_[{requester_node, request_id}] = StoredReply{std::move(reply), expires};
+  reply_order_.emplace_back(expires, std::make_pair(requester_node, request_id));
+}
+
+uint64_t InflightGets::Start(std::string key, uint32_t requester_node,
+                             uint64_t requester_generation, const RouteLocation& source,
+                             uint64_t target_offset, uint64_t len, Clock::time_point now) {
+  const uint64_t id = next_get_id_++;
+  ++pins_[PinKey{key, source.node_id, source.generation, source.put_id}];
+  by_requester_key_[{key, requester_node}] = id;
+  gets_.emplace(id, Get{id, std::move(key), requester_node, requester_generation, source,
+                        target_offset, len, now + ttl_});
+  return id;
+}
+
+void InflightGets::Erase(absl::flat_hash_map<uint64_t, Get>::iterator it) {
+  const Get& g = it->second;
+  auto pin = pins_.find(PinKey{g.key, g.source.node_id, g.source.generation, g.source.put_id});
+  FLUXON_DCHECK(pin != pins_.end() && pin->second > 0, "an in-flight get lost its source pin");
+  if (pin != pins_.end() && --pin->second == 0) pins_.erase(pin);
+  auto by = by_requester_key_.find({g.key, g.requester_node});
+  if (by != by_requester_key_.end() && by->second == g.get_id) by_requester_key_.erase(by);
+  gets_.erase(it);
+}
+
+std::optional<InflightGets::Get> InflightGets::Take(uint64_t get_id) {
+  auto it = gets_.find(get_id);
+  if (it == gets_.end()) return std::nullopt;
+  Get g = it->second;
+  Erase(it);
+  return g;
+}
+
+bool InflightGets::Pinned(const std::string& key, uint32_t node, uint64_t generation,
+                          uint64_t put_id) const {
+  return pins_.contains(PinKey{key, node, generation, put_id});
+}
+
+size_t InflightGets::ExpireDue(Clock::time_point now) {
+  std::vector<uint64_t> due;
+  for (const auto& [id, g] : gets_) {
+    if (g.expires <= now) due.push_back(id);
+  }
+  for (uint64_t id : due) Erase(gets_.find(id));
+  while (!reply_order_.empty() && reply_order_.front().first <= now) {
+    auto it = replies_.find(reply_order_.front().second);
+    if (it != replies_.end() && it->second.expires <= now) replies_.erase(it);
+    reply_order_.pop_front();
+  }
+  return due.size();
+}
+
+size_t InflightGets::DropRequester(uint32_t node, uint64_t generation) {
+  std::vector<uint64_t> gone;
+  for (const auto& [id, g] : gets_) {
+    if (g.requester_node == node && g.requester_generation == generation) gone.push_back(id);
+  }
+  for (uint64_t id : gone) Erase(gets_.find(id));
+  return gone.size();
+}
+
+size_t InflightGets::RequestedBy(uint32_t node) const {
+  size_t n = 0;
+  for (const auto& [id, g] : gets_) n += g.requester_node == node;
+  return n;
+}
+
+size_t InflightGets::PinsOn(uint32_t node) const {
+  size_t n = 0;
+  for (const auto& [k, count] : pins_) {
+    if (k.node == node) n += count;
+  }
+  return n;
+}
+
+}  // namespace fluxon

@@ -1,0 +1,110 @@
+// InflightGets: the master's in-flight remote gets (design §6, G7/G8, T1/T2) and the source pins
+// they hold.
+//
+// A remote get is started by BatchGetStart for (key, requester owner) and names the source
+// location it reads and the target slot the requester prepared; it ends with BatchGetDone (the
+// target becomes another location of the route), BatchGetRevoke, or its TTL.
+//
+// Invariants:
+// - G7 dedup: at most one in-flight get per (key, requester node); two requesters may fetch the
+//   same key at once.
+// - Source pin: while a get is in flight its source location (key, node, generation, put_id) is
+//   pinned; the master refuses to remove a pinned location (RemoveRoutes answers pinned), so the
+//   source owner never frees memory a peer is reading. A pin lasts at most the TTL: a dead
+//   requester cannot pin forever. (The requester bounds its read by the TTL measured from before
+//   its BatchGetStart, so its read always ends inside the pin.)
+// - T1: a BatchGetStart retried with the same (requester, request_id) gets the stored answer and
+//   changes nothing; the answer is kept as long as the gets it started can be in flight.
+// - get_ids are non-zero and never reused (a 64-bit counter).
+// - All state is guarded by one mutex, held by the caller for a whole batch (lookup + pin, or pin
+//   check + route removal, must be atomic against each other). Work under it is O(batch).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "fluxon/v1/master.pb.h"
+#include "route/route_table.h"
+
+namespace fluxon {
+
+class InflightGets {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  struct Get {
+    uint64_t get_id = 0;
+    std::string key;
+    uint32_t requester_node = 0;
+    uint64_t requester_generation = 0;
+    RouteLocation source;
+    uint64_t target_offset = 0;
+    uint64_t len = 0;
+    Clock::time_point expires;
+  };
+
+  explicit InflightGets(std::chrono::milliseconds ttl) : ttl_(ttl) {}
+  std::chrono::milliseconds ttl() const { return ttl_; }
+
+  // The stored answer of a request already seen, if any.
+  const v1::BatchGetStartReply* FindReply(uint32_t requester_node, uint64_t request_id) const;
+  void StoreReply(uint32_t requester_node, uint64_t request_id, v1::BatchGetStartReply reply,
+                  Clock::time_point now);
+
+  bool Busy(const std::string& key, uint32_t requester_node) const {
+    return by_requester_key_.contains({key, requester_node});
+  }
+  // Records a get and pins its source; returns the get_id.
+  uint64_t Start(std::string key, uint32_t requester_node, uint64_t requester_generation,
+                 const RouteLocation& source, uint64_t target_offset, uint64_t len,
+                 Clock::time_point now);
+  const Get* Find(uint64_t get_id) const {
+    auto it = gets_.find(get_id);
+    return it == gets_.end() ? nullptr : &it->second;
+  }
+  // Ends a get (Done or Revoke), releasing its pin; nullopt when it is not in flight.
+  std::optional<Get> Take(uint64_t get_id);
+  bool Pinned(const std::string& key, uint32_t node, uint64_t generation, uint64_t put_id) const;
+
+  // Ends gets past their TTL (and drops stored answers past theirs); returns the gets ended.
+  size_t ExpireDue(Clock::time_point now);
+  // Ends every get requested by (node, generation): that owner is gone.
+  size_t DropRequester(uint32_t node, uint64_t generation);
+
+  size_t size() const { return gets_.size(); }
+  size_t RequestedBy(uint32_t node) const;
+  size_t PinsOn(uint32_t node) const;
+
+ private:
+  struct PinKey {
+    std::string key;
+    uint32_t node;
+    uint64_t generation;
+    uint64_t put_id;
+    friend bool operator==(const PinKey&, const PinKey&) = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const PinKey& k) {
+      return H::combine(std::move(h), k.key, k.node, k.generation, k.put_id);
+    }
+  };
+  void Erase(absl::flat_hash_map<uint64_t, Get>::iterator it);
+
+  const std::chrono::milliseconds ttl_;
+  uint64_t next_get_id_ = 1;
+  absl::flat_hash_map<uint64_t, Get> gets_;
+  absl::flat_hash_map<std::pair<std::string, uint32_t>, uint64_t> by_requester_key_;
+  absl::flat_hash_map<PinKey, uint32_t> pins_;
+  struct StoredReply {
+    v1::BatchGetStartReply reply;
+    Clock::time_point expires;
+  };
+  absl::flat_hash_map<std::pair<uint32_t, uint64_t>, StoredReply> replies_;
+  std::deque<std::pair<Clock::time_point, std::pair<uint32_t, uint64_t>>> reply_order_;
+};
+
+}  // namespace fluxon

@@ -1,0 +1,518 @@
+#include "owner/remote_fetcher.h"
+
+#include <algorithm>
+#include <optional>
+#include <random>
+
+#include "common/check.h"
+#include "rpc/retry.h"
+#include "spdlog/spdlog.h"
+#include "transport/transport.h"
+
+namespace fluxon {
+
+struct RemoteFetcher::Target {
+  size_t index = 0;  // in the leaders of the batch
+  std::string key;
+  uint64_t put_id = 0;
+  uint64_t len = 0;
+  bool reserved = false;        // the key's Reserved(put_id) entry is ours
+  std::optional<SlotRef> slot;  // claimed (Prepared) until CommitHidden
+  HolderRef holder;             // after the read: the Pending target's holder
+  uint64_t get_id = 0;
+  v1::RouteLocation source;
+  std::string source_address;
+  bool read_ok = false;
+  enum class Fate { kActive, kInstalled, kFreed, kDeferDone, kDeferRevoke } fate = Fate::kActive;
+  HolderRef result;  // installed: the canonical holder
+  uint64_t cohort = 0;
+};
+
+namespace {
+std::chrono::milliseconds Margin(std::chrono::milliseconds ttl) {
+  return std::min(ttl / 10, std::chrono::milliseconds(2'000));
+}
+}  // namespace
+
+RemoteFetcher::RemoteFetcher(Options options, MasterRegistration* registration, MasterApi* master,
+                             SlotPool* pool, KeyIndex* keys, HotTier<>* hot, Publisher* publisher,
+                             OwnerCounters* counters, EvictionSignals* signals,
+                             transport::Transport* transport, FaultInjector* faults,
+                             StopSignal* stop)
+    : options_(options),
+      registration_(registration),
+      master_(master),
+      pool_(pool),
+      keys_(keys),
+      hot_(hot),
+      publisher_(publisher),
+      counters_(counters),
+      signals_(signals),
+      transport_(transport),
+      faults_(faults),
+      stop_(stop),
+      request_base_([] {
+        std::random_device rd;
+        return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+      }()) {}
+
+RemoteFetcher::~RemoteFetcher() {
+  // Stopping: nothing can be retried any more. The slots go back to the pool (the owner's
+  // memory, and with it every location the master may still name, goes away with this owner).
+  std::vector<Quarantined> q;
+  std::vector<Pending> u;
+  {
+    MutexLock lock(&mu_);
+    q.swap(quarantine_);
+    u.swap(unfinished_);
+  }
+  for (Quarantined& e : q) {
+    for (auto& t : e.targets) Free(*t);
+  }
+  for (Pending& e : u) {
+    for (auto& t : e.targets) Free(*t);
+  }
+}
+
+uint64_t RemoteFetcher::NextRequestId() {
+  const uint64_t id = request_base_ + next_request_.fetch_add(1, std::memory_order_relaxed) + 1;
+  return id == 0 ? 1 : id;
+}
+
+void RemoteFetcher::Free(Target& t) {
+  if (t.holder) {
+    t.holder.reset();  // Pending, last reference: the slot is Free again
+  } else if (t.slot) {
+    const absl::Status s = pool_->Abort(*t.slot);
+    FLUXON_DCHECK(s.ok(), "a remote-get target could not be aborted");
+    if (!s.ok()) spdlog::error("freeing remote-get target of {}: {}", t.key, s.ToString());
+  }
+  if (t.slot) counters_->remote_pending_targets.fetch_sub(1, std::memory_order_relaxed);
+  t.slot.reset();
+  if (t.reserved) keys_->Unreserve(std::span<const std::string>(&t.key, 1), t.put_id);
+  t.reserved = false;
+  t.fate = Target::Fate::kFreed;
+}
+
+std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& leaders,
+                                            std::vector<uint64_t>* cohorts) {
+  const size_t n = leaders.size();
+  std::vector<HolderRef> out(n);
+  cohorts->assign(n, 0);
+  if (n == 0) return out;
+  if (transport_ == nullptr) {
+    counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
+    return out;
+  }
+  counters_->remote_get_keys.fetch_add(n, std::memory_order_relaxed);
+  const Clock::time_point t0 = Clock::now();
+  const std::chrono::milliseconds ttl = registration_->inflight_get_ttl();
+  const Clock::time_point deadline = t0 + std::min(options_.timeout, ttl - Margin(ttl));
+
+  // Reserve every key (a local put or another batch cannot take it meanwhile), then claim.
+  std::vector<std::unique_ptr<Target>> targets;
+  for (size_t i = 0; i < n; ++i) {
+    auto t = std::make_unique<Target>();
+    t->index = i;
+    t->key = leaders[i].key;
+    t->put_id = leaders[i].put_id;
+    t->len = leaders[i].len;
+    if (t->len == 0 ||
+        !keys_->ReserveAll(std::span<const std::string>(&t->key, 1), t->put_id, nullptr)) {
+      continue;
+    }
+    t->reserved = true;
+    targets.push_back(std::move(t));
+  }
+  // Claims: all of one length at once; if that fails, one by one (a prefix is still useful).
+  std::map<uint64_t, std::vector<Target*>> by_len;
+  for (auto& t : targets) by_len[t->len].push_back(t.get());
+  for (auto& [len, group] : by_len) {
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::clamp(deadline - Clock::now(), Clock::duration(std::chrono::milliseconds(1)),
+                   Clock::duration(std::chrono::milliseconds(200))));
+    absl::StatusOr<std::vector<SlotRef>> all = pool_->Claim(len, group.size(), wait);
+    if (all.ok()) {
+      for (size_t j = 0; j < group.size(); ++j) group[j]->slot = (*all)[j];
+    } else {
+      for (Target* t : group) {
+        absl::StatusOr<std::vector<SlotRef>> one = pool_->Claim(len, 1, wait);
+        if (!one.ok()) break;
+        t->slot = one->front();
+      }
+    }
+  }
+  std::vector<std::unique_ptr<Target>> claimed;
+  for (auto& t : targets) {
+    if (t->slot) {
+      counters_->remote_pending_targets.fetch_add(1, std::memory_order_relaxed);
+      claimed.push_back(std::move(t));
+    } else {
+      Free(*t);
+    }
+  }
+  targets.swap(claimed);
+  if (targets.empty()) {
+    counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
+    return out;
+  }
+
+  // G8: one BatchGetStart for every target of the batch, the same identity on every retry.
+  v1::BatchGetStartRequest req;
+  req.set_requester_node_id(registration_->identity().node_id);
+  req.set_requester_generation(registration_->identity().generation);
+  req.set_request_id(NextRequestId());
+  for (auto& t : targets) {
+    v1::GetStartItem* item = req.add_items();
+    item->set_key(t->key);
+    item->set_put_id(t->put_id);
+    item->set_target_offset(pool_->OffsetOf(*t->slot));
+    item->set_len(t->len);
+  }
+  absl::StatusOr<v1::BatchGetStartReply> reply = RetryUncertain(
+      [&] {
+        counters_->remote_get_batches.fetch_add(1, std::memory_order_relaxed);
+        return master_->BatchGetStart(req);
+      },
+      stop_, [](const absl::Status&, std::chrono::milliseconds) {},
+      [&](const absl::Status& s) { return IsUncertain(s) && Clock::now() < deadline; });
+  if (!reply.ok()) {
+    if (IsUncertain(reply.status())) {
+      // The master may have started these gets; their ids are unknown, so nothing can revoke
+      // them: the targets stay claimed until the in-flight TTL has surely passed.
+      counters_->remote_start_lost.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("BatchGetStart of {} keys: no answer ({}); quarantining their targets for {} ms",
+                   targets.size(), reply.status().ToString(), (ttl + Margin(ttl)).count());
+      for (auto& t : targets) {
+        keys_->Unreserve(std::span<const std::string>(&t->key, 1), t->put_id);
+        t->reserved = false;
+      }
+      Quarantine(std::move(targets), Clock::now() + ttl + Margin(ttl));
+    } else {
+      spdlog::warn("BatchGetStart of {} keys refused: {}", targets.size(),
+                   reply.status().ToString());
+      for (auto& t : targets) Free(*t);
+    }
+    counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
+    return out;
+  }
+  registration_->NoteInflightGetTtl(reply->inflight_get_ttl_ms());
+  std::vector<Target*> started;
+  std::vector<std::unique_ptr<Target>> unanswered;
+  for (size_t j = 0; j < targets.size(); ++j) {
+    Target& t = *targets[j];
+    if (j >= static_cast<size_t>(reply->results_size())) {
+      // A short answer: whether these started is unknown.
+      keys_->Unreserve(std::span<const std::string>(&t.key, 1), t.put_id);
+      t.reserved = false;
+      t.fate = Target::Fate::kFreed;  // owned by the quarantine from here on
+      auto moved = std::make_unique<Target>(std::move(t));
+      moved->fate = Target::Fate::kActive;
+      unanswered.push_back(std::move(moved));
+      continue;
+    }
+    const v1::GetStartResult& r = reply->results(static_cast<int>(j));
+    if (r.outcome() != v1::GET_STARTED) {
+      Free(t);
+      continue;
+    }
+    t.get_id = r.get_id();
+    t.source = r.source();
+    t.source_address = r.source_address();
+    started.push_back(&t);
+  }
+  if (!unanswered.empty()) Quarantine(std::move(unanswered), Clock::now() + ttl + Margin(ttl));
+
+  // Reads: bounded by the pin (TTL from before the start, minus the margin) and the deadline.
+  ReadAll(started, std::min(deadline, t0 + ttl - Margin(ttl)));
+  std::vector<Target*> done, revoke;
+  for (Target* t : started) {
+    if (t->read_ok) {
+      absl::StatusOr<HolderRef> h =
+          HolderRef::CommitHidden(pool_, *t->slot, t->key, t->put_id, t->len);
+      if (h.ok()) {
+        t->holder = std::move(*h);
+        done.push_back(t);
+        continue;
+      }
+      spdlog::error("remote-get target of {}: {}", t->key, h.status().ToString());
+    }
+    revoke.push_back(t);
+  }
+  Finish(done, revoke, std::max(deadline, Clock::now() + std::chrono::milliseconds(500)));
+
+  std::vector<Pending> deferred(2);
+  deferred[0].done = true;
+  uint32_t hits = 0;
+  for (auto& t : targets) {
+    if (!t) continue;
+    if (t->fate == Target::Fate::kInstalled) {
+      out[t->index] = t->result;
+      (*cohorts)[t->index] = t->cohort;
+      ++hits;
+    } else if (t->fate == Target::Fate::kDeferDone) {
+      deferred[0].targets.push_back(std::move(t));
+    } else if (t->fate == Target::Fate::kDeferRevoke) {
+      deferred[1].targets.push_back(std::move(t));
+    }
+  }
+  counters_->remote_hits.fetch_add(hits, std::memory_order_relaxed);
+  counters_->remote_misses.fetch_add(n - hits, std::memory_order_relaxed);
+  size_t moved = 0;
+  {
+    MutexLock lock(&mu_);
+    for (Pending& p : deferred) {
+      if (p.targets.empty()) continue;
+      moved += p.targets.size();
+      unfinished_.push_back(std::move(p));
+    }
+  }
+  if (moved > 0) {
+    counters_->remote_unfinished.fetch_add(static_cast<int64_t>(moved), std::memory_order_relaxed);
+    spdlog::warn("{} remote gets still unresolved at the master; retrying in the background",
+                 moved);
+  }
+  return out;
+}
+
+void RemoteFetcher::ReadAll(std::vector<Target*>& started, Clock::time_point read_deadline) {
+  if (started.empty()) return;
+  // One read batch per source peer (address, generation).
+  std::map<std::pair<std::string, uint64_t>, std::vector<Target*>> by_peer;
+  for (Target* t : started) by_peer[{t->source_address, t->source.generation()}].push_back(t);
+  struct Submitted {
+    std::vector<Target*> targets;
+    transport::BatchHandle handle;
+    uint32_t node = 0;
+    Clock::time_point at;
+    bool drop = false;
+  };
+  std::vector<Submitted> batches;
+  for (auto& [peer, group] : by_peer) {
+    std::optional<FaultRule> rule;
+    if (faults_ != nullptr) rule = faults_->Take("peer.read");
+    if (rule && rule->action == FaultAction::kDelay) faults_->Sleep(*rule);
+    counters_->remote_transfer_submissions.fetch_add(1, std::memory_order_relaxed);
+    if (rule && rule->action == FaultAction::kFail) {
+      counters_->remote_transfer_failures.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    std::vector<transport::Descriptor> descs;
+    descs.reserve(group.size());
+    for (Target* t : group) {
+      descs.push_back(
+          transport::Descriptor{t->source.offset(), pool_->AddressOf(*t->slot), t->len});
+    }
+    const auto left = read_deadline - Clock::now();
+    if (left <= Clock::duration::zero()) {
+      counters_->remote_transfer_failures.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    absl::StatusOr<transport::BatchHandle> h =
+        transport_->Submit(transport::PeerId{peer.first, peer.second}, transport::OpKind::kRead,
+                           descs, absl::FromChrono(left));
+    if (!h.ok()) {
+      counters_->remote_transfer_failures.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("remote read from {}: {}", peer.first, h.status().ToString());
+      continue;
+    }
+    Submitted s;
+    s.targets = group;
+    s.handle = *h;
+    s.node = group.front()->source.node_id();
+    s.at = Clock::now();
+    s.drop = rule && rule->action == FaultAction::kDrop;
+    batches.push_back(std::move(s));
+  }
+  for (Submitted& s : batches) {
+    const transport::BatchResult& r = s.handle.Wait();
+    const Clock::time_point end = Clock::now();
+    {
+      MutexLock lock(&mu_);
+      auto& hist = peer_latency_[s.node];
+      if (!hist) hist = std::make_unique<LatencyHistogram>();
+      hist->Record(end - s.at);
+    }
+    if (!r.status.ok() || s.drop) {
+      counters_->remote_transfer_failures.fetch_add(1, std::memory_order_relaxed);
+      if (!s.drop) {
+        spdlog::warn("remote read of {} values from node {}: {}", s.targets.size(), s.node,
+                     r.status.ToString());
+      }
+    }
+    // A read that ended after its pin may have lasted is never used (the source may have
+    // reused the memory since).
+    const bool in_time = end < read_deadline;
+    for (size_t j = 0; j < s.targets.size(); ++j) {
+      const bool ok = !s.drop && in_time && j < r.descriptors.size() && r.descriptors[j].ok();
+      s.targets[j]->read_ok = ok;
+      if (ok) counters_->remote_bytes.fetch_add(s.targets[j]->len, std::memory_order_relaxed);
+    }
+  }
+}
+
+void RemoteFetcher::Finish(std::vector<Target*>& done, std::vector<Target*>& revoke,
+                           Clock::time_point until) {
+  if (!done.empty() && !TryDone(done, until, /*background=*/false)) {
+    for (Target* t : done) t->fate = Target::Fate::kDeferDone;
+  }
+  if (!revoke.empty() && !TryRevoke(revoke, until)) {
+    for (Target* t : revoke) t->fate = Target::Fate::kDeferRevoke;
+  }
+}
+
+bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until, bool background) {
+  v1::BatchGetDoneRequest req;
+  req.set_requester_node_id(registration_->identity().node_id);
+  req.set_requester_generation(registration_->identity().generation);
+  for (Target* t : items) {
+    v1::GetDoneItem* item = req.add_items();
+    item->set_get_id(t->get_id);
+    item->set_key(t->key);
+    item->set_put_id(t->put_id);
+    item->set_target_offset(t->holder->offset);
+    item->set_len(t->len);
+  }
+  absl::StatusOr<v1::BatchGetDoneReply> reply = RetryUncertain(
+      [&] {
+        counters_->remote_get_done_calls.fetch_add(1, std::memory_order_relaxed);
+        return master_->BatchGetDone(req);
+      },
+      stop_, [](const absl::Status&, std::chrono::milliseconds) {},
+      [&](const absl::Status& s) { return IsUncertain(s) && Clock::now() < until; });
+  if (!reply.ok() && IsUncertain(reply.status())) return false;
+  if (reply.ok() && reply->outcomes_size() != req.items_size()) {
+    spdlog::error("BatchGetDone answered {} outcomes for {} items; retrying",
+                  reply->outcomes_size(), req.items_size());
+    return false;
+  }
+  if (!reply.ok()) {
+    // A definite refusal (this generation unknown to the master): nothing was published.
+    spdlog::warn("BatchGetDone of {} gets refused: {}", items.size(), reply.status().ToString());
+    for (Target* t : items) Free(*t);
+    return true;
+  }
+  std::vector<Cohort> chain;
+  for (size_t j = 0; j < items.size(); ++j) {
+    Target& t = *items[j];
+    switch (reply->outcomes(static_cast<int>(j))) {
+      case v1::GET_DONE: {
+        if (chain.empty() || chain.back().put_id != t.put_id) {
+          Cohort c;
+          c.id = publisher_->NewCohortId();
+          c.put_id = t.put_id;
+          chain.push_back(std::move(c));
+        }
+        Cohort& c = chain.back();
+        const SlotRef slot = t.holder->slot;
+        const absl::Status route = pool_->PublishRoute(slot);
+        FLUXON_DCHECK(route.ok(), "a remote-get target refused its route");
+        HolderRef canonical = t.holder;
+        if (!route.ok() || !keys_->CommitCopy(t.key, t.put_id, &t.holder, c.id)) {
+          // Cannot happen while our reservation stands; never leave a live route unowned.
+          spdlog::error("installing the remote copy of {} failed; its route stays until evicted",
+                        t.key);
+          FLUXON_DCHECK(false, "a remote copy lost its reservation");
+          t.fate = Target::Fate::kFreed;
+          break;
+        }
+        t.reserved = false;
+        counters_->remote_pending_targets.fetch_sub(1, std::memory_order_relaxed);
+        t.slot.reset();
+        c.keys.push_back(t.key);
+        c.weight += pool_->SlotSizeOf(slot);
+        t.result = background ? HolderRef() : std::move(canonical);
+        t.cohort = c.id;
+        t.fate = Target::Fate::kInstalled;
+        break;
+      }
+      default:  // present elsewhere here, stale, unknown: nothing names this target
+        Free(t);
+        break;
+    }
+  }
+  if (!chain.empty()) {
+    hot_->AdmitChain(std::move(chain), 0);
+    signals_->CandidatesChanged();
+  }
+  return true;
+}
+
+bool RemoteFetcher::TryRevoke(std::vector<Target*>& items, Clock::time_point until) {
+  v1::BatchGetRevokeRequest req;
+  req.set_requester_node_id(registration_->identity().node_id);
+  req.set_requester_generation(registration_->identity().generation);
+  for (Target* t : items) req.add_get_ids(t->get_id);
+  absl::StatusOr<v1::BatchGetRevokeReply> reply = RetryUncertain(
+      [&] {
+        counters_->remote_get_revoke_calls.fetch_add(1, std::memory_order_relaxed);
+        return master_->BatchGetRevoke(req);
+      },
+      stop_, [](const absl::Status&, std::chrono::milliseconds) {},
+      [&](const absl::Status& s) { return IsUncertain(s) && Clock::now() < until; });
+  if (!reply.ok() && IsUncertain(reply.status())) return false;
+  // Revoked, or refused definitely (the master does not know this generation: it publishes
+  // nothing for it): the targets are free either way. Revoke never publishes.
+  for (Target* t : items) Free(*t);
+  return true;
+}
+
+void RemoteFetcher::Quarantine(std::vector<std::unique_ptr<Target>> targets,
+                               Clock::time_point until) {
+  if (targets.empty()) return;
+  counters_->remote_quarantined_slots.fetch_add(static_cast<int64_t>(targets.size()),
+                                                std::memory_order_relaxed);
+  MutexLock lock(&mu_);
+  quarantine_.push_back(Quarantined{std::move(targets), until});
+}
+
+void RemoteFetcher::RunMaintenance(Clock::time_point now) {
+  std::vector<Quarantined> due;
+  std::vector<Pending> retry;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = quarantine_.begin(); it != quarantine_.end();) {
+      if (it->until <= now) {
+        due.push_back(std::move(*it));
+        it = quarantine_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    retry.swap(unfinished_);
+  }
+  for (Quarantined& q : due) {
+    counters_->remote_quarantined_slots.fetch_sub(static_cast<int64_t>(q.targets.size()),
+                                                  std::memory_order_relaxed);
+    for (auto& t : q.targets) Free(*t);
+  }
+  std::vector<Pending> still;
+  for (Pending& p : retry) {
+    if (stop_->stopped()) {
+      still.push_back(std::move(p));
+      continue;
+    }
+    std::vector<Target*> items;
+    for (auto& t : p.targets) items.push_back(t.get());
+    const bool resolved = p.done ? TryDone(items, now, /*background=*/true) : TryRevoke(items, now);
+    if (resolved) {
+      counters_->remote_unfinished.fetch_sub(static_cast<int64_t>(p.targets.size()),
+                                             std::memory_order_relaxed);
+    } else {
+      still.push_back(std::move(p));
+    }
+  }
+  if (!still.empty()) {
+    MutexLock lock(&mu_);
+    for (Pending& p : still) unfinished_.push_back(std::move(p));
+  }
+}
+
+std::map<uint32_t, LatencyHistogram::Snapshot> RemoteFetcher::PeerLatency() const {
+  std::map<uint32_t, LatencyHistogram::Snapshot> out;
+  MutexLock lock(&mu_);
+  for (const auto& [node, h] : peer_latency_) out[node] = h->Read();
+  return out;
+}
+
+}  // namespace fluxon
