@@ -77,13 +77,10 @@ class AdminServiceImpl final : public v1::AdminService::Service {
     if (MasterCore* mc = node_->master()) {
       const MasterCounters& c = mc->counters();
       (*m)["master_routes"] = static_cast<int64_t>(mc->route_count());
-      (*m)["master_publish_batches"] = c.publish_batches.load();
-      (*m)["master_published_items"] = c.published_items.load();
-      (*m)["master_republished_items"] = c.republished_items.load();
-      (*m)["master_superseded_items"] = c.superseded_items.load();
-      (*m)["master_lookup_batches"] = c.lookup_batches.load();
-      (*m)["master_lookup_keys"] = c.lookup_keys.load();
-      (*m)["master_removed_routes"] = c.removed_routes.load();
+      for (const MasterCounterDef& d : kMasterCounterDefs) {
+        (*m)[std::string("master_") + d.name] = (c.*d.field).load(std::memory_order_relaxed);
+      }
+      (*m)["master_inflight_gets"] = static_cast<int64_t>(mc->inflight_gets());
     }
     return grpc::Status::OK;
   }

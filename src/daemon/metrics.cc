@@ -93,19 +93,12 @@ void RenderMaster(const MasterCore& master, PrometheusText& out) {
   const MasterCounters& c = master.counters();
   out.Gauge("fluxon_master_routes", "Live key routes in the master's table.",
             static_cast<double>(master.route_count()));
-  out.Counter("fluxon_master_publish_batches_total", "PublishBatch calls served.",
-              c.publish_batches.load());
-  out.Counter("fluxon_master_published_items_total", "Routes published.", c.published_items.load());
-  out.Counter("fluxon_master_republished_items_total",
-              "Publishes of a route that already had that identity (idempotent retries).",
-              c.republished_items.load());
-  out.Counter("fluxon_master_superseded_items_total",
-              "Publishes refused because another version holds the key.",
-              c.superseded_items.load());
-  out.Counter("fluxon_master_lookup_batches_total", "Lookup calls served.",
-              c.lookup_batches.load());
-  out.Counter("fluxon_master_lookup_keys_total", "Keys looked up.", c.lookup_keys.load());
-  out.Counter("fluxon_master_removed_routes_total", "Routes removed.", c.removed_routes.load());
+  for (const MasterCounterDef& d : kMasterCounterDefs) {
+    out.Counter(d.metric, d.help, (c.*d.field).load(std::memory_order_relaxed));
+  }
+  out.Gauge("fluxon_master_inflight_gets",
+            "Remote gets in flight (BatchGetStart until Done, Revoke or the TTL).",
+            static_cast<double>(master.inflight_gets()));
 }
 
 void RenderLatencies(const ClientServer& clients, PrometheusText& out) {
@@ -132,7 +125,18 @@ std::string RenderNodeMetrics(FluxonNode& node) {
   out.Gauge(
       "fluxon_uptime_seconds", "Seconds since this fluxond started.",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - node.started_at()).count());
-  if (OwnerCore* owner = node.owner()) RenderOwner(*owner, node, out);
+  if (OwnerCore* owner = node.owner()) {
+    RenderOwner(*owner, node, out);
+    std::vector<std::pair<PrometheusText::Labels, LatencyHistogram::Snapshot>> series;
+    for (const auto& [source, snap] : owner->RemoteReadLatency()) {
+      series.push_back({{{"source_node", std::to_string(source)}}, snap});
+    }
+    if (!series.empty()) {
+      out.Histogram("fluxon_remote_read_duration_seconds",
+                    "Data-plane read of one remote-get batch from one source owner, by source.",
+                    series);
+    }
+  }
   if (MasterCore* master = node.master()) RenderMaster(*master, out);
   if (const ClientServer* clients = node.client_server()) RenderLatencies(*clients, out);
   return out.text();

@@ -40,26 +40,51 @@
 
 namespace fluxon {
 
+// X(field, metric family, help): the one definition of each master counter; the struct, the
+// stats map (`fluxonctl stats`, as master_<field>) and /metrics are generated from it.
+#define FLUXON_MASTER_COUNTERS(X)                                                                \
+  X(publish_batches, "fluxon_master_publish_batches_total", "PublishBatch calls served.")        \
+  X(published_items, "fluxon_master_published_items_total", "Routes published.")                 \
+  X(republished_items, "fluxon_master_republished_items_total",                                  \
+    "Publishes of a route that already had that identity (idempotent retries).")                 \
+  X(superseded_items, "fluxon_master_superseded_items_total",                                    \
+    "Publishes refused because another version holds the key.")                                  \
+  X(lookup_batches, "fluxon_master_lookup_batches_total", "Lookup calls served.")                \
+  X(lookup_keys, "fluxon_master_lookup_keys_total", "Keys looked up.")                           \
+  X(removed_routes, "fluxon_master_removed_routes_total", "Routes removed.")                     \
+  X(remove_refused_pinned, "fluxon_master_remove_refused_pinned_total",                          \
+    "Route removals refused because a remote get was reading the location.")                     \
+  X(get_start_calls, "fluxon_master_get_start_calls_total", "BatchGetStart calls served.")       \
+  X(get_start_items, "fluxon_master_get_start_items_total", "Keys in BatchGetStart calls.")      \
+  X(get_start_replayed, "fluxon_master_get_start_replayed_total",                                \
+    "BatchGetStart retries answered from the stored reply (same request_id).")                   \
+  X(gets_started, "fluxon_master_gets_started_total", "Remote gets started (source pinned).")    \
+  X(get_done_calls, "fluxon_master_get_done_calls_total", "BatchGetDone calls served.")          \
+  X(gets_done, "fluxon_master_gets_done_total",                                                  \
+    "Remote gets whose target became a location of the route.")                                  \
+  X(get_revoke_calls, "fluxon_master_get_revoke_calls_total", "BatchGetRevoke calls served.")    \
+  X(gets_revoked, "fluxon_master_gets_revoked_total", "Remote gets revoked.")                    \
+  X(gets_expired, "fluxon_master_gets_expired_total",                                            \
+    "Remote gets ended by the in-flight TTL (requester silent).")                                \
+  X(owners_expired, "fluxon_master_owners_expired_total",                                        \
+    "Owners expired after lease + grace (routes dropped, generation refused).")
+
 struct MasterCounters {
-  std::atomic<int64_t> publish_batches{0};
-  std::atomic<int64_t> published_items{0};
-  std::atomic<int64_t> republished_items{0};  // idempotent retries
-  std::atomic<int64_t> superseded_items{0};
-  std::atomic<int64_t> lookup_batches{0};
-  std::atomic<int64_t> lookup_keys{0};
-  std::atomic<int64_t> removed_routes{0};
-  std::atomic<int64_t> remove_refused_pinned{0};  // locations kept: a remote get reads them
-  // Remote gets: calls grow with batches, items with keys (G8).
-  std::atomic<int64_t> get_start_calls{0};
-  std::atomic<int64_t> get_start_items{0};
-  std::atomic<int64_t> get_start_replayed{0};  // retried requests answered from the stored reply
-  std::atomic<int64_t> gets_started{0};
-  std::atomic<int64_t> get_done_calls{0};
-  std::atomic<int64_t> gets_done{0};
-  std::atomic<int64_t> get_revoke_calls{0};
-  std::atomic<int64_t> gets_revoked{0};
-  std::atomic<int64_t> gets_expired{0};
-  std::atomic<int64_t> owners_expired{0};
+#define FLUXON_MASTER_COUNTER_FIELD(field, metric, help) std::atomic<int64_t> field{0};
+  FLUXON_MASTER_COUNTERS(FLUXON_MASTER_COUNTER_FIELD)
+#undef FLUXON_MASTER_COUNTER_FIELD
+};
+
+struct MasterCounterDef {
+  const char* name;
+  const char* metric;
+  const char* help;
+  std::atomic<int64_t> MasterCounters::*field;
+};
+inline constexpr MasterCounterDef kMasterCounterDefs[] = {
+#define FLUXON_MASTER_COUNTER_DEF(field, metric, help) {#field, metric, help, &MasterCounters::field},
+    FLUXON_MASTER_COUNTERS(FLUXON_MASTER_COUNTER_DEF)
+#undef FLUXON_MASTER_COUNTER_DEF
 };
 
 struct MasterOptions {

@@ -155,6 +155,10 @@ class OwnerCore {
     return evictor_->DeletePrefix(prefix);
   }
 
+  // Remote-get read latency per source node.
+  std::map<uint32_t, LatencyHistogram::Snapshot> RemoteReadLatency() const {
+    return remote_->PeerLatency();
+  }
   // The typed counters (their one definition: owner_counters.h).
   const OwnerCounters& counters() const { return *counters_; }
   // Every counter and derived gauge by name (the client protocol's and fluxonctl's stats).

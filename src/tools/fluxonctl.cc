@@ -266,18 +266,22 @@ class Command {
              {"address", o.address()},
              {"transports", std::vector<std::string>(o.transports().begin(), o.transports().end())},
              {"last_heard_ms_ago", o.last_heard_ms_ago()},
+             {"lease_ms_left", o.lease_ms_left()},
+             {"inflight_gets", o.inflight_gets()},
+             {"source_pins", o.source_pins()},
              {"routes", o.routes()}});
       }
       Print(json{{"owners", owners}});
       return std::nullopt;
     }
     Table t({"NODE", "GENERATION", "ROLE", "CAPACITY_BYTES", "ROUTES", "ADDRESS", "TRANSPORTS",
-             "HEARD_MS_AGO"});
+             "HEARD_MS_AGO", "LEASE_MS_LEFT", "INFLIGHT_GETS", "SOURCE_PINS"});
     for (const v1::OwnerInfo& o : r.owners()) {
       t.AddRow({Num(uint64_t{o.node_id()}), Num(o.generation()), o.role(), Num(o.capacity_bytes()),
                 Num(o.routes()), o.address().empty() ? "-" : o.address(),
                 o.transports().empty() ? "-" : absl::StrJoin(o.transports(), ","),
-                Num(o.last_heard_ms_ago())});
+                Num(o.last_heard_ms_ago()), Num(o.lease_ms_left()), Num(o.inflight_gets()),
+                Num(o.source_pins())});
     }
     std::cout << t.Render();
     return std::nullopt;

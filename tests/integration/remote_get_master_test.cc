@@ -1,0 +1,374 @@
+// The master's side of remote get (design §6): BatchGetStart / BatchGetDone / BatchGetRevoke,
+// the (key, requester_owner) dedup (G7), one call per batch (G8), idempotent retries (T1),
+// same-put_id convergence (T2), source pins against route removal, the in-flight TTL, and owner
+// expiry after lease + grace.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "master/master_core.h"
+
+namespace fluxon {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kLen = 4096;
+
+void Register(MasterCore& m, uint32_t node, uint64_t gen, bool data_plane = true) {
+  v1::RegisterOwnerRequest r;
+  r.set_node_id(node);
+  r.set_generation(gen);
+  if (data_plane) {
+    r.set_address("127.0.0.1:" + std::to_string(40000 + node));
+    r.add_transports("tcp");
+  }
+  ASSERT_TRUE(m.RegisterOwner(r).ok());
+}
+
+void Publish(MasterCore& m, uint32_t node, uint64_t gen, uint64_t put_id,
+             const std::vector<std::string>& keys) {
+  v1::PublishBatchRequest r;
+  r.set_node_id(node);
+  r.set_generation(gen);
+  r.set_put_id(put_id);
+  uint64_t off = 0;
+  for (const auto& k : keys) {
+    v1::RouteItem* i = r.add_items();
+    i->set_key(k);
+    i->set_put_id(put_id);
+    i->set_offset(off += kLen);
+    i->set_len(kLen);
+  }
+  auto reply = m.PublishBatch(r);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+}
+
+v1::BatchGetStartRequest Start(uint32_t node, uint64_t gen, uint64_t request_id,
+                               const std::vector<std::string>& keys, uint64_t put_id) {
+  v1::BatchGetStartRequest r;
+  r.set_requester_node_id(node);
+  r.set_requester_generation(gen);
+  r.set_request_id(request_id);
+  uint64_t off = 1 << 20;
+  for (const auto& k : keys) {
+    v1::GetStartItem* i = r.add_items();
+    i->set_key(k);
+    i->set_put_id(put_id);
+    i->set_target_offset(off += kLen);
+    i->set_len(kLen);
+  }
+  return r;
+}
+
+v1::BatchGetDoneRequest Done(const v1::BatchGetStartRequest& start,
+                             const v1::BatchGetStartReply& reply) {
+  v1::BatchGetDoneRequest r;
+  r.set_requester_node_id(start.requester_node_id());
+  r.set_requester_generation(start.requester_generation());
+  for (int i = 0; i < start.items_size(); ++i) {
+    v1::GetDoneItem* d = r.add_items();
+    d->set_get_id(reply.results(i).get_id());
+    d->set_key(start.items(i).key());
+    d->set_put_id(start.items(i).put_id());
+    d->set_target_offset(start.items(i).target_offset());
+    d->set_len(start.items(i).len());
+  }
+  return r;
+}
+
+v1::RemoveRoutesRequest Remove(uint32_t node, uint64_t gen, const std::string& key,
+                               uint64_t put_id) {
+  v1::RemoveRoutesRequest r;
+  r.set_node_id(node);
+  r.set_generation(gen);
+  v1::RouteItem* i = r.add_items();
+  i->set_key(key);
+  i->set_put_id(put_id);
+  return r;
+}
+
+size_t Locations(MasterCore& m, const std::string& key) {
+  v1::LookupRequest r;
+  r.add_keys(key);
+  auto reply = m.Lookup(r);
+  if (!reply.ok() || !reply->found(0)) return 0;
+  return static_cast<size_t>(reply->routes(0).locations_size());
+}
+
+TEST(RemoteGetMaster, StartPinsTheSourceUntilDoneWhichAddsTheCopy) {
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"k"});
+  const auto start = Start(2, 22, 100, {"k"}, 7);
+  auto s = m.BatchGetStart(start);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->results_size(), 1);
+  EXPECT_EQ(s->results(0).outcome(), v1::GET_STARTED);
+  EXPECT_NE(s->results(0).get_id(), 0u);
+  EXPECT_EQ(s->results(0).source().node_id(), 1u);
+  EXPECT_EQ(s->results(0).source_address(), "127.0.0.1:40001");
+  EXPECT_EQ(m.inflight_gets(), 1u);
+
+  // The source's eviction cannot remove a location a peer is reading.
+  auto removed = m.RemoveRoutes(Remove(1, 11, "k", 7));
+  ASSERT_TRUE(removed.ok());
+  EXPECT_FALSE(removed->removed(0));
+  EXPECT_TRUE(removed->pinned(0));
+  EXPECT_EQ(Locations(m, "k"), 1u);
+
+  auto d = m.BatchGetDone(Done(start, *s));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcomes(0), v1::GET_DONE);
+  EXPECT_EQ(Locations(m, "k"), 2u);  // the requester's copy joined the same put_id
+  EXPECT_EQ(m.inflight_gets(), 0u);
+
+  // Unpinned now: the source's location goes, the copy becomes primary.
+  removed = m.RemoveRoutes(Remove(1, 11, "k", 7));
+  ASSERT_TRUE(removed.ok());
+  EXPECT_TRUE(removed->removed(0));
+  v1::LookupRequest lr;
+  lr.add_keys("k");
+  auto route = m.Lookup(lr);
+  ASSERT_TRUE(route.ok() && route->found(0));
+  EXPECT_EQ(route->routes(0).node_id(), 2u);
+}
+
+TEST(RemoteGetMaster, DedupIsPerKeyAndRequesterOwner) {  // G7
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Register(m, 3, 33);
+  Publish(m, 1, 11, 7, {"k"});
+  auto a = m.BatchGetStart(Start(2, 22, 1, {"k"}, 7));
+  auto again = m.BatchGetStart(Start(2, 22, 2, {"k"}, 7));
+  auto other = m.BatchGetStart(Start(3, 33, 1, {"k"}, 7));
+  ASSERT_TRUE(a.ok() && again.ok() && other.ok());
+  EXPECT_EQ(a->results(0).outcome(), v1::GET_STARTED);
+  EXPECT_EQ(again->results(0).outcome(), v1::GET_BUSY);    // one target per (key, requester)
+  EXPECT_EQ(other->results(0).outcome(), v1::GET_STARTED);  // two owners may fetch at once
+  EXPECT_EQ(m.inflight_gets(), 2u);
+}
+
+TEST(RemoteGetMaster, OneCallPerBatchWhateverTheKeyCount) {  // G8
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 128; ++i) keys.push_back("page-" + std::to_string(i));
+  Publish(m, 1, 11, 7, keys);
+  const auto start = Start(2, 22, 5, keys, 7);
+  auto s = m.BatchGetStart(start);
+  ASSERT_TRUE(s.ok());
+  auto d = m.BatchGetDone(Done(start, *s));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(m.counters().get_start_calls.load(), 1);
+  EXPECT_EQ(m.counters().get_start_items.load(), 128);
+  EXPECT_EQ(m.counters().get_done_calls.load(), 1);
+  EXPECT_EQ(m.counters().gets_done.load(), 128);
+}
+
+TEST(RemoteGetMaster, RetriedStartWithTheSameRequestIdGetsTheSameAnswer) {  // T1
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"a", "b"});
+  const auto start = Start(2, 22, 42, {"a", "b"}, 7);
+  auto first = m.BatchGetStart(start);
+  auto retry = m.BatchGetStart(start);
+  ASSERT_TRUE(first.ok() && retry.ok());
+  EXPECT_EQ(first->SerializeAsString(), retry->SerializeAsString());
+  EXPECT_EQ(retry->results(0).outcome(), v1::GET_STARTED);  // not BUSY: it is the same request
+  EXPECT_EQ(m.counters().gets_started.load(), 2);
+  EXPECT_EQ(m.counters().get_start_replayed.load(), 1);
+  EXPECT_EQ(m.inflight_gets(), 2u);
+}
+
+TEST(RemoteGetMaster, DoneAndRevokeRetriesAreIdempotent) {  // T1
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"a", "b"});
+  const auto start = Start(2, 22, 1, {"a", "b"}, 7);
+  auto s = m.BatchGetStart(start);
+  ASSERT_TRUE(s.ok());
+  const auto done = Done(start, *s);
+  auto d1 = m.BatchGetDone(done);
+  auto d2 = m.BatchGetDone(done);  // the first answer was lost: the retry sees its own copy
+  ASSERT_TRUE(d1.ok() && d2.ok());
+  EXPECT_EQ(d1->outcomes(0), v1::GET_DONE);
+  EXPECT_EQ(d2->outcomes(0), v1::GET_DONE);
+  EXPECT_EQ(Locations(m, "a"), 2u);  // one copy, not two
+
+  // Revoke of a finished or unknown get: acknowledged, nothing changes.
+  v1::BatchGetRevokeRequest rv;
+  rv.set_requester_node_id(2);
+  rv.set_requester_generation(22);
+  rv.add_get_ids(s->results(0).get_id());
+  rv.add_get_ids(987654);
+  auto r1 = m.BatchGetRevoke(rv);
+  auto r2 = m.BatchGetRevoke(rv);
+  ASSERT_TRUE(r1.ok() && r2.ok());
+  EXPECT_TRUE(r1->revoked(0) && r1->revoked(1) && r2->revoked(0));
+  EXPECT_EQ(Locations(m, "a"), 2u);
+  EXPECT_EQ(m.inflight_gets(), 0u);
+}
+
+TEST(RemoteGetMaster, RevokedGetReleasesItsPinAndItsDoneIsUnknown) {
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"k"});
+  const auto start = Start(2, 22, 1, {"k"}, 7);
+  auto s = m.BatchGetStart(start);
+  ASSERT_TRUE(s.ok());
+  v1::BatchGetRevokeRequest rv;
+  rv.set_requester_node_id(2);
+  rv.set_requester_generation(22);
+  rv.add_get_ids(s->results(0).get_id());
+  ASSERT_TRUE(m.BatchGetRevoke(rv).ok());
+  EXPECT_EQ(m.inflight_gets(), 0u);
+  auto d = m.BatchGetDone(Done(start, *s));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->outcomes(0), v1::GET_DONE_UNKNOWN);  // the target must be freed, not published
+  EXPECT_EQ(Locations(m, "k"), 1u);
+  auto removed = m.RemoveRoutes(Remove(1, 11, "k", 7));
+  ASSERT_TRUE(removed.ok());
+  EXPECT_TRUE(removed->removed(0));
+}
+
+TEST(RemoteGetMaster, InflightTtlEndsGetsOfASilentRequester) {
+  MasterOptions o;
+  o.inflight_get_ttl = milliseconds(200);
+  MasterCore m(o);
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"k"});
+  const auto start = Start(2, 22, 1, {"k"}, 7);
+  auto s = m.BatchGetStart(start);
+  ASSERT_TRUE(s.ok());
+  m.ExpireDue(Clock::now() + milliseconds(100));
+  EXPECT_EQ(m.inflight_gets(), 1u);
+  m.ExpireDue(Clock::now() + milliseconds(250));
+  EXPECT_EQ(m.inflight_gets(), 0u);
+  EXPECT_EQ(m.counters().gets_expired.load(), 1);
+  auto removed = m.RemoveRoutes(Remove(1, 11, "k", 7));  // the pin went with the TTL
+  ASSERT_TRUE(removed.ok());
+  EXPECT_TRUE(removed->removed(0));
+  auto d = m.BatchGetDone(Done(start, *s));  // a Done after the TTL publishes nothing
+  ASSERT_TRUE(d.ok());
+  EXPECT_NE(d->outcomes(0), v1::GET_DONE);
+}
+
+TEST(RemoteGetMaster, SamePutIdConvergesOnlyAnotherPutIdIsStale) {  // T2
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Register(m, 3, 33);
+  Publish(m, 1, 11, 7, {"k"});
+  // Another version asked for: stale.
+  auto stale = m.BatchGetStart(Start(2, 22, 1, {"k"}, 8));
+  ASSERT_TRUE(stale.ok());
+  EXPECT_EQ(stale->results(0).outcome(), v1::GET_STALE_VERSION);
+  // Two requesters' Dones of the same put_id both join the route.
+  const auto s2 = Start(2, 22, 2, {"k"}, 7);
+  const auto s3 = Start(3, 33, 2, {"k"}, 7);
+  auto a = m.BatchGetStart(s2);
+  auto b = m.BatchGetStart(s3);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto da = m.BatchGetDone(Done(s2, *a));
+  auto db = m.BatchGetDone(Done(s3, *b));
+  ASSERT_TRUE(da.ok() && db.ok());
+  EXPECT_EQ(da->outcomes(0), v1::GET_DONE);
+  EXPECT_EQ(db->outcomes(0), v1::GET_DONE);
+  EXPECT_EQ(Locations(m, "k"), 3u);
+  // The requester holds the version already: a new start says so (it pins the local copy).
+  auto local = m.BatchGetStart(Start(2, 22, 3, {"k"}, 7));
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(local->results(0).outcome(), v1::GET_ALREADY_LOCAL);
+}
+
+TEST(RemoteGetMaster, DoneAgainstALiveLocationOfTheSameVersionConverges) {  // T2
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Register(m, 3, 33);
+  Publish(m, 1, 11, 7, {"k"});
+  const auto first = Start(2, 22, 1, {"k"}, 7);
+  auto s1 = m.BatchGetStart(first);
+  ASSERT_TRUE(s1.ok());
+  ASSERT_TRUE(m.BatchGetDone(Done(first, *s1)).ok());
+  // A second start from node 3 reads from node 1 or 2; node 2's own second Done of another
+  // target of the same version is told the canonical copy exists.
+  auto second = Start(2, 22, 2, {"k"}, 7);
+  second.mutable_items(0)->set_target_offset(second.items(0).target_offset() + 10 * kLen);
+  v1::BatchGetStartReply fake;
+  fake.add_results()->set_get_id(424242);
+  auto d = m.BatchGetDone(Done(second, fake));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->outcomes(0), v1::GET_DONE_PRESENT);
+  EXPECT_EQ(Locations(m, "k"), 2u);  // one route, one copy per requester
+}
+
+TEST(RemoteGetMaster, ClearErrorsAndNoSourceWithoutALiveDataPlane) {
+  MasterOptions o;
+  o.owner_lease = milliseconds(100);
+  MasterCore m(o);
+  Register(m, 1, 11, /*data_plane=*/false);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"k"});
+  // A stale requester generation.
+  auto stale_gen = m.BatchGetStart(Start(2, 21, 1, {"k"}, 7));
+  EXPECT_EQ(stale_gen.status().code(), absl::StatusCode::kFailedPrecondition);
+  // No request identity.
+  EXPECT_EQ(m.BatchGetStart(Start(2, 22, 0, {"k"}, 7)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The only location's owner serves no data plane.
+  auto none = m.BatchGetStart(Start(2, 22, 1, {"k", "absent"}, 7));
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->results(0).outcome(), v1::GET_NO_SOURCE);
+  EXPECT_EQ(none->results(1).outcome(), v1::GET_NO_ROUTE);
+  // A route to an owner that stopped heartbeating (not live) is not handed out.
+  Register(m, 3, 33);
+  Publish(m, 3, 33, 9, {"j"});
+  std::this_thread::sleep_for(milliseconds(150));
+  Register(m, 2, 22);  // the requester heartbeats; node 3 does not
+  auto dead = m.BatchGetStart(Start(2, 22, 2, {"j"}, 9));
+  ASSERT_TRUE(dead.ok());
+  EXPECT_EQ(dead->results(0).outcome(), v1::GET_NO_SOURCE);
+  EXPECT_EQ(m.inflight_gets(), 0u);
+}
+
+TEST(RemoteGetMaster, ExpiredOwnerLosesItsRoutesGetsAndGeneration) {
+  MasterOptions o;
+  o.owner_lease = milliseconds(100);
+  o.owner_grace = milliseconds(100);
+  MasterCore m(o);
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"k"});
+  Publish(m, 2, 22, 3, {"other"});
+  ASSERT_TRUE(m.BatchGetStart(Start(2, 22, 1, {"k"}, 7)).ok());
+  ASSERT_EQ(m.inflight_gets(), 1u);
+  m.ExpireDue(Clock::now() + milliseconds(150));  // past the lease, inside the grace
+  EXPECT_EQ(m.route_count(), 2u);
+  m.ExpireDue(Clock::now() + milliseconds(250));  // past lease + grace: both expire
+  EXPECT_EQ(m.route_count(), 0u);
+  EXPECT_EQ(m.inflight_gets(), 0u);  // the requester's gets went with it
+  EXPECT_EQ(m.counters().owners_expired.load(), 2);
+  // The old generation is refused from now on; a restarted owner (new generation) is welcome.
+  v1::RegisterOwnerRequest old;
+  old.set_node_id(1);
+  old.set_generation(11);
+  auto refused = m.RegisterOwner(old);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), testing::HasSubstr("expired"));
+  old.set_generation(12);
+  EXPECT_TRUE(m.RegisterOwner(old).ok());
+}
+
+}  // namespace
+}  // namespace fluxon
