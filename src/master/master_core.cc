@@ -335,18 +335,23 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
       }
     }
     v1::RemoteGetDoneOutcome outcome;
+    bool added = false;
     if (mine != nullptr) {
       // T2: the same version is converging, not stale. Ours (a retried Done) or another one.
       outcome = mine->SameIdentity(target) ? v1::GET_DONE : v1::GET_DONE_PRESENT;
+      if (outcome == v1::GET_DONE) {
+        counters_.get_done_replayed.fetch_add(1, std::memory_order_relaxed);
+      }
     } else if (!ours) {
       outcome = v1::GET_DONE_UNKNOWN;  // expired, revoked, or not this requester's get
     } else if (!route || route->put_id() != item.put_id()) {
       outcome = v1::GET_DONE_STALE;
     } else {
-      outcome = routes_.AddCopy(item.key(), target) ? v1::GET_DONE : v1::GET_DONE_STALE;
+      added = routes_.AddCopy(item.key(), target);
+      outcome = added ? v1::GET_DONE : v1::GET_DONE_STALE;
     }
     if (ours) inflight_.Take(item.get_id());  // ends the get, releasing the source pin
-    if (outcome == v1::GET_DONE) counters_.gets_done.fetch_add(1, std::memory_order_relaxed);
+    if (added) counters_.gets_done.fetch_add(1, std::memory_order_relaxed);
     reply.add_outcomes(outcome);
   }
   return reply;

@@ -62,6 +62,8 @@ namespace fluxon {
   X(get_done_calls, "fluxon_master_get_done_calls_total", "BatchGetDone calls served.")          \
   X(gets_done, "fluxon_master_gets_done_total",                                                  \
     "Remote gets whose target became a location of the route.")                                  \
+  X(get_done_replayed, "fluxon_master_get_done_replayed_total",                                  \
+    "BatchGetDone items whose copy was already published (a retried Done, T1).")                 \
   X(get_revoke_calls, "fluxon_master_get_revoke_calls_total", "BatchGetRevoke calls served.")    \
   X(gets_revoked, "fluxon_master_gets_revoked_total", "Remote gets revoked.")                    \
   X(gets_expired, "fluxon_master_gets_expired_total",                                            \
