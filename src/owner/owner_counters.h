@@ -75,6 +75,10 @@ enum class CounterKind { kCounter, kGauge };
     "Data-plane read batches that failed (peer dead, refused, deadline).")                        \
   X(remote_start_lost, kCounter, "fluxon_remote_start_lost_total", "",                            \
     "BatchGetStart calls whose answer never came: their targets were quarantined.")               \
+  X(remote_control_us, kCounter, "fluxon_remote_get_microseconds_total", "part=control",  \
+    "Time remote gets spent, by part: control (target claims and the BatchGetStart, Done and "    \
+    "Revoke calls) and read (the data-plane reads, all peers of a batch at once).")               \
+  X(remote_read_us, kCounter, "fluxon_remote_get_microseconds_total", "part=read", "")   \
   X(remote_join_wait_us, kCounter, "fluxon_get_join_wait_microseconds_total", "",                 \
     "Time get batches spent waiting for another batch's in-flight lookup or fetch of a key.")     \
   X(remote_quarantined_slots, kGauge, "fluxon_remote_quarantined_slots", "",                      \

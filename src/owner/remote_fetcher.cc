@@ -224,7 +224,9 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
   if (!unanswered.empty()) Quarantine(std::move(unanswered), Clock::now() + ttl + Margin(ttl));
 
   // Reads: bounded by the pin (TTL from before the start, minus the margin) and the deadline.
+  const Clock::time_point read_begin = Clock::now();
   ReadAll(started, std::min(deadline, t0 + ttl - Margin(ttl)));
+  const Clock::time_point read_end = Clock::now();
   std::vector<Target*> done, revoke;
   for (Target* t : started) {
     if (t->read_ok) {
@@ -240,6 +242,12 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
     revoke.push_back(t);
   }
   Finish(done, revoke, std::max(deadline, Clock::now() + std::chrono::milliseconds(500)));
+  const auto us = [](Clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+  };
+  counters_->remote_read_us.fetch_add(us(read_end - read_begin), std::memory_order_relaxed);
+  counters_->remote_control_us.fetch_add(us((read_begin - t0) + (Clock::now() - read_end)),
+                                         std::memory_order_relaxed);
 
   std::vector<Pending> deferred(2);
   deferred[0].done = true;
