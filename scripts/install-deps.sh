@@ -10,6 +10,7 @@ DEBIAN_PACKAGES=(
   libibverbs-dev rdma-core libnuma-dev
   libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev nlohmann-json3-dev
   curl procps
+  prometheus  # only its promtool: scripts/check-metrics.sh checks the /metrics format with it
 )
 
 SUDO=""

@@ -6,7 +6,9 @@
 #   4. builds the memory core under ThreadSanitizer (clang, which also checks the lock
 #      annotations) and AddressSanitizer+UBSan and runs its unit and stress tests,
 #   5. builds and installs the fluxon wheel in a venv and runs the Python tests against it.
-#   6. builds the libFuzzer targets (fuzz/, clang, ASan+UBSan) and runs each for FUZZ_SECONDS
+#   6. starts a master and two owners, checks their /metrics pages with promtool and the Grafana
+#      dashboard's metric names against them (scripts/check-metrics.sh).
+#   7. builds the libFuzzer targets (fuzz/, clang, ASan+UBSan) and runs each for FUZZ_SECONDS
 #      (default 15) from its seed corpus (scripts/run-fuzzers.sh); skipped with the sanitizers.
 # Usage: scripts/test.sh [--skip-deps] [--skip-sanitizers]
 set -euo pipefail
@@ -43,6 +45,9 @@ python3 -m venv --system-site-packages build/venv
 build/venv/bin/python -m pip install -q --no-deps --no-build-isolation --force-reinstall \
   --config-settings=build-dir=build/wheel "$ROOT"
 (cd tests/python && FLUXOND="$ROOT/build/src/fluxond" "$ROOT/build/venv/bin/python" -m pytest -q -p no:cacheprovider)
+
+step "/metrics of a loopback cluster (promtool) and the Grafana dashboard's metrics"
+FLUXOND="$ROOT/build/src/fluxond" PYTHON="$ROOT/build/venv/bin/python" bash scripts/check-metrics.sh build
 
 if [ $SKIP_SAN = 0 ]; then
   step "core under ThreadSanitizer (clang, -Wthread-safety)"
