@@ -8,7 +8,7 @@ DEBIAN_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost1.81-dev libabsl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
   libibverbs-dev rdma-core libnuma-dev
-  libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev nlohmann-json3-dev libcli11-dev
   curl procps
   prometheus  # only its promtool: scripts/check-metrics.sh checks the /metrics format with it
 )

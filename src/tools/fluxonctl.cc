@@ -1,9 +1,16 @@
 // fluxonctl: the admin CLI of fluxond. Talks to one daemon's AdminService over gRPC and prints
 // aligned tables (or JSON with --json).
 //
+// Commands, flags and help are CLI11's; the global flags (--admin, --json, --timeout-ms) may stand
+// before or after the command. --json prints the reply messages through protobuf's JSON printer
+// (proto field names, every field), with 64-bit integers as JSON numbers.
+//
 // Exit status: 0 on success, 1 when the RPC fails (daemon unreachable, or it refused the
 // request), 2 on a usage error (unknown command or flag, missing or malformed argument).
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -13,27 +20,19 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/cli_flags.h"
 #include "common/fault_injector.h"
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "nlohmann/json.hpp"
-
-ABSL_FLAG(std::string, admin, "127.0.0.1:50152", "address of fluxond's admin service");
-ABSL_FLAG(bool, json, false, "print JSON instead of tables");
-ABSL_FLAG(int32_t, timeout_ms, 5000, "deadline of each RPC in milliseconds");
-ABSL_FLAG(std::string, prefix, "", "keys: list only keys starting with this prefix");
-ABSL_FLAG(uint32_t, limit, 100, "keys: list at most this many keys");
-ABSL_FLAG(uint32_t, delay_ms, 0, "fault set: delay of a delay rule in milliseconds");
-ABSL_FLAG(int32_t, count, -1, "fault set: how many times the rule fires (-1: until cleared)");
 
 namespace fluxon {
 namespace {
@@ -42,37 +41,6 @@ using nlohmann::json;
 
 constexpr int kExitRpcError = 1;
 constexpr int kExitUsage = 2;
-
-constexpr char kUsage[] =
-    R"(usage: fluxonctl [--admin ADDRESS] [--json] [--timeout-ms N] COMMAND [ARGS]
-
-Commands:
-  status                          role, version, uptime, segment, grants, keys, clients
-  owners                          owners registered with the master
-  slots                           slots by state and per size class
-  route KEY                       the master's route of KEY and the owner's local state of it
-  keys [--prefix P] [--limit N]   published keys (sorted; default limit 100)
-  stats                           every owner and master counter
-  fault set POINT ACTION [--delay-ms N] [--count N]
-                                  inject a fault: ACTION is delay|drop|duplicate|fail, POINT e.g.
-                                  master.PublishBatch; --count -1 (default) fires until cleared
-  fault clear [POINT]             remove the rules of POINT (all rules without POINT)
-  fault list                      the active fault rules
-
-Flags:
-  --admin ADDRESS    fluxond admin service (default 127.0.0.1:50152)
-  --json             print JSON instead of tables
-  --timeout-ms N     deadline of each RPC (default 5000)
-  --help             this text
-
-Exit status: 0 ok, 1 RPC failure, 2 usage error.
-)";
-
-// A usage error (exit 2) or an RPC error (exit 1), with the message to print.
-struct Failure {
-  int exit_code;
-  std::string message;
-};
 
 // Left-aligned text columns, right-aligned numeric ones, two spaces apart.
 class Table {
@@ -132,20 +100,61 @@ std::string Bytes(uint64_t v) {
   return absl::StrFormat("%d (%.2f %s)", v, x, kUnits[unit]);
 }
 
-json RouteJson(const v1::Route& r) {
-  json locations = json::array();
-  for (const v1::RouteLocation& l : r.locations()) {
-    locations.push_back(json{{"node_id", l.node_id()},
-                             {"generation", l.generation()},
-                             {"put_id", l.put_id()},
-                             {"offset", l.offset()},
-                             {"len", l.len()}});
+// Proto3 JSON prints 64-bit integers (int64, uint64, sint64, fixed64, sfixed64) as strings.
+// Turns every such value in `j`, the JSON of a message of type `d`, back into a JSON number:
+// singular, repeated and map-valued fields, in nested messages too (and the Int64Value and
+// UInt64Value wrappers, whose JSON is their value).
+void Int64StringsToNumbers(const google::protobuf::Descriptor& d, json& j) {
+  using google::protobuf::Descriptor;
+  using google::protobuf::FieldDescriptor;
+  const std::function<void(const FieldDescriptor&, json&)> value = [&](const FieldDescriptor& f,
+                                                                       json& v) {
+    if (f.cpp_type() == FieldDescriptor::CPPTYPE_INT64 && v.is_string()) {
+      if (int64_t n; absl::SimpleAtoi(v.get_ref<const std::string&>(), &n)) v = n;
+    } else if (f.cpp_type() == FieldDescriptor::CPPTYPE_UINT64 && v.is_string()) {
+      if (uint64_t n; absl::SimpleAtoi(v.get_ref<const std::string&>(), &n)) v = n;
+    } else if (f.cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      const Descriptor& m = *f.message_type();
+      if (v.is_object()) {
+        Int64StringsToNumbers(m, v);
+      } else if (m.well_known_type() == Descriptor::WELLKNOWNTYPE_INT64VALUE ||
+                 m.well_known_type() == Descriptor::WELLKNOWNTYPE_UINT64VALUE) {
+        value(*m.field(0), v);
+      }
+    }
+  };
+  if (!j.is_object()) return;
+  for (int i = 0; i < d.field_count(); ++i) {
+    const FieldDescriptor& f = *d.field(i);
+    const auto it = j.find(f.name());
+    if (it == j.end()) continue;
+    if (f.is_map() && it->is_object()) {
+      for (auto& [map_key, v] : it->items()) value(*f.message_type()->map_value(), v);
+    } else if (f.is_repeated() && it->is_array()) {
+      for (json& v : *it) value(f, v);
+    } else {
+      value(f, *it);
+    }
   }
-  return json{{"key", r.key()},        {"node_id", r.node_id()}, {"generation", r.generation()},
-              {"put_id", r.put_id()},  {"offset", r.offset()},   {"len", r.len()},
-              {"locations", locations}};
 }
 
+// `m` as JSON: proto field names, every field (defaults and empty lists too), 64-bit integers as
+// numbers.
+json ProtoJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string text;
+  if (auto s = google::protobuf::util::MessageToJsonString(m, &text, options); !s.ok()) {
+    throw std::runtime_error(
+        absl::StrCat("cannot print ", m.GetTypeName(), " as JSON: ", std::string(s.message())));
+  }
+  json j = json::parse(text);
+  Int64StringsToNumbers(*m.GetDescriptor(), j);
+  return j;
+}
+
+// Runs one admin call and prints its reply; each returns the error message of a failed RPC.
 class Command {
  public:
   Command(std::unique_ptr<v1::AdminService::Stub> stub, std::string address,
@@ -155,85 +164,13 @@ class Command {
         timeout_(timeout),
         as_json_(as_json) {}
 
-  // Runs args[0] with args[1..]; prints the result to stdout.
-  std::optional<Failure> Run(const std::vector<std::string>& args) {
-    const std::string& name = args[0];
-    if (name == "status") return Expect(args, 1, "status", [&] { return Status(); });
-    if (name == "owners") return Expect(args, 1, "owners", [&] { return Owners(); });
-    if (name == "slots") return Expect(args, 1, "slots", [&] { return Slots(); });
-    if (name == "stats") return Expect(args, 1, "stats", [&] { return Stats(); });
-    if (name == "keys") {
-      return Expect(args, 1, "keys [--prefix P] [--limit N]", [&] { return Keys(); });
-    }
-    if (name == "route") return Expect(args, 2, "route KEY", [&] { return Route(args[1]); });
-    if (name == "fault") {
-      if (args.size() < 2) return Usage("fault needs a subcommand: set, clear or list");
-      const std::string& sub = args[1];
-      if (sub == "set") {
-        if (args.size() != 4) {
-          return Usage("usage: fluxonctl fault set POINT ACTION [--delay-ms N] [--count N]");
-        }
-        return FaultSet(args[2], args[3]);
-      }
-      if (sub == "clear") {
-        if (args.size() > 3) return Usage("usage: fluxonctl fault clear [POINT]");
-        return FaultClear(args.size() == 3 ? args[2] : "");
-      }
-      if (sub == "list") return Expect(args, 2, "fault list", [&] { return FaultList(); });
-      return Usage(absl::StrCat("unknown fault subcommand '", sub, "' (set, clear, list)"));
-    }
-    return Usage(absl::StrCat("unknown command '", name, "'"));
-  }
-
- private:
-  static std::optional<Failure> Usage(std::string message) {
-    return Failure{kExitUsage, std::move(message)};
-  }
-
-  // Runs `run` when the command has exactly `n` words, else reports its usage.
-  static std::optional<Failure> Expect(const std::vector<std::string>& args, size_t n,
-                                       const char* usage,
-                                       const std::function<std::optional<Failure>()>& run) {
-    if (args.size() != n) return Usage(absl::StrCat("usage: fluxonctl ", usage));
-    return run();
-  }
-
-  std::unique_ptr<grpc::ClientContext> Context() const {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(std::chrono::system_clock::now() + timeout_);
-    return ctx;
-  }
-
-  std::optional<Failure> RpcFailure(const char* what, const grpc::Status& s) const {
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return Failure{kExitRpcError, absl::StrFormat("cannot reach fluxond admin at %s: %s",
-                                                    address_, s.error_message())};
-    }
-    return Failure{
-        kExitRpcError,
-        absl::StrFormat("%s failed: %s (%s)", what, s.error_message(),
-                        absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())))};
-  }
-
-  void Print(const json& j) const { std::cout << j.dump(2) << "\n"; }
-
-  std::optional<Failure> Status() {
+  std::optional<std::string> Status() {
     v1::StatusReply r;
     if (grpc::Status s = stub_->Status(Context().get(), {}, &r); !s.ok()) {
       return RpcFailure("status", s);
     }
     if (as_json_) {
-      Print(json{{"version", r.version()},
-                 {"role", r.role()},
-                 {"node_id", r.node_id()},
-                 {"generation", r.generation()},
-                 {"uptime_ms", r.uptime_ms()},
-                 {"segment_bytes", r.segment_bytes()},
-                 {"grants", r.grants()},
-                 {"grant_capacity", r.grant_capacity()},
-                 {"keys", r.keys()},
-                 {"clients", r.clients()}});
+      Print(ProtoJson(r));
       return std::nullopt;
     }
     Table t({"FIELD", "VALUE"});
@@ -250,28 +187,13 @@ class Command {
     return std::nullopt;
   }
 
-  std::optional<Failure> Owners() {
+  std::optional<std::string> Owners() {
     v1::ListOwnersReply r;
     if (grpc::Status s = stub_->Owners(Context().get(), {}, &r); !s.ok()) {
       return RpcFailure("owners", s);
     }
     if (as_json_) {
-      json owners = json::array();
-      for (const v1::OwnerInfo& o : r.owners()) {
-        owners.push_back(
-            {{"node_id", o.node_id()},
-             {"generation", o.generation()},
-             {"role", o.role()},
-             {"capacity_bytes", o.capacity_bytes()},
-             {"address", o.address()},
-             {"transports", std::vector<std::string>(o.transports().begin(), o.transports().end())},
-             {"last_heard_ms_ago", o.last_heard_ms_ago()},
-             {"lease_ms_left", o.lease_ms_left()},
-             {"inflight_gets", o.inflight_gets()},
-             {"source_pins", o.source_pins()},
-             {"routes", o.routes()}});
-      }
-      Print(json{{"owners", owners}});
+      Print(ProtoJson(r));
       return std::nullopt;
     }
     Table t({"NODE", "GENERATION", "ROLE", "CAPACITY_BYTES", "ROUTES", "ADDRESS", "TRANSPORTS",
@@ -287,10 +209,19 @@ class Command {
     return std::nullopt;
   }
 
-  std::optional<Failure> Slots() {
+  std::optional<std::string> Slots() {
     v1::SlotsReply r;
     if (grpc::Status s = stub_->Slots(Context().get(), {}, &r); !s.ok()) {
       return RpcFailure("slots", s);
+    }
+    if (as_json_) {
+      json j = ProtoJson(r);
+      for (int i = 0; i < r.classes_size(); ++i) {  // plus each class's used slots
+        const v1::SlotClass& c = r.classes(i);
+        j["classes"][i]["used"] = c.grants() * c.slots_per_grant() - c.free();
+      }
+      Print(j);
+      return std::nullopt;
     }
     // Slot states in lifecycle order, then any the daemon reports that this tool does not know.
     std::vector<std::string> states = {"Free",    "Prepared",  "PendingLocalVisible",
@@ -298,19 +229,6 @@ class Command {
     std::map<std::string, int64_t> by_state(r.by_state().begin(), r.by_state().end());
     for (const auto& [state, n] : by_state) {
       if (std::find(states.begin(), states.end(), state) == states.end()) states.push_back(state);
-    }
-    if (as_json_) {
-      json classes = json::array();
-      for (const v1::SlotClass& c : r.classes()) {
-        classes.push_back({{"slot_size", c.slot_size()},
-                           {"slots_per_grant", c.slots_per_grant()},
-                           {"grants", c.grants()},
-                           {"free", c.free()},
-                           {"used", c.grants() * c.slots_per_grant() - c.free()},
-                           {"waiting_claims", c.waiting_claims()}});
-      }
-      Print(json{{"by_state", by_state}, {"classes", classes}});
-      return std::nullopt;
     }
     Table t({"STATE", "SLOTS"});
     for (const std::string& state : states) t.AddRow({state, Num(by_state[state])});
@@ -325,23 +243,23 @@ class Command {
     return std::nullopt;
   }
 
-  std::optional<Failure> Stats() {
+  std::optional<std::string> Stats() {
     v1::CountersReply r;
     if (grpc::Status s = stub_->Stats(Context().get(), {}, &r); !s.ok()) {
       return RpcFailure("stats", s);
     }
-    const std::map<std::string, int64_t> counters(r.counters().begin(), r.counters().end());
     if (as_json_) {
-      Print(json(counters));
+      Print(ProtoJson(r)["counters"]);  // flat: counter name -> value
       return std::nullopt;
     }
+    const std::map<std::string, int64_t> counters(r.counters().begin(), r.counters().end());
     Table t({"COUNTER", "VALUE"});
     for (const auto& [name, value] : counters) t.AddRow({name, Num(value)});
     std::cout << t.Render();
     return std::nullopt;
   }
 
-  std::optional<Failure> Route(const std::string& key) {
+  std::optional<std::string> Route(const std::string& key) {
     v1::RouteRequest req;
     req.set_key(key);
     v1::RouteReply r;
@@ -349,10 +267,10 @@ class Command {
       return RpcFailure("route", s);
     }
     if (as_json_) {
-      Print(json{{"key", key},
-                 {"found", r.found()},
-                 {"route", r.found() ? RouteJson(r.route()) : json(nullptr)},
-                 {"local_state", r.local_state()}});
+      json j = ProtoJson(r);
+      j["key"] = key;
+      j["route"] = r.found() ? ProtoJson(r.route()) : json(nullptr);
+      Print(j);
       return std::nullopt;
     }
     Table t({"FIELD", "VALUE"});
@@ -376,19 +294,16 @@ class Command {
     return std::nullopt;
   }
 
-  std::optional<Failure> Keys() {
+  std::optional<std::string> Keys(const std::string& prefix, uint32_t limit) {
     v1::ListKeysRequest req;
-    req.set_prefix(absl::GetFlag(FLAGS_prefix));
-    req.set_limit(absl::GetFlag(FLAGS_limit));
-    if (req.limit() == 0) return Usage("--limit must be positive");
+    req.set_prefix(prefix);
+    req.set_limit(limit);
     v1::ListKeysReply r;
     if (grpc::Status s = stub_->Keys(Context().get(), req, &r); !s.ok()) {
       return RpcFailure("keys", s);
     }
     if (as_json_) {
-      json keys = json::array();
-      for (const v1::Route& route : r.routes()) keys.push_back(RouteJson(route));
-      Print(json{{"keys", keys}});
+      Print(json{{"keys", ProtoJson(r)["routes"]}});
       return std::nullopt;
     }
     Table t({"KEY", "NODE", "GENERATION", "PUT_ID", "OFFSET", "LEN"});
@@ -400,25 +315,20 @@ class Command {
     return std::nullopt;
   }
 
-  std::optional<Failure> FaultSet(const std::string& point, const std::string& action) {
-    if (absl::StatusOr<FaultAction> a = ParseFaultAction(action); !a.ok()) {
-      return Usage(
-          absl::StrCat("unknown fault action '", action, "' (delay, drop, duplicate or fail)"));
-    }
-    const int32_t count = absl::GetFlag(FLAGS_count);
-    if (count == 0 || count < -1) return Usage("--count must be positive or -1");
+  std::optional<std::string> FaultSet(const std::string& point, const std::string& action,
+                                      uint32_t delay_ms, int32_t count) {
     v1::SetFaultRequest req;
     v1::FaultRule* rule = req.mutable_rule();
     rule->set_point(point);
     rule->set_action(action);
-    rule->set_delay_ms(absl::GetFlag(FLAGS_delay_ms));
+    rule->set_delay_ms(delay_ms);
     rule->set_count(count);
     v1::Empty r;
     if (grpc::Status s = stub_->SetFault(Context().get(), req, &r); !s.ok()) {
       return RpcFailure("fault set", s);
     }
     if (as_json_) {
-      Print(json{{"ok", true}, {"rule", RuleJson(*rule)}});
+      Print(json{{"ok", true}, {"rule", ProtoJson(*rule)}});
     } else {
       std::cout << absl::StrFormat("fault set: %s %s delay=%dms count=%s\n", point, action,
                                    rule->delay_ms(), CountText(count));
@@ -426,7 +336,7 @@ class Command {
     return std::nullopt;
   }
 
-  std::optional<Failure> FaultClear(const std::string& point) {
+  std::optional<std::string> FaultClear(const std::string& point) {
     v1::ClearFaultsRequest req;
     req.set_point(point);
     v1::Empty r;
@@ -441,15 +351,13 @@ class Command {
     return std::nullopt;
   }
 
-  std::optional<Failure> FaultList() {
+  std::optional<std::string> FaultList() {
     v1::ListFaultsReply r;
     if (grpc::Status s = stub_->ListFaults(Context().get(), {}, &r); !s.ok()) {
       return RpcFailure("fault list", s);
     }
     if (as_json_) {
-      json rules = json::array();
-      for (const v1::FaultRule& f : r.rules()) rules.push_back(RuleJson(f));
-      Print(json{{"rules", rules}});
+      Print(ProtoJson(r));
       return std::nullopt;
     }
     Table t({"POINT", "ACTION", "DELAY_MS", "REMAINING"});
@@ -460,12 +368,24 @@ class Command {
     return std::nullopt;
   }
 
-  static json RuleJson(const v1::FaultRule& f) {
-    return json{{"point", f.point()},
-                {"action", f.action()},
-                {"delay_ms", f.delay_ms()},
-                {"count", f.count()}};
+ private:
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + timeout_);
+    return ctx;
   }
+
+  std::string RpcFailure(const char* what, const grpc::Status& s) const {
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::StrFormat("cannot reach fluxond admin at %s: %s", address_, s.error_message());
+    }
+    return absl::StrFormat("%s failed: %s (%s)", what, s.error_message(),
+                           absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())));
+  }
+
+  void Print(const json& j) const { std::cout << j.dump(2) << "\n"; }
+
   static std::string CountText(int32_t count) {
     return count < 0 ? "until-cleared" : std::to_string(count);
   }
@@ -476,38 +396,201 @@ class Command {
   const bool as_json_;
 };
 
-int Main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--") break;
-    if (arg == "--help" || arg == "-h" || arg == "-help" || (i == 1 && arg == "help")) {
-      std::cout << kUsage;
-      return 0;
+// An integer option's check: the value must be a decimal integer for which `ok` holds, else the
+// error is "--name: <requirement>". The value is rewritten in canonical decimal, so CLI11's
+// conversion (which also reads 0x.. and leading-zero octal) sees what was checked.
+CLI::Validator DecimalWhere(std::function<bool(int64_t)> ok, std::string requirement) {
+  return CLI::Validator(
+      [ok = std::move(ok), requirement = std::move(requirement)](std::string& value) {
+        int64_t v = 0;
+        if (!absl::SimpleAtoi(value, &v)) return absl::StrCat("'", value, "' is not an integer");
+        if (!ok(v)) return requirement;
+        value = std::to_string(v);
+        return std::string();
+      },
+      /*validator_desc=*/"");
+}
+
+// The help's list of commands: every leaf command with its words, arguments and options
+// ("fault set POINT ACTION [--delay-ms N] [--count N]"), then its description.
+class Formatter : public CLI::Formatter {
+ public:
+  std::string make_subcommand(const CLI::App* sub) const override {
+    std::string out;
+    for (const CLI::App* leaf : sub->get_subcommands({})) out += make_subcommand(leaf);
+    if (!sub->get_subcommands({}).empty()) return out;
+    std::stringstream line;
+    CLI::detail::format_help(line, Synopsis(*sub), sub->get_description(), column_width_);
+    return line.str();
+  }
+
+ private:
+  static std::string Synopsis(const CLI::App& command) {
+    std::string words = command.get_name();
+    for (const CLI::App* p = command.get_parent(); p->get_parent() != nullptr;
+         p = p->get_parent()) {
+      words = absl::StrCat(p->get_name(), " ", words);
     }
+    for (const CLI::Option* o : command.get_options()) {
+      if (o == command.get_help_ptr()) continue;
+      if (!o->get_positional()) {
+        absl::StrAppend(&words, " [", o->get_name(), " ", o->get_type_name(), "]");
+      } else if (o->get_required()) {
+        absl::StrAppend(&words, " ", o->get_name());
+      } else {
+        absl::StrAppend(&words, " [", o->get_name(), "]");
+      }
+    }
+    return words;
   }
-  absl::StatusOr<std::vector<std::string>> args = ParseFlagsOrUsageError(argc, argv);
-  if (!args.ok()) {
-    std::cerr << "fluxonctl: " << args.status().message() << "\n"
-              << "run fluxonctl --help\n";
+};
+
+// The message of a usage error. CLI11's "A subcommand is required" names neither the word it did
+// not know nor the commands there are: "unknown command 'fault bogus' (set, clear, list)".
+std::string UsageMessage(const CLI::App& app, const CLI::ParseError& e) {
+  const CLI::App* at = &app;
+  while (!at->get_subcommands().empty()) at = at->get_subcommands().front();
+  const std::vector<const CLI::App*> commands = at->get_subcommands({});
+  if (commands.empty() || dynamic_cast<const CLI::RequiredError*>(&e) == nullptr) return e.what();
+  std::vector<std::string> names;
+  for (const CLI::App* c : commands) names.push_back(c->get_name());
+  std::vector<std::string> path;
+  for (const CLI::App* p = at; p->get_parent() != nullptr; p = p->get_parent()) {
+    path.insert(path.begin(), p->get_name());
+  }
+  for (const std::string& word : app.remaining(/*recurse=*/true)) {
+    if (word.empty() || word[0] == '-') continue;
+    path.push_back(word);
+    return absl::StrCat("unknown command '", absl::StrJoin(path, " "), "' (",
+                        absl::StrJoin(names, ", "), ")");
+  }
+  if (path.empty()) return absl::StrCat("a command is required: ", absl::StrJoin(names, ", "));
+  return absl::StrCat(absl::StrJoin(path, " "), " needs a command: ", absl::StrJoin(names, ", "));
+}
+
+int Main(int argc, char** argv) {
+  // "fluxonctl help" and the single-dash "-help" ask for the help too.
+  std::vector<std::string> words(argv, argv + argc);
+  for (size_t i = 1; i < words.size() && words[i] != "--"; ++i) {
+    if (words[i] == "-help" || (i == 1 && words[i] == "help")) words[i] = "--help";
+  }
+  std::vector<char*> args;
+  for (std::string& w : words) args.push_back(w.data());
+
+  CLI::App app("fluxonctl: the admin CLI of fluxond (its AdminService over gRPC)", "fluxonctl");
+  app.formatter(std::make_shared<Formatter>());
+  app.get_formatter()->column_width(34);
+  app.footer("Exit status: 0 ok, 1 RPC failure, 2 usage error.");
+  app.fallthrough();  // subcommands hand the global flags up: fluxonctl route KEY --json
+  app.require_subcommand(1);
+  std::string address = "127.0.0.1:50152";
+  bool as_json = false;
+  int32_t timeout_ms = 5000;
+  app.add_option("--admin", address, "fluxond admin service")
+      ->type_name("ADDRESS")
+      ->capture_default_str();
+  app.add_flag("--json", as_json, "print JSON instead of tables");
+  app.add_option("--timeout-ms", timeout_ms, "deadline of each RPC in milliseconds")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(DecimalWhere([](int64_t v) { return v > 0; }, "must be positive"));
+
+  // Each command's run, by the (leaf) subcommand that selects it.
+  std::map<const CLI::App*, std::function<std::optional<std::string>(Command&)>> runs;
+  runs[app.add_subcommand("status", "role, version, uptime, segment, grants, keys, clients")] =
+      [](Command& c) { return c.Status(); };
+  runs[app.add_subcommand("owners", "owners registered with the master")] = [](Command& c) {
+    return c.Owners();
+  };
+  runs[app.add_subcommand("slots", "slots by state and per size class")] = [](Command& c) {
+    return c.Slots();
+  };
+
+  std::string key;
+  CLI::App* route =
+      app.add_subcommand("route", "the master's route of KEY and the owner's local state of it");
+  route->add_option("KEY", key, "the key")->required();
+  runs[route] = [&](Command& c) { return c.Route(key); };
+
+  std::string prefix;
+  uint32_t limit = 100;
+  CLI::App* keys = app.add_subcommand("keys", "published keys (sorted; default limit 100)");
+  keys->add_option("--prefix", prefix, "list only keys starting with P")->type_name("P");
+  keys->add_option("--limit", limit, "list at most N keys")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(DecimalWhere([](int64_t v) { return v > 0; }, "must be positive"));
+  runs[keys] = [&](Command& c) { return c.Keys(prefix, limit); };
+
+  runs[app.add_subcommand("stats", "every owner and master counter")] = [](Command& c) {
+    return c.Stats();
+  };
+
+  CLI::App* fault = app.add_subcommand("fault", "fault injection: set, clear or list rules");
+  fault->require_subcommand(1);
+  std::string point, action;
+  uint32_t delay_ms = 0;
+  int32_t count = -1;
+  CLI::App* fault_set = fault->add_subcommand(
+      "set",
+      "inject a fault at POINT (e.g. master.PublishBatch); ACTION: delay|drop|duplicate|fail; "
+      "--count -1 (default): until cleared");
+  fault_set->add_option("POINT", point, "where the fault fires, e.g. master.PublishBatch")
+      ->required();
+  fault_set->add_option("ACTION", action, "delay, drop, duplicate or fail")
+      ->required()
+      ->check(CLI::Validator(
+          [](const std::string& a) {
+            return ParseFaultAction(a).ok() ? std::string()
+                                            : absl::StrCat("unknown fault action '", a,
+                                                           "' (delay, drop, duplicate or fail)");
+          },
+          /*validator_desc=*/""));
+  fault_set->add_option("--delay-ms", delay_ms, "delay of a delay rule in milliseconds")
+      ->type_name("N")
+      ->check(DecimalWhere([](int64_t v) { return v >= 0; }, "must not be negative"));
+  fault_set->add_option("--count", count, "how many times the rule fires (-1: until cleared)")
+      ->type_name("N")
+      ->check(DecimalWhere([](int64_t v) { return v > 0 || v == -1; }, "must be positive or -1"));
+  runs[fault_set] = [&](Command& c) { return c.FaultSet(point, action, delay_ms, count); };
+
+  std::string clear_point;
+  CLI::App* fault_clear =
+      fault->add_subcommand("clear", "remove the rules of POINT (all rules without POINT)");
+  fault_clear->add_option("POINT", clear_point, "the fault point");
+  runs[fault_clear] = [&](Command& c) { return c.FaultClear(clear_point); };
+  runs[fault->add_subcommand("list", "the active fault rules")] = [](Command& c) {
+    return c.FaultList();
+  };
+
+  for (CLI::App* sub : app.get_subcommands({})) sub->group("Commands");
+  for (CLI::App* sub : fault->get_subcommands({})) sub->group("Commands");
+
+  if (argc == 1) {
+    std::cerr << app.help();
     return kExitUsage;
   }
-  if (args->empty()) {
-    std::cerr << kUsage;
+  try {
+    app.parse(static_cast<int>(args.size()), args.data());
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::cerr << "fluxonctl: " << UsageMessage(app, e) << "\nrun fluxonctl --help\n";
     return kExitUsage;
   }
-  const int32_t timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
-  if (timeout_ms <= 0) {
-    std::cerr << "fluxonctl: --timeout-ms must be positive\n";
-    return kExitUsage;
-  }
-  const std::string address = absl::GetFlag(FLAGS_admin);
+
+  const CLI::App* selected = &app;
+  while (!selected->get_subcommands().empty()) selected = selected->get_subcommands().front();
   Command command(
       v1::AdminService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
-      address, std::chrono::milliseconds(timeout_ms), absl::GetFlag(FLAGS_json));
-  if (std::optional<Failure> f = command.Run(*args)) {
-    std::cerr << "fluxonctl: " << f->message << "\n";
-    if (f->exit_code == kExitUsage) std::cerr << "run fluxonctl --help\n";
-    return f->exit_code;
+      address, std::chrono::milliseconds(timeout_ms), as_json);
+  try {
+    if (std::optional<std::string> error = runs.at(selected)(command)) {
+      std::cerr << "fluxonctl: " << *error << "\n";
+      return kExitRpcError;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "fluxonctl: " << e.what() << "\n";
+    return kExitRpcError;
   }
   return 0;
 }
