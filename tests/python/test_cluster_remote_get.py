@@ -98,6 +98,14 @@ owner:
         return self.ctl(self.master_admin, "route", key)
 
 
+def wait_pins(cluster, node, n, timeout=5.0):
+    """Until the master shows `n` source pins on `node` (a peer's read is about to happen)."""
+    deadline = time.time() + timeout
+    while cluster.owners()[node].get("source_pins", 0) != n:
+        assert time.time() < deadline, f"node {node} never had {n} pinned values"
+        time.sleep(0.02)
+
+
 def keys_of(tag, n):
     return [f"{tag}-{i}" for i in range(n)]
 
@@ -234,7 +242,7 @@ def test_source_killed_mid_transfer_ends_as_misses_in_bounded_time(cluster):
     a, b = cluster.client(1), cluster.client(2)
     keys = keys_of("kill", 16)
     put_pages(a, keys, seed=1)
-    cluster.fault(2, "peer.read", "delay", delay_ms=1500, count=1)
+    cluster.fault(2, "peer.read", "delay", delay_ms=3000, count=1)
     result = {}
 
     def get():
@@ -244,8 +252,7 @@ def test_source_killed_mid_transfer_ends_as_misses_in_bounded_time(cluster):
 
     th = threading.Thread(target=get)
     th.start()
-    time.sleep(0.4)  # B holds the pinned gets and is about to read
-    assert cluster.owners()[1]["source_pins"] == 16
+    wait_pins(cluster, 1, 16)  # B holds the pinned gets and is about to read
     cluster.daemons[1].proc.send_signal(signal.SIGKILL)
     cluster.daemons[1].proc.wait(timeout=10)
     th.join(timeout=20)
@@ -339,11 +346,11 @@ def test_source_eviction_keeps_a_value_a_peer_is_reading(cluster):
     a, b = cluster.client(1), cluster.client(2)
     keys = keys_of("pinned", 8)
     put_pages(a, keys, seed=4)
-    cluster.fault(2, "peer.read", "delay", delay_ms=1500, count=1)
+    cluster.fault(2, "peer.read", "delay", delay_ms=3000, count=1)
     result = {}
     th = threading.Thread(target=lambda: result.update(got=get_pages(b, keys)))
     th.start()
-    time.sleep(0.4)
+    wait_pins(cluster, 1, 8)
     deleted, kept = a.delete_prefix("pinned-")
     assert deleted == 0 and kept == 8  # the master refused to remove pinned locations
     assert a.stats()["eviction_skipped_source_pinned"] == 8
@@ -365,9 +372,8 @@ def test_requester_killed_its_gets_expire_and_the_source_pins_go(daemon_factory,
     th = threading.Thread(target=lambda: pytest.raises(Exception, get_pages, b, keys))
     th.daemon = True
     th.start()
-    time.sleep(0.5)
-    owners = cluster.owners()
-    assert owners[1]["source_pins"] == 8 and owners[2]["inflight_gets"] == 8
+    wait_pins(cluster, 1, 8)
+    assert cluster.owners()[2]["inflight_gets"] == 8
     cluster.daemons[2].proc.send_signal(signal.SIGKILL)
     cluster.daemons[2].proc.wait(timeout=10)
     deadline = time.time() + 10
