@@ -1,0 +1,1031 @@
+"""SGLang ``UnifiedCacheLinker`` over Fluxon: device KV pools <-> the owner's shared segment.
+
+Load it through SGLang's dynamic linker path (SGLang 0.5.23)::
+
+    --enable-unified-cache-external-linker --unified-cache-external-linker-backend dynamic
+    --unified-cache-external-linker-config '{"linker": "FluxonLinker",
+        "linker_module_path": "fluxon.sglang_linker",
+        "linker_extra_config": {"socket": "/tmp/fluxon/owner.sock"}}'
+
+There is no host tier: offload writes every layer of a device page into a put plan's value with
+Fluxon's write kernel and commits it; load restores into the request's private device slots with
+the one-layer restore kernel, layer by layer, on a stream of its own. One Fluxon value per page,
+laid out as ``include/fluxon/kv_layout.h`` says (per layer: the page's K rows, then its V rows;
+MLA: its KV rows).
+
+* **Pools**: the plain FULL pools SGLang builds for dense models, ``MHATokenToKVPool`` (per-layer
+  ``k_buffer``/``v_buffer``) and ``MLATokenToKVPool`` (per-layer ``kv_buffer``). Anything else
+  (SWA, Mamba, DSA, DeepSeek-V4, FP4 pools) is refused at construction with the pool's name.
+* **Keys**: ``fluxon.hicache.KeyScheme`` (the storage backend's key function) with this layout in
+  the fingerprint, so pages written by the linker and by the HiCache backend never meet.
+  MLA is rank-replicated: the key has no TP rank, TP rank 0 writes, every rank reads.
+* **lookup** opens a get handle (``get_start``) and keeps it for the request's ``load``, which
+  consumes it; a handle no load claims is cancelled at the next lookup of the same request, after
+  ``lookup_hold_s`` seconds, or by reset/close. No handle is left to the owner's TTL.
+* **Layer-wise load**: ``start_layer_wise_loading`` hands the queued loads to the load thread,
+  which waits (on the GPU) for the scheduler's stream, launches the restore of every layer on its
+  stream with a CUDA event after each layer, then completes ``layer_done_counter`` for layer ``l``
+  once event ``l`` has completed. The forward only waits on the counter (no CUDA sync on its
+  thread). Views are released after the last layer's copies finished.
+* **Offload**: the offload thread makes its stream wait on ``record_offload_ready()``'s events,
+  reserves a put plan (pages already stored are skipped: ``KeyConflictError``), runs the write
+  kernel, waits for it, commits (``parent_key``: the page before, when known) and only then
+  reports the result.
+* **Failures** never raise into SGLang's scheduler thread: an unreachable owner gives no hit and
+  failed offloads, the client reconnects on a later call, and a failed load is reported by
+  ``finish_layer_wise_loading``. Configuration problems (pool kind, owner not running at start,
+  CUDA registration of the segment) raise at construction.
+
+Importing this module needs neither torch nor SGLang (tests exercise the logic with stand-ins);
+constructing the linker for real needs both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass
+from queue import Empty, Queue
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import fluxon
+from fluxon.errors import FluxonError, InvalidArgumentError, KeyConflictError
+from fluxon.hicache import KeyScheme, RankIdentity, _dtype_name, _int_attr, _SHAPE_ATTRS
+
+logger = logging.getLogger(__name__)
+
+try:  # the real ABC and counter when SGLang imports (it needs torch)
+    from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
+        LayerWiseLoadCounter as _SGLCounter,
+        UnifiedCacheLinker as _LinkerBase,
+    )
+    SGLANG_IMPORT_ERROR: Optional[BaseException] = None
+    from sglang.srt.mem_cache.hicache_storage import PoolName as _PoolName
+    _KV_POOL: Any = _PoolName.KV
+except ImportError as _e:  # torch-free test environments
+    _SGLCounter = None
+    _KV_POOL = "kv"  # PoolName.KV's value (str(PoolName.KV) == "kv")
+    SGLANG_IMPORT_ERROR = _e
+
+    class _LinkerBase:  # type: ignore[no-redef]
+        """Stand-in for SGLang's UnifiedCacheLinker where SGLang cannot be imported."""
+
+        forward_stream = None
+
+        def record_offload_ready(self) -> list:
+            return []
+
+__all__ = ["FluxonLinker", "LinkerConfig", "SUPPORTED_POOLS", "LINKER_LAYOUT"]
+
+# The device pools served, by exact class name (subclasses add buffers we would not copy).
+SUPPORTED_POOLS = {"MHATokenToKVPool": "mha", "MLATokenToKVPool": "mla"}
+# The value layout's name in the key fingerprint (never one of the host-pool layouts).
+LINKER_LAYOUT = "fluxon_device_layer_major_v1"
+
+
+class _LocalCounter:
+    """LayerWiseLoadCounter's contract, for environments without SGLang (tests)."""
+
+    def __init__(self, num_layers: int, on_layer_ready=None):
+        self.num_layers = num_layers
+        self.on_layer_ready = on_layer_ready
+        self.producer_index = -1
+        self.consumer_index = -1
+        self.futures: Dict[int, List[Future]] = {}
+
+    def update_producer(self) -> int:
+        self.producer_index += 1
+        self.futures[self.producer_index] = [Future() for _ in range(self.num_layers)]
+        return self.producer_index
+
+    def set_consumer(self, index: int) -> None:
+        self.consumer_index = index
+
+    def complete(self, index: int, layer: int) -> None:
+        self.futures[index][layer].set_result(None)
+
+    def fail(self, index: int, error: BaseException) -> None:
+        for f in self.futures.get(index, ()):
+            if not f.done():
+                f.set_exception(error)
+
+    def wait_until(self, threshold: int) -> None:
+        futures = self.futures.get(self.consumer_index)
+        if futures is not None:
+            futures[threshold].exception()
+            if self.on_layer_ready is not None:
+                self.on_layer_ready(self.consumer_index, threshold)
+
+    def finish(self, index: int) -> bool:
+        futures = self.futures.get(index)
+        if futures is None:
+            return True
+        landed = all(f.exception() is None for f in futures)
+        del self.futures[index]
+        return landed
+
+    def reset(self) -> None:
+        self.producer_index = -1
+        self.consumer_index = -1
+        self.futures.clear()
+
+
+def _make_counter(num_layers: int, on_layer_ready=None):
+    cls = _SGLCounter if _SGLCounter is not None else _LocalCounter
+    return cls(num_layers, on_layer_ready)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class LinkerConfig:
+    """``linker_extra_config`` keys of ours (unknown keys are refused: a typo must not pass)."""
+
+    socket: str
+    namespace: str = "sglang"
+    reconnect_interval_s: float = 1.0
+    lookup_hold_s: float = 10.0
+    sm_budget: int = 4
+    model: Optional[str] = None
+    tp_rank: Optional[int] = None
+    tp_size: Optional[int] = None
+
+    KEYS = ("socket", "namespace", "reconnect_interval_s", "lookup_hold_s", "sm_budget", "model",
+            "tp_rank", "tp_size")
+
+    @classmethod
+    def from_extra(cls, extra) -> "LinkerConfig":
+        extra = {} if extra is None else extra
+        if not isinstance(extra, dict):
+            raise InvalidArgumentError("linker_extra_config must be a JSON object")
+        unknown = sorted(set(extra) - set(cls.KEYS))
+        if unknown:
+            raise InvalidArgumentError(
+                f"FluxonLinker: unknown linker_extra_config keys {unknown} (known: "
+                f"{', '.join(cls.KEYS)})")
+
+        def num(name, default, lo, integer=False):
+            v = extra.get(name, default)
+            ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+            if isinstance(v, bool) or not ok or v < lo:
+                kind = "an int" if integer else "a number"
+                raise InvalidArgumentError(f"linker_extra_config {name!r} must be {kind} >= {lo}, "
+                                           f"got {v!r}")
+            return v
+
+        sock = extra.get("socket", os.environ.get("FLUXON_SOCKET", fluxon.DEFAULT_SOCKET_PATH))
+        ns = extra.get("namespace", "sglang")
+        for name, v in (("socket", sock), ("namespace", ns)):
+            if not isinstance(v, str) or not v:
+                raise InvalidArgumentError(f"linker_extra_config {name!r} must be a non-empty "
+                                           f"string, got {v!r}")
+        if ":" in ns:
+            raise InvalidArgumentError(f"namespace {ns!r} must not contain ':'")
+        model = extra.get("model")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise InvalidArgumentError(f"linker_extra_config 'model' must be a non-empty string")
+        tp_rank = extra.get("tp_rank")
+        tp_size = extra.get("tp_size")
+        if (tp_rank is None) != (tp_size is None):
+            raise InvalidArgumentError("linker_extra_config tp_rank and tp_size go together")
+        if tp_rank is not None:
+            num("tp_rank", 0, 0, True)
+            num("tp_size", 1, 1, True)
+        sm = num("sm_budget", 4, 1, True)
+        if sm > 132:
+            raise InvalidArgumentError(f"linker_extra_config 'sm_budget' must be <= 132, got {sm}")
+        return cls(socket=sock, namespace=ns,
+                   reconnect_interval_s=float(num("reconnect_interval_s", 1.0, 0)),
+                   lookup_hold_s=float(num("lookup_hold_s", 10.0, 0)), sm_budget=sm, model=model,
+                   tp_rank=tp_rank, tp_size=tp_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# The device pool
+
+
+def _component_names(components) -> List[str]:
+    names = set()
+    for c in components or ():
+        names.add(str(getattr(c, "name", c)).upper())
+    return sorted(names)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """The device pool as the kernels see it: per-layer buffers of ``[tokens, row]`` rows."""
+
+    pool_name: str
+    attention: str  # "mha" | "mla"
+    k_buffers: tuple
+    v_buffers: tuple
+    page_size: int
+    row_bytes: int
+    tokens: int
+    dtype: str
+    shape: Tuple[Tuple[str, int], ...]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.k_buffers)
+
+    @property
+    def device_pages(self) -> int:
+        return self.tokens // self.page_size
+
+    @property
+    def value_len(self) -> int:
+        per_layer = 2 if self.attention == "mha" else 1
+        return self.num_layers * per_layer * self.page_size * self.row_bytes
+
+    def geometry_parts(self):
+        return (LINKER_LAYOUT, self.dtype, self.page_size, self.shape,
+                (self.attention, self.num_layers, self.row_bytes))
+
+    @classmethod
+    def of(cls, kvcache, components=None, page_size: Optional[int] = None) -> "PoolView":
+        """Validates that `kvcache` is a plain FULL MHA/MLA pool; raises ValueError naming it."""
+        name = type(kvcache).__name__
+        others = [c for c in _component_names(components) if c != "FULL"]
+        if others:
+            raise InvalidArgumentError(
+                f"FluxonLinker serves only FULL attention pools (MHATokenToKVPool, "
+                f"MLATokenToKVPool); this model's cache also has {', '.join(others)} components "
+                f"(KV pool {name}). Use the Fluxon HiCache storage backend (fluxon.sglang) for it.")
+        attention = SUPPORTED_POOLS.get(name)
+        if attention is None:
+            kind = ("SWA" if "SWA" in name.upper() else
+                    "Mamba/hybrid linear" if "MAMBA" in name.upper() or "LINEAR" in name.upper()
+                    else "unsupported")
+            raise InvalidArgumentError(
+                f"FluxonLinker serves only MHATokenToKVPool and MLATokenToKVPool; the KV pool "
+                f"is {name} ({kind} pool). Use the Fluxon HiCache storage backend "
+                f"(fluxon.sglang) for it.")
+        layout = getattr(kvcache, "kv_cache_layout", None)
+        if layout not in (None, "nhd"):
+            raise InvalidArgumentError(
+                f"FluxonLinker needs token-major ('nhd') KV buffers; {name} uses "
+                f"kv_cache_layout={layout!r} (unset SGLANG_USE_HND_KVCACHE)")
+        if attention == "mha":
+            k, v = list(kvcache.k_buffer), list(kvcache.v_buffer)
+            if len(k) != len(v):
+                raise InvalidArgumentError(f"{name}: {len(k)} K buffers but {len(v)} V buffers")
+        else:
+            k, v = list(kvcache.kv_buffer), []
+        if not k:
+            raise InvalidArgumentError(f"{name} has no layers")
+        ps = _int_attr(kvcache, "page_size") or page_size
+        if page_size is not None and ps != page_size:
+            raise InvalidArgumentError(f"{name}: page_size {ps} but the cache's is {page_size}")
+        if not ps or ps <= 0:
+            raise InvalidArgumentError(f"{name}: no page size")
+        first = k[0]
+        tokens = int(first.shape[0])
+        row_bytes = (first.numel() // tokens) * first.element_size()
+        for b in k + v:
+            if int(b.shape[0]) != tokens or (b.numel() // tokens) * b.element_size() != row_bytes:
+                raise InvalidArgumentError(f"{name}: KV buffers differ in shape")
+            if not b.is_contiguous():
+                raise InvalidArgumentError(f"{name}: KV buffers must be contiguous")
+        if tokens % ps:
+            raise InvalidArgumentError(f"{name}: {tokens} rows is not a multiple of page {ps}")
+        if row_bytes * ps % 16:
+            raise InvalidArgumentError(f"{name}: a page's rows ({row_bytes * ps} B) are not a "
+                                       f"multiple of 16 bytes")
+        dtype = _dtype_name(getattr(kvcache, "dtype", None) or getattr(first, "dtype", "?"))
+        shape = tuple((a, _int_attr(kvcache, a)) for a in _SHAPE_ATTRS if _int_attr(kvcache, a))
+        view = cls(name, attention, tuple(k), tuple(v), ps, row_bytes, tokens, dtype, shape)
+        if view.value_len > fluxon.MAX_VALUE_LEN:
+            raise InvalidArgumentError(f"{name}: one page is {view.value_len} bytes, over "
+                                       f"Fluxon's {fluxon.MAX_VALUE_LEN}-byte value limit")
+        return view
+
+
+def pages_from_token_slots(slots: Sequence[int], page_size: int, device_pages: int) -> List[int]:
+    """Page indices of page-aligned token slots (SGLang's paged allocator hands out whole pages);
+    raises InvalidArgumentError on slots that are not whole, in-range pages."""
+    n = len(slots)
+    if n == 0 or n % page_size:
+        raise InvalidArgumentError(f"{n} token slots is not a whole number of {page_size}-token "
+                                   f"pages")
+    pages = []
+    for p in range(0, n, page_size):
+        first = int(slots[p])
+        if first % page_size or first < 0:
+            raise InvalidArgumentError(f"token slot {first} does not start a page")
+        for j in range(1, page_size):
+            if int(slots[p + j]) != first + j:
+                raise InvalidArgumentError(f"token slots {first}.. are not one whole page")
+        page = first // page_size
+        if page >= device_pages:
+            raise InvalidArgumentError(f"page {page} is outside the pool ({device_pages} pages)")
+        pages.append(page)
+    return pages
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA side (torch + fluxon.kernels), one per linker
+
+
+_REG_LOCK = threading.Lock()
+_REGISTRATIONS: Dict[tuple, list] = {}  # mappings -> [HostRegistration, users]
+
+
+def _acquire_registration(mappings: tuple):
+    """cudaHostRegister of `mappings`, once per process (shared by every linker); raises."""
+    from fluxon import kernels as fk
+    with _REG_LOCK:
+        entry = _REGISTRATIONS.get(mappings)
+        if entry is None:
+            try:
+                reg = fk.register_host_mappings(list(mappings))
+            except Exception as e:
+                raise RuntimeError(f"FluxonLinker: CUDA registration of the Fluxon mappings "
+                                   f"{[m[0] for m in mappings]} failed: {e}") from e
+            entry = _REGISTRATIONS[mappings] = [reg, 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _release_registration(mappings: tuple) -> None:
+    with _REG_LOCK:
+        entry = _REGISTRATIONS.get(mappings)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _REGISTRATIONS[mappings]
+            entry[0].close()
+
+
+class CudaOps:
+    """Streams, events and kernel launches of one linker (everything that needs torch)."""
+
+    def __init__(self, view: PoolView, sm_budget: int):
+        import torch
+        from fluxon import kernels as fk
+        self.torch = torch
+        self.fk = fk
+        self.view = view
+        self.device = view.k_buffers[0].device
+        self.stream = torch.cuda.Stream(device=self.device)  # loads and offloads: ours
+        self.sm_budget = sm_budget
+        self.layout = fk.KvLayout(view.attention, view.num_layers, view.page_size, view.row_bytes)
+        self._k = [int(b.data_ptr()) for b in view.k_buffers]
+        self._v = [int(b.data_ptr()) for b in view.v_buffers]
+
+    def plane(self, registration):
+        """A data plane (its own sticky error word) checking values against `registration`."""
+        return self.fk.DataPlane(self.layout, self._k, self._v, self.view.device_pages, None,
+                                 registration)
+
+    def record_ready(self):
+        ev = self.torch.cuda.Event()
+        ev.record()  # the scheduler's current stream: the slots and indices are ready there
+        return ev
+
+    def offload_ready(self, linker) -> list:
+        return linker.record_offload_ready()
+
+    def host_pages(self, slots, wait_events) -> List[int]:
+        """Waits on the GPU (our stream) for `wait_events`, copies the token slots out and turns
+        them into page indices (vectorized pages_from_token_slots)."""
+        torch = self.torch
+        ps, n = self.view.page_size, int(slots.numel())
+        with torch.cuda.stream(self.stream):
+            for ev in wait_events:
+                self.stream.wait_event(ev)
+            if slots.is_cuda:
+                slots.record_stream(self.stream)
+            t = slots.to("cpu", dtype=torch.int64).flatten()
+        if n == 0 or n % ps:
+            raise InvalidArgumentError(f"{n} token slots is not a whole number of {ps}-token "
+                                       f"pages")
+        rows = t.view(-1, ps)
+        first = rows[:, 0]
+        if bool((first % ps != 0).any()) or bool((first < 0).any()) or \
+                not bool((rows - first[:, None] == torch.arange(ps)).all()):
+            raise InvalidArgumentError("token slots are not whole, page-aligned pages")
+        pages = first // ps
+        if int(pages.max()) >= self.view.device_pages:
+            raise InvalidArgumentError(f"page {int(pages.max())} is outside the pool "
+                                       f"({self.view.device_pages} pages)")
+        return pages.tolist()
+
+    def device_pages(self, pages: List[int]):
+        torch = self.torch
+        with torch.cuda.stream(self.stream):
+            return torch.tensor(pages, dtype=torch.int64, device=self.device)
+
+    def restore_layer(self, plane, plan: int, pages_dev, pages: List[int], layer: int) -> None:
+        plane.restore_pages(plan, pages_dev.data_ptr(), len(pages), int(self.stream.cuda_stream),
+                            layer_id=layer, host_page_indices=pages, sm_budget=self.sm_budget)
+
+    def write(self, plane, plan: int, pages_dev, pages: List[int]) -> None:
+        plane.write_pages(plan, pages_dev.data_ptr(), len(pages), int(self.stream.cuda_stream),
+                          host_page_indices=pages, sm_budget=self.sm_budget)
+
+    def record(self):
+        ev = self.torch.cuda.Event()
+        ev.record(self.stream)
+        return ev
+
+    def drain(self) -> None:
+        self.stream.synchronize()
+
+    def mappings(self, client) -> Tuple[tuple, tuple]:
+        segs = tuple((s["segment_label"], int(s["write_ptr"]), int(s["len"]))
+                     for s in client.wait_local_segments_ready())
+        base, size = client.plan_arena()
+        return segs, (("plan_arena", int(base), int(size)),)
+
+
+# ----------------------------------------------------------------------------------------------
+# The linker
+
+
+@dataclass
+class _Held:
+    """A lookup's get handle, waiting for the request's load."""
+
+    conn: "_Conn"
+    handle: Any
+    keys: List[str]
+    since: float
+
+
+@dataclass
+class _Load:
+    rid: str
+    keys: List[str]
+    slots: Any  # device token slots (tensor)
+    held: Optional[_Held]
+
+
+class _Conn:
+    """One KvClient with its CUDA registrations and data planes (none without CudaOps)."""
+
+    def __init__(self, client, ops):
+        self.client = client
+        self.ops = ops
+        self.maps: List[tuple] = []
+        self.load_plane = self.offload_plane = None
+        if ops is not None:
+            segs, arena = ops.mappings(client)
+            seg_reg = _acquire_registration(segs)
+            self.maps.append(segs)
+            try:
+                _acquire_registration(arena)
+                self.maps.append(arena)
+                self.load_plane = ops.plane(seg_reg)
+                self.offload_plane = ops.plane(seg_reg)
+            except BaseException:
+                self.release()
+                raise
+
+    def release(self) -> None:
+        self.load_plane = self.offload_plane = None
+        maps, self.maps = self.maps, []
+        for m in maps:
+            _release_registration(m)
+
+
+_MAX_PARENTS = 1 << 16
+_MAX_PUT_ROUNDS = 4
+
+
+class FluxonLinker(_LinkerBase):
+    """SGLang ``UnifiedCacheLinker`` over a Fluxon owner (see the module docstring).
+
+    Constructed by SGLang's factory as ``FluxonLinker(server_args, params, components=...,
+    extra_config=..., forward_stream=...)``. ``_ops`` and ``_client_factory`` replace the CUDA
+    side and the KvClient (tests).
+    """
+
+    def __init__(self, server_args, params, *, components=None, extra_config=None,
+                 forward_stream=None, _ops=None, _client_factory=None):
+        self.forward_stream = forward_stream
+        self.config = LinkerConfig.from_extra(extra_config)
+        self.page_size = int(getattr(params, "page_size", 0) or 0) or None
+        kvcache = params.token_to_kv_pool_allocator.get_kvcache()
+        self.view = PoolView.of(kvcache, components, self.page_size)
+        self.page_size = self.view.page_size
+        self.num_layers = self.view.num_layers
+        self.pools = {_KV_POOL: kvcache}
+        self.ident = self._identity(server_args, params)
+        self.keys = KeyScheme.build(self.config.namespace, self.ident, "page",
+                                    self.view.geometry_parts())
+        self.is_writer = self.ident.is_writer
+        self._ops = _ops if _ops is not None else CudaOps(self.view, self.config.sm_budget)
+        self._client_factory = _client_factory or (lambda s: fluxon.KvClient(socket_path=s))
+        self._lock = threading.RLock()
+        self._conn: Optional[_Conn] = None
+        self._retired: List[_Conn] = []
+        self._last_connect = 0.0
+        self.stats = {"lookup": 0, "lookup_hit_pages": 0, "load": 0, "load_pages": 0,
+                      "load_failures": 0, "offload": 0, "offload_pages": 0,
+                      "offload_failures": 0, "errors": 0, "reconnects": 0}
+        try:
+            self._conn = self._new_conn()
+        except FluxonError as e:
+            raise type(e)(f"FluxonLinker: cannot reach the Fluxon owner at "
+                          f"{self.config.socket!r} (is fluxond running? set linker_extra_config "
+                          f"'socket'): {e}") from e
+        self._last_connect = time.monotonic()
+
+        self.mla_broadcaster = None
+        self.broadcast_loads: dict = {}
+        self._tp_group = None
+        if getattr(server_args, "enable_linker_mla_dedup", False) and \
+                self.view.attention == "mla" and self.ident.tp_size > 1:
+            self._setup_mla_dedup(kvcache, params)
+        self.layer_done_counter = _make_counter(
+            self.num_layers, self._broadcast_loaded_layers if self.mla_broadcaster else None)
+        self._held: "OrderedDict[str, _Held]" = OrderedDict()
+        self._pending: Dict[str, _Load] = {}
+        self._parents: "OrderedDict[str, str]" = OrderedDict()
+        self._load_q: Queue = Queue()
+        self._offload_q: Queue = Queue()
+        self._offload_results: Queue = Queue()
+        self._closed = False
+        self._load_thread = threading.Thread(target=self._load_loop, daemon=True,
+                                             name=f"fluxon-linker-load-t{self.ident.tp_rank}")
+        self._offload_thread = threading.Thread(
+            target=self._offload_loop, daemon=True,
+            name=f"fluxon-linker-offload-t{self.ident.tp_rank}")
+        self._load_thread.start()
+        self._offload_thread.start()
+        logger.info("fluxon: linker on %s: %s %s, %d layers, page %d, %d B/page, keys "
+                    "%s:<hash>_%s_%s, writer=%s", self.config.socket, self.view.pool_name,
+                    self.view.dtype, self.num_layers, self.page_size, self.view.value_len,
+                    self.config.namespace, self.keys.fingerprint, self.keys.rank_tag,
+                    self.is_writer)
+
+    # -- identity ---------------------------------------------------------------------------
+
+    def _identity(self, server_args, params) -> RankIdentity:
+        cfg = self.config
+        if cfg.tp_rank is not None:
+            tp_rank, tp_size = cfg.tp_rank, cfg.tp_size
+        else:
+            tp_rank, tp_size = 0, int(getattr(server_args, "tp_size", 1) or 1)
+            group = getattr(params, "attn_tp_cache_group", None) or \
+                getattr(params, "tp_cache_group", None)
+            try:
+                import torch.distributed as dist
+                if dist.is_available() and dist.is_initialized():
+                    tp_rank = dist.get_rank(group=group)
+                    tp_size = dist.get_world_size(group=group)
+            except ImportError:
+                pass
+        model = cfg.model or getattr(server_args, "served_model_name", None) or \
+            getattr(server_args, "model_path", None) or ""
+        return RankIdentity(
+            model=str(model).replace("/", "-"), tp_rank=tp_rank, tp_size=tp_size,
+            pp_rank=int(getattr(params, "pp_rank", 0) or 0),
+            pp_size=int(getattr(params, "pp_size", 1) or 1),
+            cp_rank=int(getattr(params, "attn_cp_rank", 0) or 0),
+            cp_size=int(getattr(params, "attn_cp_size", 1) or 1),
+            is_mla=self.view.attention == "mla")
+
+    def storage_key(self, page_hash: str) -> str:
+        """The Fluxon key of an SGLang page hash (for tools and tests)."""
+        return self.keys.key(page_hash)
+
+    # -- connection -------------------------------------------------------------------------
+
+    def _new_conn(self) -> _Conn:
+        client = self._client_factory(self.config.socket)
+        return _Conn(client, self._ops if isinstance(self._ops, CudaOps) else None)
+
+    def _get_conn(self) -> Optional[_Conn]:
+        with self._lock:
+            if self._conn is not None:
+                return self._conn
+            now = time.monotonic()
+            if now - self._last_connect < self.config.reconnect_interval_s:
+                return None
+            self._last_connect = now
+            try:
+                self._conn = self._new_conn()
+                self.stats["reconnects"] += 1
+                logger.info("fluxon: linker reconnected to %s", self.config.socket)
+            except FluxonError as e:
+                logger.warning("fluxon: owner at %s still unreachable: %s", self.config.socket, e)
+            return self._conn
+
+    def _failed(self, conn: Optional[_Conn], what: str, e: BaseException) -> None:
+        logger.warning("fluxon: linker %s failed (%s): %s", what, type(e).__name__, e)
+        with self._lock:
+            self.stats["errors"] += 1
+            if conn is not None and self._conn is conn and isinstance(e, FluxonError) and \
+                    not isinstance(e, (InvalidArgumentError, fluxon.NoSpaceError,
+                                       fluxon.NotFoundError)):
+                self._conn = None  # reconnect on a later call
+                self._retired.append(conn)  # in-flight work may still use it; released at close
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def _kv(self, transfers):
+        kv = None
+        for t in transfers or ():
+            name = str(getattr(t, "name", ""))
+            if name == str(_KV_POOL):
+                kv = t
+            else:
+                raise InvalidArgumentError(f"FluxonLinker has no pool {name!r}")
+        if kv is None:
+            raise InvalidArgumentError("no KV transfer")
+        return kv
+
+    def _learn_parents(self, stored: List[str]) -> None:
+        with self._lock:
+            for a, b in zip(stored, stored[1:]):
+                self._parents[b] = a
+                self._parents.move_to_end(b)
+            while len(self._parents) > _MAX_PARENTS:
+                self._parents.popitem(last=False)
+
+    # -- lookup -----------------------------------------------------------------------------
+
+    def _cancel_held(self, held: Optional[_Held]) -> None:
+        if held is None or held.handle is None:
+            return
+        h, held.handle = held.handle, None
+        try:
+            held.conn.client.cancel_get_transfer(h)
+        except FluxonError as e:
+            logger.debug("fluxon: cancel of a lookup handle failed: %s", e)
+
+    def _sweep_held(self) -> None:
+        """Cancels lookup handles no load claimed within lookup_hold_s."""
+        cutoff = time.monotonic() - self.config.lookup_hold_s
+        stale = []
+        with self._lock:
+            while self._held:
+                rid, held = next(iter(self._held.items()))
+                if held.since > cutoff:
+                    break
+                self._held.popitem(last=False)
+                stale.append(held)
+        for held in stale:
+            self._cancel_held(held)
+
+    def lookup(self, rid: str, transfers) -> List[int]:
+        conn = None
+        try:
+            keys = list(self._kv(transfers).keys or [])[: fluxon.MAX_BATCH_KEYS]
+            with self._lock:
+                old = self._held.pop(rid, None)
+            self._cancel_held(old)
+            self._sweep_held()
+            if not keys:
+                return []
+            conn = self._get_conn()
+            if conn is None:
+                return []
+            stored = [self.keys.key(k) for k in keys]
+            self._learn_parents(stored)
+            h = conn.client.get_start(stored)
+            n = h.result.transferable_len
+            self.stats["lookup"] += 1
+            if n == 0:
+                conn.client.cancel_get_transfer(h)
+                return []
+            with self._lock:
+                self._held[rid] = _Held(conn, h, stored[:n], time.monotonic())
+            self.stats["lookup_hit_pages"] += n
+            return list(range(1, n + 1))
+        except FluxonError as e:
+            self._failed(conn, "lookup", e)
+            return []
+        except Exception:  # never into the scheduler
+            logger.exception("fluxon: linker lookup failed")
+            return []
+
+    # -- load -------------------------------------------------------------------------------
+
+    def load(self, rid: str, transfers) -> bool:
+        try:
+            kv = self._kv(transfers)
+            keys = list(kv.keys or [])
+            slots = kv.device_indices
+            if not keys or slots is None or len(keys) > fluxon.MAX_BATCH_KEYS:
+                return False
+            if int(slots.numel()) != len(keys) * self.page_size:
+                logger.error("fluxon: load of %d pages into %d slots", len(keys), slots.numel())
+                return False
+        except Exception:
+            logger.exception("fluxon: linker load refused")
+            return False
+        stored = [self.keys.key(k) for k in keys]
+        with self._lock:
+            if rid in self._pending:
+                logger.error("fluxon: a load for rid=%s is already queued", rid)
+                return False
+            held = self._held.pop(rid, None)
+            self._pending[rid] = _Load(rid, stored, slots, held)
+        return True
+
+    def cancel_queued_load(self, rid: str) -> bool:
+        with self._lock:
+            ld = self._pending.pop(rid, None)
+        if ld is None:
+            return False
+        self._cancel_held(ld.held)
+        return True
+
+    def start_layer_wise_loading(self) -> int:
+        broadcaster = self.mla_broadcaster
+        if broadcaster is not None:
+            broadcaster = self._agree_on_broadcast()
+        with self._lock:
+            if not self._pending:
+                return -1
+            pending, self._pending = list(self._pending.values()), {}
+        index = self.layer_done_counter.update_producer()
+        ready = self._ops.record_ready()
+        if broadcaster is not None:
+            self._prepare_broadcast(index, pending, ready, broadcaster)
+            if not broadcaster.is_src:
+                for layer in range(self.num_layers):
+                    self.layer_done_counter.complete(index, layer)
+                for ld in pending:
+                    self._cancel_held(ld.held)
+                return index
+        self.stats["load"] += len(pending)
+        self._load_q.put((index, pending, ready))
+        return index
+
+    def finish_layer_wise_loading(self, counter_index: int) -> bool:
+        if counter_index is None or counter_index < 0:
+            return True
+        return self.layer_done_counter.finish(counter_index)
+
+    def _open_get(self, conn: _Conn, ld: _Load) -> int:
+        """A get plan over exactly ld.keys (the lookup's handle when it covers them)."""
+        held, ld.held = ld.held, None
+        n = len(ld.keys)
+        if held is not None and held.handle is not None and held.conn is conn and \
+                held.keys[:n] == ld.keys:
+            h, held.handle = held.handle, None
+            return conn.client.get_transfer(h, consume_prefix_len=n) \
+                if n < h.result.transferable_len else conn.client.get_transfer(h)
+        self._cancel_held(held)
+        h = conn.client.get_start(ld.keys)
+        if h.result.transferable_len < n:
+            conn.client.cancel_get_transfer(h)
+            raise fluxon.NotFoundError(f"{n - h.result.transferable_len} of {n} pages are no "
+                                       f"longer stored")
+        return conn.client.get_transfer(h)
+
+    def _load_loop(self) -> None:
+        while True:
+            task = self._load_q.get()
+            try:
+                if task is None:
+                    return
+                self._run_load(*task)
+            finally:
+                self._load_q.task_done()
+
+    def _run_load(self, index: int, loads: List[_Load], ready) -> None:
+        ops = self._ops
+        plans: List[Tuple[_Conn, int]] = []
+        launched = False
+        conn = None
+        try:
+            conn = self._get_conn()
+            if conn is None:
+                raise fluxon.OwnerUnavailableError(f"no owner at {self.config.socket}")
+            work = []
+            for ld in loads:
+                pages = ops.host_pages(ld.slots, [ready])
+                plan = self._open_get(conn, ld)
+                plans.append((conn, plan))
+                work.append((plan, ops.device_pages(pages), pages))
+            events = []
+            launched = True
+            for layer in range(self.num_layers):
+                for plan, pages_dev, pages in work:
+                    ops.restore_layer(conn.load_plane, plan, pages_dev, pages, layer)
+                events.append(ops.record())
+            for layer, ev in enumerate(events):
+                ev.synchronize()  # this layer's copies finished (load thread, not the forward)
+                if layer == len(events) - 1 and conn.load_plane is not None:
+                    conn.load_plane.take_device_errors()
+                self.layer_done_counter.complete(index, layer)
+            self.stats["load_pages"] += sum(len(w[2]) for w in work)
+        except BaseException as e:  # noqa: BLE001 - reported through the counter
+            self.stats["load_failures"] += 1
+            self.layer_done_counter.fail(index, e)
+            if isinstance(e, FluxonError):
+                self._failed(conn, "load", e)
+            else:
+                logger.exception("fluxon: linker layer-wise load failed")
+        finally:
+            if launched:
+                try:
+                    ops.drain()  # nothing may still read a plan we release
+                except BaseException:
+                    logger.exception("fluxon: linker load stream failed")
+            for ld in loads:
+                self._cancel_held(ld.held)
+            for c, plan in plans:
+                try:
+                    c.client.release_views(plan)
+                except FluxonError as e:
+                    logger.warning("fluxon: release_views failed: %s", e)
+
+    # -- offload ----------------------------------------------------------------------------
+
+    def offload(self, transfers, session_id: Optional[str] = None) -> bool:
+        try:
+            kv = self._kv(transfers)
+            keys = list(kv.keys or [])
+            slots = kv.device_indices
+            if not keys or slots is None or int(slots.numel()) != len(keys) * self.page_size:
+                return False
+        except Exception:
+            logger.exception("fluxon: linker offload refused")
+            return False
+        if not self.is_writer:  # rank-replicated KV: the writer rank stores it
+            self._offload_results.put(True)
+            return True
+        try:
+            events = self._ops.offload_ready(self)
+        except Exception:
+            logger.exception("fluxon: record_offload_ready failed")
+            return False
+        self._offload_q.put(([self.keys.key(k) for k in keys], slots, events))
+        return True
+
+    def _offload_loop(self) -> None:
+        while True:
+            task = self._offload_q.get()
+            try:
+                if task is None:
+                    return
+                ok = False
+                try:
+                    ok = self._run_offload(*task)
+                except BaseException:  # noqa: BLE001
+                    logger.exception("fluxon: linker offload failed")
+                self.stats["offload" if ok else "offload_failures"] += 1
+                self._offload_results.put(ok)
+            finally:
+                self._offload_q.task_done()
+
+    def _run_offload(self, keys: List[str], slots, events) -> bool:
+        ops = self._ops
+        conn = self._get_conn()
+        if conn is None:
+            return False
+        try:
+            pages = ops.host_pages(slots, events)
+        except InvalidArgumentError as e:
+            logger.error("fluxon: offload: %s", e)
+            return False
+        self._learn_parents(keys)
+        with self._lock:
+            parent = self._parents.get(keys[0])
+        todo = list(range(len(keys)))
+        try:
+            for start in range(0, len(todo), fluxon.MAX_BATCH_KEYS):
+                chunk = todo[start:start + fluxon.MAX_BATCH_KEYS]
+                self._put_chunk(conn, keys, pages, chunk, parent if start == 0 else None)
+        except FluxonError as e:
+            self._failed(conn, "offload", e)
+            return False
+        self.stats["offload_pages"] += len(keys)
+        return True
+
+    def _put_chunk(self, conn: _Conn, keys, pages, idx: List[int], parent) -> None:
+        """Stores keys[idx] not stored yet; raises FluxonError when some could not be stored."""
+        ops = self._ops
+        for _ in range(_MAX_PUT_ROUNDS):
+            if not idx:
+                return
+            first = idx[0]
+            opts = fluxon.PutOptionalArgs(parent_key=keys[first - 1] if first > 0 else parent)
+            try:
+                plan = conn.client.local_fast_put_start([keys[i] for i in idx],
+                                                        self.view.value_len, opts)
+            except KeyConflictError as e:
+                bad = {idx[j] for j in e.conflict_indices}
+                idx = [i for i in idx if i not in bad]  # stored, or being stored by another
+                continue
+            try:
+                sub = [pages[i] for i in idx]
+                ops.write(conn.offload_plane, plan, ops.device_pages(sub), sub)
+                ops.record().synchronize()  # the write kernel finished
+                if conn.offload_plane is not None:
+                    conn.offload_plane.take_device_errors()
+            except BaseException:
+                try:
+                    ops.drain()
+                finally:
+                    conn.client.put_abort(plan)
+                raise
+            conn.client.local_fast_put_commit(plan)  # locally readable once this returns
+            return
+        if idx:
+            raise fluxon.PlanStateError(f"{len(idx)} pages kept conflicting")
+
+    def num_completed_offloads(self) -> int:
+        return self._offload_results.qsize()
+
+    def pop_completed_offload(self) -> bool:
+        return self._offload_results.get_nowait()
+
+    # -- MLA dedup (rank 0 reads, broadcasts each layer; SGLang's Mooncake linker's scheme) -----
+
+    def _setup_mla_dedup(self, kvcache, params) -> None:
+        from sglang.srt.mem_cache.mla_host_dedup import MLAHostDedupBroadcaster
+        self._tp_group = getattr(params, "attn_tp_cache_group", None) or \
+            getattr(params, "tp_cache_group", None)
+        self.mla_broadcaster = MLAHostDedupBroadcaster.build(
+            kvcache, params.tp_cache_group, getattr(params, "attn_tp_cache_group", None))
+        logger.info("fluxon: MLA linker dedup: rank 0 loads, tp_rank=%d/%d", self.ident.tp_rank,
+                    self.ident.tp_size)
+
+    def _agree_on_broadcast(self):
+        import hashlib
+        import torch
+        with self._lock:
+            plan = [(rid, list(ld.keys)) for rid, ld in self._pending.items()]
+        digest = hashlib.sha256(repr(plan).encode()).digest()
+        digests = [None] * torch.distributed.get_world_size(self._tp_group)
+        torch.distributed.all_gather_object(digests, digest, group=self._tp_group)
+        if any(d != digest for d in digests):
+            logger.warning("fluxon: MLA linker load plans differ; every rank reads")
+            return None
+        return self.mla_broadcaster
+
+    def _prepare_broadcast(self, index, pending, ready, broadcaster) -> None:
+        import torch
+        slots = torch.cat([ld.slots for ld in pending])
+        prepared = broadcaster.prepare_broadcast(slots, torch.cuda.current_stream())
+        self.broadcast_loads[index] = (0, prepared, ready)
+
+    def _broadcast_loaded_layers(self, index: int, threshold: int) -> None:
+        batch = self.broadcast_loads.get(index)
+        if batch is None:
+            return
+        import torch
+        first, prepared, ready = batch
+        if first == 0:
+            torch.cuda.current_stream().wait_event(ready)
+        for layer in range(first, threshold + 1):
+            self.mla_broadcaster.broadcast_loaded_layer(layer, prepared)
+        if threshold == self.num_layers - 1:
+            del self.broadcast_loads[index]
+        else:
+            self.broadcast_loads[index] = (max(first, threshold + 1), prepared, ready)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Quiesces every load and offload and drops queued work, lookup handles and results."""
+        with self._lock:
+            pending, self._pending = list(self._pending.values()), {}
+            held, self._held = list(self._held.values()), OrderedDict()
+        for ld in pending:
+            self._cancel_held(ld.held)
+        for h in held:
+            self._cancel_held(h)
+        self._load_q.join()
+        self._offload_q.join()
+        while True:
+            try:
+                self._offload_results.get_nowait()
+            except Empty:
+                break
+        self.broadcast_loads.clear()
+        self.layer_done_counter.reset()
+
+    def close(self) -> None:
+        """reset(), then stops the threads and releases the client and CUDA registrations."""
+        if self._closed:
+            return
+        self.reset()
+        for q, t in ((self._load_q, self._load_thread), (self._offload_q, self._offload_thread)):
+            if t.is_alive():
+                q.put(None)
+                t.join()
+        with self._lock:
+            conns = ([self._conn] if self._conn is not None else []) + self._retired
+            self._conn, self._retired = None, []
+        for conn in conns:
+            conn.release()
+        if self.mla_broadcaster is not None:
+            self.mla_broadcaster.destroy()
+        self._closed = True
+        logger.info("fluxon: linker stats: %s", self.stats)
+

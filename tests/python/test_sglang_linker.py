@@ -1,0 +1,645 @@
+"""fluxon.sglang_linker.FluxonLinker without torch or a GPU.
+
+* The contract with the pinned SGLang (0.5.23) is read from its source with `ast` (importing it
+  needs torch): the keywords the dynamic linker factory passes, every abstract method of
+  UnifiedCacheLinker implemented with SGLang's parameter names, the config SGLang parses.
+* The linker's logic runs with stand-ins for the CUDA side (no bytes move) against a real fluxond
+  or a fake client: key namespacing (the storage backend's key function, apart from its pages),
+  pool refusal, lookup handles consumed or cancelled, offload skips and failure reports, the
+  daemon going away. tests/gpu/test_linker_real.py moves real bytes through real SGLang pools.
+"""
+
+import ast
+import importlib.util
+import inspect
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import fluxon
+from fluxon.errors import KeyConflictError, OwnerUnavailableError
+from fluxon.hicache import SUPPORTED_LAYOUTS, FluxonHiCacheBackend, KeyScheme, RankIdentity
+from fluxon.sglang_linker import (LINKER_LAYOUT, FluxonLinker, LinkerConfig, PoolView,
+                                  pages_from_token_slots)
+from hostpool import NumpyHostPool
+from test_hicache import storage_config
+
+PAGE = 4
+LAYERS = 3
+
+
+def _sglang_dir() -> Path:
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang is not installed (scripts/install-deps.sh installs it)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _class(path: Path, name: str) -> ast.ClassDef:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise AssertionError(f"{name} not found in {path}")
+
+
+# ---- stand-ins --------------------------------------------------------------------------------
+
+
+class Buf:
+    """A device buffer as PoolView reads it (shape, numel, element_size, contiguity)."""
+
+    def __init__(self, tokens, row_elems, elem=2):
+        self.shape = (tokens, row_elems)
+        self._elem = elem
+        self.dtype = "bfloat16"
+
+    def numel(self):
+        return self.shape[0] * self.shape[1]
+
+    def element_size(self):
+        return self._elem
+
+    def is_contiguous(self):
+        return True
+
+
+class MHATokenToKVPool:  # the class names are what the linker checks
+    def __init__(self, pages=16, heads=2, head_dim=8, layers=LAYERS):
+        self.page_size, self.dtype = PAGE, "torch.bfloat16"
+        self.head_num, self.head_dim, self.layer_num = heads, head_dim, layers
+        self.k_buffer = [Buf(pages * PAGE, heads * head_dim) for _ in range(layers)]
+        self.v_buffer = [Buf(pages * PAGE, heads * head_dim) for _ in range(layers)]
+
+
+class MLATokenToKVPool:
+    def __init__(self, pages=16, layers=LAYERS):
+        self.page_size, self.dtype = PAGE, "torch.bfloat16"
+        self.kv_lora_rank, self.qk_rope_head_dim, self.layer_num = 16, 8, layers
+        self.kv_buffer = [Buf(pages * PAGE, 24) for _ in range(layers)]
+
+
+class SWAKVPool(MHATokenToKVPool):
+    pass
+
+
+class HybridLinearKVPool(MHATokenToKVPool):
+    pass
+
+
+class Slots(list):
+    """Device token slots (a tensor in SGLang)."""
+
+    def numel(self):
+        return len(self)
+
+
+def slots(pages):
+    return Slots(p * PAGE + j for p in pages for j in range(PAGE))
+
+
+class Event:
+    def synchronize(self):
+        pass
+
+
+class FakeOps:
+    """The CUDA side: records launches, moves nothing."""
+
+    def __init__(self):
+        self.restores, self.writes = [], []
+
+    def record_ready(self):
+        return Event()
+
+    def offload_ready(self, linker):
+        return [Event()]
+
+    def host_pages(self, s, events):
+        return pages_from_token_slots(list(s), PAGE, 16)
+
+    def device_pages(self, pages):
+        return list(pages)
+
+    def restore_layer(self, plane, plan, pages_dev, pages, layer):
+        self.restores.append((layer, plan, tuple(pages)))
+
+    def write(self, plane, plan, pages_dev, pages):
+        self.writes.append((plan, tuple(pages)))
+
+    def record(self):
+        return Event()
+
+    def drain(self):
+        pass
+
+
+def params(pool):
+    return SimpleNamespace(page_size=PAGE, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                           token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: pool))
+
+
+SERVER_ARGS = SimpleNamespace(model_path="org/model-7b", served_model_name=None, tp_size=1,
+                              enable_linker_mla_dedup=False)
+
+
+def make(pool=None, ops=None, client_factory=None, components=("FULL",), **extra):
+    extra = {"reconnect_interval_s": 0, **extra}
+    return FluxonLinker(SERVER_ARGS, params(pool or MHATokenToKVPool()), components=set(components),
+                        extra_config=extra, forward_stream=None, _ops=ops or FakeOps(),
+                        _client_factory=client_factory)
+
+
+def kv(keys, pages=None):
+    return [SimpleNamespace(name="kv", keys=list(keys),
+                            device_indices=None if pages is None else slots(pages))]
+
+
+def hashes(n, tag="h"):
+    return [f"{tag}{i:062x}" for i in range(n)]
+
+
+def wait_results(linker, n, timeout=10):
+    deadline = time.time() + timeout
+    while linker.num_completed_offloads() < n:
+        assert time.time() < deadline, "offloads did not complete"
+        time.sleep(0.01)
+    return [linker.pop_completed_offload() for _ in range(n)]
+
+
+# ---- the contract with SGLang, from its source ------------------------------------------------
+
+
+def test_factory_passes_the_keywords_we_accept():
+    fn = next(n for n in ast.walk(ast.parse(
+        (_sglang_dir() / "srt/mem_cache/unified_cache/linker_factory.py").read_text()))
+        if isinstance(n, ast.FunctionDef) and n.name == "create_unified_cache_linker")
+    dynamic = next(n for n in ast.walk(fn) if isinstance(n, ast.If)
+                   and "dynamic" in ast.unparse(n.test))
+    calls = [c for c in ast.walk(dynamic) if isinstance(c, ast.Call)
+             and getattr(c.func, "id", None) == "linker_cls"]
+    assert len(calls) == 1
+    call = calls[0]
+    assert len(call.args) == 2
+    kws = {k.arg for k in call.keywords}
+    assert kws == {"components", "extra_config", "forward_stream"}
+    inspect.signature(FluxonLinker).bind(object(), object(), **{k: None for k in kws})
+    # The checks it makes on the class: a UnifiedCacheLinker subclass, not abstract.
+    text = ast.unparse(dynamic)
+    assert "issubclass(linker_cls, UnifiedCacheLinker)" in text and "isabstract" in text
+
+
+def test_every_abstract_method_is_implemented_with_sglang_parameters():
+    cls = _class(_sglang_dir() / "srt/mem_cache/unified_cache/unified_cache_linker.py",
+                 "UnifiedCacheLinker")
+    abstract = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)
+                and any(getattr(d, "id", None) == "abstractmethod" for d in f.decorator_list)}
+    assert set(abstract) == {"lookup", "load", "start_layer_wise_loading",
+                             "finish_layer_wise_loading", "cancel_queued_load", "offload",
+                             "num_completed_offloads", "pop_completed_offload", "reset", "close"}
+    for name, f in abstract.items():
+        assert name in FluxonLinker.__dict__, name
+        theirs = [a.arg for a in f.args.args]
+        ours = list(inspect.signature(FluxonLinker.__dict__[name]).parameters)
+        assert ours == theirs, (name, ours, theirs)
+    # Attributes the wrapper and the registry read from a linker.
+    text = (_sglang_dir() / "srt/mem_cache/unified_cache/unified_cache_linker.py").read_text()
+    assert "cache_linker.pools" in text and "cache_linker.layer_done_counter" in text
+
+
+def _sglang_linker_config():
+    path = _sglang_dir() / "srt/mem_cache/unified_cache/linker_config.py"
+    src = path.read_text()
+    assert "import torch" not in src  # torch-free by design: loadable here
+    spec = importlib.util.spec_from_file_location("_sgl_linker_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    import sys
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod.UnifiedCacheLinkerConfig
+
+
+def test_launch_config_parses_in_sglang_and_ours():
+    cfg = _sglang_linker_config().from_dict(
+        {"linker": "FluxonLinker", "linker_module_path": "fluxon.sglang_linker",
+         "linker_extra_config": {"socket": "/tmp/x.sock", "namespace": "prod",
+                                 "lookup_hold_s": 2}})
+    mod = importlib.import_module(cfg.linker_module_path)
+    assert getattr(mod, cfg.linker) is FluxonLinker
+    ours = LinkerConfig.from_extra(cfg.linker_extra_config)
+    assert (ours.socket, ours.namespace, ours.lookup_hold_s) == ("/tmp/x.sock", "prod", 2.0)
+    # fluxon.sglang names it too (that module needs SGLang importable, so check its source).
+    src = (Path(fluxon.__file__).parent / "sglang.py").read_text()
+    assert "from fluxon.sglang_linker import FluxonLinker" in src and '"FluxonLinker"' in src
+
+
+def test_our_config_defaults_and_refusals(monkeypatch):
+    monkeypatch.delenv("FLUXON_SOCKET", raising=False)
+    c = LinkerConfig.from_extra(None)
+    assert c.socket == fluxon.DEFAULT_SOCKET_PATH and c.namespace == "sglang"
+    monkeypatch.setenv("FLUXON_SOCKET", "/tmp/env.sock")
+    assert LinkerConfig.from_extra({}).socket == "/tmp/env.sock"
+    for bad in ({"sockett": "/x"}, {"namespace": "a:b"}, {"namespace": ""},
+                {"sm_budget": 0}, {"sm_budget": True}, {"lookup_hold_s": -1},
+                {"tp_rank": 1}, {"tp_rank": -1, "tp_size": 2}, {"model": 3}, []):
+        with pytest.raises(fluxon.InvalidArgumentError):
+            LinkerConfig.from_extra(bad)
+
+
+def test_storage_backend_has_the_0_5_23_hook_and_config():
+    hs = _class(_sglang_dir() / "srt/mem_cache/hicache_storage.py", "HiCacheStorage")
+    assert "on_host_pools_registered" in {f.name for f in hs.body if isinstance(f, ast.FunctionDef)}
+    cfg = _class(_sglang_dir() / "srt/mem_cache/hicache_storage.py", "HiCacheStorageConfig")
+    fields = {n.target.id for n in cfg.body if isinstance(n, ast.AnnAssign)}
+    assert {"dcp_size", "dcp_rank", "logical_page_size"} <= fields and "dp_size" not in fields
+    assert "is_storage_writer" in {f.name for f in cfg.body if isinstance(f, ast.FunctionDef)}
+    ours = _class(Path(fluxon.__file__).parent / "sglang.py", "FluxonHiCacheStorage")
+    methods = {f.name: f for f in ours.body if isinstance(f, ast.FunctionDef)}
+    assert [a.arg for a in methods["on_host_pools_registered"].args.args] == ["self"]
+    assert "is_storage_writer" in ast.unparse(methods["__init__"])
+    # What the hook checks, on the torch-free core: registration happened.
+    b = FluxonHiCacheBackend(storage_config("/x"), {})
+    assert b._store is None
+
+
+# ---- pools and keys ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool,components,name", [
+    (SWAKVPool(), ("FULL", "SWA"), "SWAKVPool"),
+    (SWAKVPool(), ("FULL",), "SWAKVPool"),
+    (HybridLinearKVPool(), ("FULL", "MAMBA"), "HybridLinearKVPool"),
+    (HybridLinearKVPool(), ("FULL",), "HybridLinearKVPool"),
+])
+def test_swa_and_mamba_pools_are_refused_by_name(pool, components, name):
+    with pytest.raises(fluxon.InvalidArgumentError, match=name):
+        PoolView.of(pool, components)
+    calls = []
+    with pytest.raises(fluxon.InvalidArgumentError, match=name):
+        make(pool, components=components, client_factory=lambda s: calls.append(s))
+    assert calls == []  # refused before connecting
+
+
+def test_head_major_buffers_are_refused():
+    pool = MHATokenToKVPool()
+    pool.kv_cache_layout = "hnd"
+    with pytest.raises(fluxon.InvalidArgumentError, match="hnd"):
+        PoolView.of(pool)
+    pool.kv_cache_layout = "nhd"
+    assert PoolView.of(pool).attention == "mha"
+
+
+def test_component_enum_members_are_read_by_name():
+    class C:
+        def __init__(self, name):
+            self.name = name
+    with pytest.raises(fluxon.InvalidArgumentError, match="SWA"):
+        PoolView.of(MHATokenToKVPool(), {C("FULL"), C("SWA")})
+    assert PoolView.of(MHATokenToKVPool(), {C("FULL")}).attention == "mha"
+
+
+def test_value_length_is_the_kernel_layout():
+    mha = PoolView.of(MHATokenToKVPool())
+    assert mha.value_len == LAYERS * 2 * PAGE * 2 * 8 * 2 and mha.device_pages == 16
+    mla = PoolView.of(MLATokenToKVPool())
+    assert mla.value_len == LAYERS * PAGE * 24 * 2
+
+
+def test_keys_use_the_backend_key_function_and_never_meet_its_pages(daemon, sock):
+    lk = make(client_factory=lambda s: fluxon.KvClient(socket_path=sock))
+    try:
+        ident = RankIdentity(model="org-model-7b", tp_rank=0, tp_size=1)
+        view = PoolView.of(MHATokenToKVPool())
+        want = KeyScheme.build("sglang", ident, "page", view.geometry_parts())
+        h = hashes(1)[0]
+        assert lk.storage_key(h) == want.key(h)
+        assert lk.storage_key(h).startswith(f"sglang:{h}_") and lk.storage_key(h).endswith("_t0.1")
+        assert LINKER_LAYOUT not in SUPPORTED_LAYOUTS
+        # The storage backend, same model and rank, any host layout: other keys.
+        for layout in ("layer_first", "page_first", "page_first_direct"):
+            b = FluxonHiCacheBackend(storage_config(sock), {})
+            b.register_mem_pool_host(NumpyHostPool(layout, page_size=PAGE))
+            try:
+                assert b.storage_key(h) != lk.storage_key(h)
+                assert b._ident == ident  # the same identity reaches the same key function
+            finally:
+                b.close()
+    finally:
+        lk.close()
+
+
+def test_keys_follow_rank_pipeline_and_context_parallel(daemon, sock):
+    factory = lambda s: fluxon.KvClient(socket_path=sock)  # noqa: E731
+    h = hashes(1)[0]
+    keys = {}
+    for name, pool, extra, p in [
+            ("mha0", MHATokenToKVPool(), {"tp_rank": 0, "tp_size": 2}, {}),
+            ("mha1", MHATokenToKVPool(), {"tp_rank": 1, "tp_size": 2}, {}),
+            ("mla0", MLATokenToKVPool(), {"tp_rank": 0, "tp_size": 2}, {}),
+            ("mla1", MLATokenToKVPool(), {"tp_rank": 1, "tp_size": 2}, {}),
+            ("pp1", MHATokenToKVPool(), {"tp_rank": 0, "tp_size": 2}, {"pp_rank": 1, "pp_size": 2}),
+            ("cp1", MHATokenToKVPool(), {"tp_rank": 0, "tp_size": 2},
+             {"attn_cp_rank": 1, "attn_cp_size": 2}),
+            ("model", MHATokenToKVPool(), {"tp_rank": 0, "tp_size": 2, "model": "other"}, {}),
+            ("heads", MHATokenToKVPool(heads=4, head_dim=4), {"tp_rank": 0, "tp_size": 2}, {})]:
+        pr = params(pool)
+        for k, v in p.items():
+            setattr(pr, k, v)
+        lk = FluxonLinker(SERVER_ARGS, pr, components={"FULL"}, extra_config=extra,
+                          _ops=FakeOps(), _client_factory=factory)
+        keys[name] = (lk.storage_key(h), lk.is_writer)
+        lk.close()
+    assert keys["mha0"][0].endswith("_t0.2") and keys["mha1"][0].endswith("_t1.2")
+    assert keys["mla0"][0] == keys["mla1"][0] and keys["mla0"][0].endswith("_mla")
+    assert keys["mla0"][1] and not keys["mla1"][1] and keys["mha1"][1]
+    assert len({keys[n][0] for n in ("mha0", "pp1", "cp1", "model", "heads")}) == 5
+
+
+# ---- flows against a real owner (no bytes move: FakeOps) --------------------------------------
+
+
+def test_offload_lookup_load_consumes_the_lookup_handle(daemon, sock):
+    ops = FakeOps()
+    lk = make(ops=ops, client_factory=lambda s: fluxon.KvClient(socket_path=sock))
+    try:
+        keys = hashes(6)
+        assert lk.lookup("r0", kv(keys)) == []
+        assert lk.offload(kv(keys[:4], [1, 2, 3, 4])) is True
+        assert wait_results(lk, 1) == [True]
+        assert ops.writes == [(ops.writes[0][0], (1, 2, 3, 4))]
+        # Already stored pages are skipped; the new ones are written.
+        assert lk.offload(kv(keys[2:6], [3, 4, 5, 6])) is True
+        assert wait_results(lk, 1) == [True] and ops.writes[1][1] == (5, 6)
+        assert lk.lookup("r1", kv(keys + ["absent"])) == [1, 2, 3, 4, 5, 6]
+        # A partial load (the ranks agreed on 3 pages) consumes the held handle.
+        assert lk.load("r1", kv(keys[:3], [9, 10, 11])) is True
+        idx = lk.start_layer_wise_loading()
+        assert idx >= 0 and lk.finish_layer_wise_loading(idx) is True
+        assert sorted(set(layer for layer, _, _ in ops.restores)) == list(range(LAYERS))
+        assert all(p == (9, 10, 11) for _, _, p in ops.restores)
+        assert not lk._held and lk.start_layer_wise_loading() == -1
+        # Nothing pins the pages any more: all of them can be deleted.
+        c = fluxon.KvClient(socket_path=sock)
+        assert lk.lookup("r2", kv(keys)) == [1, 2, 3, 4, 5, 6]
+        assert c.delete_prefix("sglang:") == (0, 6)  # the held handle pins them
+        lk.reset()  # cancels it
+        assert not lk._held
+        assert c.delete_prefix("sglang:") == (6, 0)
+        assert lk.lookup("r3", kv(keys)) == []
+    finally:
+        lk.close()
+
+
+def test_unclaimed_handles_are_cancelled(daemon, sock):
+    lk = make(client_factory=lambda s: fluxon.KvClient(socket_path=sock), lookup_hold_s=0.2)
+    try:
+        keys = hashes(2, "u")
+        lk.offload(kv(keys, [1, 2]))
+        assert wait_results(lk, 1) == [True]
+        assert lk.lookup("a", kv(keys)) == [1, 2]
+        assert lk.lookup("a", kv(keys)) == [1, 2]  # the first handle is cancelled
+        assert list(lk._held) == ["a"]
+        time.sleep(0.3)
+        assert lk.lookup("b", kv(hashes(1, "none"))) == []  # sweeps "a"
+        assert not lk._held
+        # A queued load cancelled before it starts gives its handle back too.
+        assert lk.lookup("c", kv(keys)) == [1, 2]
+        assert lk.load("c", kv(keys, [3, 4])) and lk.cancel_queued_load("c")
+        assert not lk.cancel_queued_load("c")
+        assert lk.start_layer_wise_loading() == -1
+        c = fluxon.KvClient(socket_path=sock)
+        assert c.delete_prefix("sglang:") == (2, 0)  # nothing left pinned
+    finally:
+        lk.close()
+
+
+def test_load_of_pages_gone_since_lookup_is_reported(daemon, sock):
+    lk = make(client_factory=lambda s: fluxon.KvClient(socket_path=sock))
+    try:
+        keys = hashes(2, "g")
+        lk.offload(kv(keys, [1, 2]))
+        assert wait_results(lk, 1) == [True]
+        assert lk.load("r", kv(keys + ["gone"], [3, 4, 5])) is True  # no lookup handle
+        idx = lk.start_layer_wise_loading()
+        assert lk.finish_layer_wise_loading(idx) is False
+        assert lk.stats["load_failures"] == 1
+    finally:
+        lk.close()
+
+
+def test_mla_rank_one_reads_and_never_writes(daemon, sock):
+    factory = lambda s: fluxon.KvClient(socket_path=sock)  # noqa: E731
+    r0 = make(MLATokenToKVPool(), client_factory=factory, tp_rank=0, tp_size=2)
+    ops1 = FakeOps()
+    r1 = make(MLATokenToKVPool(), ops=ops1, client_factory=factory, tp_rank=1, tp_size=2)
+    try:
+        keys = hashes(3, "m")
+        assert r1.offload(kv(keys, [1, 2, 3])) is True
+        assert wait_results(r1, 1) == [True] and ops1.writes == []
+        assert r0.lookup("x", kv(keys)) == []
+        r0.offload(kv(keys, [1, 2, 3]))
+        assert wait_results(r0, 1) == [True]
+        assert r1.lookup("x", kv(keys)) == [1, 2, 3]
+        r1.reset()
+    finally:
+        r0.close()
+        r1.close()
+
+
+def test_daemon_gone_gives_no_hit_and_failed_offloads(daemon, sock):
+    lk = make(client_factory=lambda s: fluxon.KvClient(socket_path=sock))
+    try:
+        keys = hashes(2, "d")
+        lk.offload(kv(keys, [1, 2]))
+        assert wait_results(lk, 1) == [True]
+        daemon.stop()
+        assert lk.lookup("r", kv(keys)) == []
+        assert lk.lookup("r", kv(keys)) == []
+        assert lk.offload(kv(hashes(2, "e"), [3, 4])) is True
+        assert wait_results(lk, 1) == [False]
+        assert lk.load("r", kv(keys, [5, 6])) is True
+        assert lk.finish_layer_wise_loading(lk.start_layer_wise_loading()) is False
+        assert lk.stats["errors"] >= 1
+    finally:
+        lk.close()
+
+
+def test_no_daemon_at_start_is_a_clear_error(tmp_path):
+    with pytest.raises(fluxon.FluxonError, match="is fluxond running"):
+        make(client_factory=lambda s: fluxon.KvClient(socket_path=str(tmp_path / "none.sock")))
+
+
+# ---- failure paths with a fake client ---------------------------------------------------------
+
+
+class Handle:
+    def __init__(self, n):
+        self.result = SimpleNamespace(transferable_len=n)
+
+
+class FakeClient:
+    """Counts calls; `fail` names calls that raise OwnerUnavailableError."""
+
+    def __init__(self, stored=(), fail=(), conflicts=None):
+        self.stored, self.fail = set(stored), set(fail)
+        self.conflicts = conflicts
+        self.calls, self.open_handles, self.open_plans = [], 0, 0
+        self.lock = threading.Lock()
+
+    def _call(self, name):
+        with self.lock:
+            self.calls.append(name)
+        if name in self.fail:
+            raise OwnerUnavailableError(f"{name}: owner gone")
+
+    def get_start(self, keys, **kw):
+        self._call("get_start")
+        n = 0
+        while n < len(keys) and keys[n] in self.stored:
+            n += 1
+        self.open_handles += 1
+        return Handle(n)
+
+    def cancel_get_transfer(self, h):
+        self._call("cancel")
+        self.open_handles -= 1
+
+    def get_transfer(self, h, consume_prefix_len=None):
+        self.open_handles -= 1
+        self._call("get_transfer")
+        self.open_plans += 1
+        return 0x1000
+
+    def release_views(self, p):
+        self._call("release_views")
+        self.open_plans -= 1
+
+    def local_fast_put_start(self, keys, value_len, opts):
+        self._call("put_start")
+        bad = [i for i, k in enumerate(keys) if k in self.stored]
+        if bad:
+            raise KeyConflictError("stored", bad)
+        self.last_put = (list(keys), opts.parent_key)
+        self.open_plans += 1
+        return 0x2000
+
+    def local_fast_put_commit(self, p):
+        self._call("commit")
+        self.open_plans -= 1
+        self.stored.update(self.last_put[0])
+
+    def put_abort(self, p):
+        self._call("abort")
+        self.open_plans -= 1
+
+
+def test_fake_owner_failures_never_raise(tmp_path):
+    fc = FakeClient(fail={"get_start", "put_start"})
+    lk = make(client_factory=lambda s: fc)
+    try:
+        assert lk.lookup("r", kv(hashes(2))) == []
+        assert lk.offload(kv(hashes(2), [1, 2])) is True
+        assert wait_results(lk, 1) == [False]
+        assert lk.load("r", kv(hashes(2), [1, 2]))
+        assert lk.finish_layer_wise_loading(lk.start_layer_wise_loading()) is False
+        assert fc.open_handles == 0 and fc.open_plans == 0
+        assert lk.stats["reconnects"] >= 1  # every failure dropped the client; calls reconnect
+    finally:
+        lk.close()
+
+
+def test_fake_owner_load_failure_releases_views_and_reports(tmp_path):
+    fc = FakeClient(stored=hashes(3))
+
+    class FailingOps(FakeOps):
+        def restore_layer(self, plane, plan, pages_dev, pages, layer):
+            if layer == 1:
+                raise RuntimeError("kernel launch failed")
+            super().restore_layer(plane, plan, pages_dev, pages, layer)
+
+    lk = make(ops=FailingOps(), client_factory=lambda s: fc)
+    fc.stored = {lk.storage_key(h) for h in hashes(3)}
+    try:
+        assert lk.lookup("r", kv(hashes(3))) == [1, 2, 3]
+        assert lk.load("r", kv(hashes(3), [1, 2, 3]))
+        idx = lk.start_layer_wise_loading()
+        futures = lk.layer_done_counter.futures[idx]
+        assert lk.finish_layer_wise_loading(idx) is False
+        assert all(f.exception() is not None for f in futures)  # no layer reported landed
+        assert fc.open_handles == 0 and fc.open_plans == 0
+        # A load whose slots are not whole pages fails the batch, not the scheduler.
+        bad = [SimpleNamespace(name="kv", keys=hashes(1), device_indices=Slots([1, 2, 3, 4]))]
+        assert lk.load("q", bad)
+        assert lk.finish_layer_wise_loading(lk.start_layer_wise_loading()) is False
+        assert fc.open_handles == 0 and fc.open_plans == 0
+    finally:
+        lk.close()
+
+
+def test_offload_skips_stored_pages_and_passes_the_parent(tmp_path):
+    fc = FakeClient()
+    ops = FakeOps()
+    lk = make(ops=ops, client_factory=lambda s: fc)
+    try:
+        keys = hashes(5)
+        stored = [lk.storage_key(k) for k in keys]
+        fc.stored = {stored[0], stored[1]}
+        lk.lookup("r", kv(keys))  # the prompt's page chain: parent links learned
+        assert lk.offload(kv(keys[2:], [3, 4, 5]))
+        assert wait_results(lk, 1) == [True]
+        assert fc.last_put == (stored[2:], stored[1])
+        fc.stored.add(stored[3])  # another writer stored page 3 meanwhile
+        fc.stored.discard(stored[4])
+        assert lk.offload(kv(keys[3:], [4, 5]))
+        assert wait_results(lk, 1) == [True]
+        assert fc.last_put == ([stored[4]], stored[3]) and ops.writes[-1][1] == (5,)
+        assert fc.open_plans == 0
+    finally:
+        lk.close()
+
+
+def test_write_failure_aborts_the_plan():
+    fc = FakeClient()
+
+    class FailingOps(FakeOps):
+        def write(self, *a):
+            raise RuntimeError("write kernel failed")
+
+    lk = make(ops=FailingOps(), client_factory=lambda s: fc)
+    try:
+        assert lk.offload(kv(hashes(2), [1, 2]))
+        assert wait_results(lk, 1) == [False]
+        assert "abort" in fc.calls and "commit" not in fc.calls and fc.open_plans == 0
+        assert lk.offload([SimpleNamespace(name="swa", keys=hashes(1),
+                                           device_indices=slots([1]))]) is False
+    finally:
+        lk.close()
+
+
+def test_reset_and_close_quiesce_and_release():
+    fc = FakeClient()
+    lk = make(client_factory=lambda s: fc)
+    fc.stored = {lk.storage_key(h) for h in hashes(4)}
+    lk.lookup("a", kv(hashes(4)))
+    lk.lookup("b", kv(hashes(2)))
+    lk.load("b", kv(hashes(2), [1, 2]))
+    for i in range(3):
+        lk.offload(kv(hashes(1, f"o{i}"), [i + 1]))
+    lk.reset()
+    assert lk.num_completed_offloads() == 0 and fc.open_handles == 0 and fc.open_plans == 0
+    assert lk.start_layer_wise_loading() == -1
+    lk.lookup("c", kv(hashes(4)))
+    lk.close()
+    lk.close()  # idempotent
+    assert fc.open_handles == 0 and not lk._load_thread.is_alive()
+    assert not lk._offload_thread.is_alive()
+
+
+def test_token_slots_must_be_whole_pages():
+    assert pages_from_token_slots(list(slots([3, 1, 7])), PAGE, 16) == [3, 1, 7]
+    for bad in ([], [1, 2, 3, 4], [4, 5, 6, 8], list(slots([16])), [4, 5, 6]):
+        with pytest.raises(fluxon.InvalidArgumentError):
+            pages_from_token_slots(bad, PAGE, 16)
