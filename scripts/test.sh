@@ -8,7 +8,8 @@
 #   5. builds and installs the fluxon wheel in a venv and runs the Python tests against it.
 #   6. starts a master and two owners, checks their /metrics pages with promtool and the Grafana
 #      dashboard's metric names against them (scripts/check-metrics.sh).
-#   7. builds the libFuzzer targets (fuzz/, clang, ASan+UBSan) and runs each for FUZZ_SECONDS
+#   7. verifies the systemd units (systemd/) with systemd-analyze (scripts/check-systemd-units.sh).
+#   8. builds the libFuzzer targets (fuzz/, clang, ASan+UBSan) and runs each for FUZZ_SECONDS
 #      (default 15) from its seed corpus (scripts/run-fuzzers.sh); skipped with the sanitizers.
 # Usage: scripts/test.sh [--skip-deps] [--skip-sanitizers]
 set -euo pipefail
@@ -48,6 +49,9 @@ build/venv/bin/python -m pip install -q --no-deps --no-build-isolation --force-r
 
 step "/metrics of a loopback cluster (promtool) and the Grafana dashboard's metrics"
 FLUXOND="$ROOT/build/src/fluxond" PYTHON="$ROOT/build/venv/bin/python" bash scripts/check-metrics.sh build
+
+step "systemd units (systemd-analyze verify and security)"
+bash scripts/check-systemd-units.sh build/src/fluxond
 
 if [ $SKIP_SAN = 0 ]; then
   step "core under ThreadSanitizer (clang, -Wthread-safety)"

@@ -1,6 +1,13 @@
 // fluxond: the Fluxon daemon. The role (embedded master+owner, master, owner, remote_cache) comes
 // from the config; with no arguments it runs the built-in embedded single-node config.
+// Under systemd (Type=notify units in systemd/) it reports READY=1 once started, STOPPING=1 when a
+// signal begins shutdown, and pings the watchdog while the node is healthy
+// (daemon/systemd_notify.h).
+#include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -14,7 +21,9 @@
 #include "absl/strings/str_format.h"
 #include "common/cli_flags.h"
 #include "daemon/node.h"
+#include "daemon/systemd_notify.h"
 #include "fluxon/config.h"
+#include "fluxon/v1/admin.grpc.pb.h"
 #include "fluxon/version.h"
 #include "spdlog/spdlog.h"
 
@@ -24,6 +33,61 @@ ABSL_FLAG(bool, version, false, "print the version and exit");
 ABSL_FLAG(bool, once, false, "start, print status and exit (smoke test)");
 
 namespace {
+
+// The watchdog's health probe: the node is healthy when its admin gRPC server answers Status
+// within the deadline (that takes a server thread and, on owner roles, the slot pool's and the key
+// index's locks) and, on roles with local clients, the client socket file is still in place
+// (without it no client can attach). It talks to the node only through those two, so it holds no
+// pointer into the node and stays valid whatever the node's state.
+class NodeHealthProbe {
+ public:
+  explicit NodeHealthProbe(const fluxon::FluxonNode& node) {
+    target_ = LoopbackTarget(node.admin_address());
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);  // a proxy in the unit's environment: not for us
+    // A lost connection is retried within a probe or two, not after gRPC's default backoff.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    admin_ = fluxon::v1::AdminService::NewStub(
+        grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args));
+    if (node.client_server() != nullptr) socket_path_ = node.config().owner->socket_path;
+  }
+
+  absl::Status operator()(std::chrono::milliseconds deadline) {
+    if (!socket_path_.empty()) {
+      struct stat st {};
+      if (::stat(socket_path_.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        return absl::UnavailableError(absl::StrFormat("client socket %s is gone", socket_path_));
+      }
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    ctx.set_wait_for_ready(true);  // connecting (first probe, after a reconnect) is in the deadline
+    fluxon::v1::StatusRequest req;
+    fluxon::v1::StatusReply reply;
+    const grpc::Status s = admin_->Status(&ctx, req, &reply);
+    if (!s.ok()) {
+      return absl::UnavailableError(
+          absl::StrFormat("admin Status on %s: %s", target_, s.error_message()));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // "0.0.0.0:P" and "[::]:P" (every interface) are reached on loopback; other hosts as they are.
+  static std::string LoopbackTarget(const std::string& address) {
+    const size_t colon = address.rfind(':');
+    const std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+    const std::string port = colon == std::string::npos ? address : address.substr(colon + 1);
+    if (host.empty() || host == "0.0.0.0") return "127.0.0.1:" + port;
+    if (host == "[::]" || host == "::") return "[::1]:" + port;
+    return address;
+  }
+
+  std::string target_;
+  std::string socket_path_;
+  std::unique_ptr<fluxon::v1::AdminService::Stub> admin_;
+};
 
 int RunDaemon(const fluxon::Config& config, bool once) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
@@ -35,18 +99,33 @@ int RunDaemon(const fluxon::Config& config, bool once) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // A no-op without NOTIFY_SOCKET (not started by a Type=notify unit).
+  fluxon::SystemdNotifier systemd;
   absl::StatusOr<std::unique_ptr<fluxon::FluxonNode>> node = fluxon::FluxonNode::Start(config);
   if (!node.ok()) {
     spdlog::error("fluxond failed to start: {}", node.status().ToString());
     std::cerr << "fluxond failed to start: " << node.status().message() << "\n";
+    systemd.NotifyStatus("failed to start: " + std::string(node.status().message()));
     return 1;
   }
   std::cout << "fluxond " << FLUXON_VERSION_STRING << " ready\n" << (*node)->StatusText();
   std::cout.flush();
+  // Every listener accepts by now (Start returned): only then may systemd start what needs us.
+  const std::string ready =
+      absl::StrFormat("ready: role=%s node_id=%d admin=%s", fluxon::RoleName(config.role),
+                      config.node_id, (*node)->admin_address());
+  systemd.NotifyReady(ready);
   if (!once) {
+    if (systemd.watchdog_period().count() > 0) {
+      auto probe = std::make_shared<NodeHealthProbe>(**node);
+      systemd.StartWatchdog([probe](std::chrono::milliseconds d) { return (*probe)(d); }, ready);
+    }
     int sig = 0;
     sigwait(&set, &sig);
     spdlog::info("fluxond stopping on signal {}", sig);
+    systemd.NotifyStopping(absl::StrFormat("stopping on signal %d", sig));
+  } else {
+    systemd.NotifyStopping("stopping (--once)");
   }
   (*node)->Stop();
   node->reset();
