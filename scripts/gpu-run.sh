@@ -19,6 +19,8 @@
 #     bulk : kv_transfer_bench --bulk (the experimental cp.async.bulk kernel's tables)
 #     sglang: fluxon.sglang inside the real, pinned SGLang with real host pools
 #            (tests/gpu/test_sglang_real.py); part of test and all
+#     linker: fluxon.sglang_linker.FluxonLinker (SGLang's UnifiedCacheLinker) inside the real SGLang
+#            with real device pools (tests/gpu/test_linker_real.py); part of test and all
 #     all  : test and bench (default); quick: tests in quick mode and the benchmark without sweeps
 #     Each step runs in its own process (a GPU fault in one cannot hide the others' results).
 #     Logs and the benchmark CSV go to $OUT (or ./gpu-out); the short tables are printed last.
@@ -54,7 +56,7 @@ case $mode in
     cp "$BUILD_DIR"/kernels/_fluxon_kernels*.so "$DEST/python/fluxon/"
     strip "$DEST"/python/fluxon/*.so
     cp tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py tests/gpu/test_sglang_real.py \
-      "$DEST/tests/"
+      tests/gpu/test_linker_real.py "$DEST/tests/"
     # The pinned SGLang (its Python sources; the compiled extensions are for another Python and
     # are not imported on the HiCache path) and Python 3.12 wheels of the modules it imports at
     # start-up that the GPU machine's torch environment lacks. sgl_kernel (SGLang's CUDA kernel
@@ -124,7 +126,7 @@ case $mode in
       fi
       ;;
     esac
-    case $what in all | test | quick | sglang)
+    case $what in all | test | quick | sglang | linker)
       SGL=${TMPDIR:-/tmp}/fluxon-sglang-env
       rm -rf "$SGL" && mkdir -p "$SGL/src" "$SGL/deps" "$SGL/stubs/sgl_kernel"
       tar -xJf "$PACK/sglang/sglang.tar.xz" -C "$SGL/src"
@@ -149,8 +151,14 @@ def __getattr__(name):
 PY
         done
       fi
-      step sglang sglang.log env FLUXOND="$PACK/bin/fluxond" \
-        PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs:$PYTHONPATH" python3 "$PACK/tests/test_sglang_real.py"
+      if [ "$what" != linker ]; then
+        step sglang sglang.log env FLUXOND="$PACK/bin/fluxond" \
+          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs:$PYTHONPATH" python3 "$PACK/tests/test_sglang_real.py"
+      fi
+      if [ "$what" != sglang ]; then
+        step linker linker.log env FLUXOND="$PACK/bin/fluxond" \
+          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs:$PYTHONPATH" python3 "$PACK/tests/test_linker_real.py"
+      fi
       ;;
     esac
     if [ "$what" = e2e ]; then
@@ -172,6 +180,8 @@ PY
     [ -f "$OUTDIR/e2e.log" ] && grep -E "Error|Traceback" "$OUTDIR/e2e.log" | head -10
     [ -f "$OUTDIR/sglang.log" ] && sed -n '/^## fluxon.sglang/,$p' "$OUTDIR/sglang.log"
     [ -f "$OUTDIR/sglang.log" ] && grep -E "Error|Traceback" "$OUTDIR/sglang.log" | head -10
+    [ -f "$OUTDIR/linker.log" ] && sed -n '/^## fluxon.sglang_linker/,$p' "$OUTDIR/linker.log"
+    [ -f "$OUTDIR/linker.log" ] && grep -E "Error|Traceback" "$OUTDIR/linker.log" | head -10
     for t in test test-bulk; do
       [ -f "$OUTDIR/$t.log" ] || continue
       sed -n '/^## GPU data-plane tests/,$p' "$OUTDIR/$t.log"
@@ -185,7 +195,7 @@ PY
     exit $rc
     ;;
   *)
-    sed -n '2,20p' "$0"
+    sed -n '2,22p' "$0"
     exit 2
     ;;
 esac
