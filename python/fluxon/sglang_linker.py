@@ -822,19 +822,20 @@ class FluxonLinker(_LinkerBase):
                     conn.load_plane.take_device_errors()
                 self.layer_done_counter.complete(index, layer)
             self.stats["load_pages"] += sum(len(w[2]) for w in work)
-        except BaseException as e:  # noqa: BLE001 - reported through the counter
-            self.stats["load_failures"] += 1
-            self.layer_done_counter.fail(index, e)
-            if isinstance(e, FluxonError):
-                self._failed(conn, "load", e)
-            else:
-                logger.exception("fluxon: linker layer-wise load failed")
+        except BaseException as e:  # noqa: BLE001 - reported through the counter, below
+            error = e
+        else:
+            error = None
         finally:
+            # On failure the layers not yet completed are failed only after the stream drained
+            # and the views went back: finish_layer_wise_loading() then returns once nothing
+            # writes the slots any more.
             if launched:
                 try:
                     ops.drain()  # nothing may still read a plan we release
-                except BaseException:
+                except BaseException as e:  # noqa: BLE001
                     logger.exception("fluxon: linker load stream failed")
+                    error = error or e
             for ld in loads:
                 self._cancel_held(ld.held)
             for c, plan in plans:
@@ -842,6 +843,14 @@ class FluxonLinker(_LinkerBase):
                     c.client.release_views(plan)
                 except FluxonError as e:
                     logger.warning("fluxon: release_views failed: %s", e)
+        if error is not None:
+            self.stats["load_failures"] += 1
+            self.layer_done_counter.fail(index, error)
+            if isinstance(error, FluxonError):
+                self._failed(conn, "load", error)
+            else:
+                logger.error("fluxon: linker layer-wise load failed: %s: %s",
+                             type(error).__name__, error)
 
     # -- offload ----------------------------------------------------------------------------
 
