@@ -14,6 +14,8 @@ Runs where torch and a GPU are (the GPU machine; `scripts/gpu-run.sh` step `link
   are not visible;
 * MLA: TP rank 0 writes, rank 1 writes nothing and restores rank 0's pages;
 * two processes on one owner: a child process restores what this one offloaded;
+* pages deleted under a queued load and a killed owner: failed loads and offloads, no hits,
+  never an exception;
 * SWA components are refused; the HiCache backend's on_host_pools_registered hook.
 
 Usage: FLUXOND=path/to/fluxond python3 tests/gpu/test_linker_real.py
@@ -286,6 +288,38 @@ def child(sock, path, keys_json):
         rig.close()
 
 
+def failures(tmp):
+    """Its own daemon: pages deleted under a queued load, then the daemon killed."""
+    os.makedirs(os.path.join(tmp, "fail"), exist_ok=True)
+    proc, sock = start_daemon(os.path.join(tmp, "fail"))
+    rig = None
+    try:
+        rig = Rig(sock, False, namespace="linker-fail")
+        keys = hashes(4, "fail")
+        src = rig.slots(4)
+        want = rig.rows(src)
+        assert rig.offload(keys, src) is True
+        fluxon.KvClient(socket_path=sock).delete_prefix("linker-fail:")
+        dst = rig.slots(4)
+        assert rig.load("gone", keys, dst) is False  # no lookup handle pinned them
+        assert rig.offload(keys, src) is True and rig.lookup("back", keys) == [1, 2, 3, 4]
+        rig.linker.reset()
+        proc.kill()
+        proc.wait(timeout=20)
+        assert rig.lookup("dead", keys) == []
+        assert rig.offload(hashes(2, "late"), rig.slots(2)) is False
+        assert rig.load("dead", keys, dst) is False
+        assert rig.rows(src)[0].equal(want[0])  # nothing touched the source pages
+        return f"stats {rig.linker.stats['load_failures']} load / " \
+               f"{rig.linker.stats['offload_failures']} offload failures, no exception"
+    finally:
+        if rig is not None:
+            rig.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=20)
+
+
 def swa_refused(sock):
     try:
         Rig(sock, False, components=(ComponentType.FULL, ComponentType.SWA))
@@ -327,6 +361,8 @@ def main():
         check("layer readiness, slow 100-page load", lambda: slow_load_layer_readiness(sock))
         check("MLA: rank 0 writes, rank 1 reads", lambda: mla_rank_one(sock))
         check("two processes, one owner", lambda: two_processes(sock, tmp))
+        check("deleted pages and a dead owner are failures, not exceptions",
+              lambda: failures(tmp))
         check("SWA component refused", lambda: swa_refused(sock))
         check("storage backend on_host_pools_registered", lambda: storage_hook(sock))
     finally:
