@@ -62,16 +62,15 @@ void RenderOwner(OwnerCore& owner, const FluxonNode& node, PrometheusText& out) 
   const OwnerCounters& counters = owner.counters();
   const char* family = nullptr;
   for (const OwnerCounterDef& d : kOwnerCounterDefs) {
-    const double value = static_cast<double>((counters.*d.field).load(std::memory_order_relaxed));
-    const char* type = d.kind == CounterKind::kCounter ? "counter" : "gauge";
+    const int64_t raw = (counters.*d.field).load(std::memory_order_relaxed);
+    const double value =
+        d.kind == CounterKind::kMicros ? static_cast<double>(raw) / 1e6 : static_cast<double>(raw);
+    const char* type = d.kind == CounterKind::kGauge ? "gauge" : "counter";
     const std::string label(d.label);
     if (label.empty()) {
       family = nullptr;
-      if (d.kind == CounterKind::kCounter) {
-        out.Counter(d.metric, d.help, value);
-      } else {
-        out.Gauge(d.metric, d.help, value);
-      }
+      out.Family(d.metric, type, d.help);
+      out.Sample(d.metric, {}, value);
       continue;
     }
     if (family == nullptr || std::string(family) != d.metric) {

@@ -4,9 +4,9 @@
 // the stats map the client protocol and fluxonctl carry, and the /metrics page are all generated
 // from that list, so a counter can never be renamed in one place and not another.
 //
-// Invariants: counters only grow (kCounter); gauges (kGauge) go up and down with the state they
-// count and return to their baseline when the workload ends. Members of one labelled family are
-// adjacent in the list (the exporter writes the family's HELP/TYPE once, at its first member).
+// Invariants: counters only grow (kCounter, kMicros); gauges (kGauge) go up and down with the state
+// they count and return to their baseline when the workload ends. Members of one labelled family
+// are adjacent in the list (the exporter writes the family's HELP/TYPE once, at its first member).
 #pragma once
 
 #include <atomic>
@@ -16,7 +16,8 @@
 
 namespace fluxon {
 
-enum class CounterKind { kCounter, kGauge };
+// kMicros: a counter of microseconds, exported in seconds (Prometheus base units).
+enum class CounterKind { kCounter, kGauge, kMicros };
 
 // X(field, kind, metric family, label "key=value" or "", help)
 #define FLUXON_OWNER_COUNTERS(X)                                                                  \
@@ -75,11 +76,11 @@ enum class CounterKind { kCounter, kGauge };
     "Data-plane read batches that failed (peer dead, refused, deadline).")                        \
   X(remote_start_lost, kCounter, "fluxon_remote_start_lost_total", "",                            \
     "BatchGetStart calls whose answer never came: their targets were quarantined.")               \
-  X(remote_control_us, kCounter, "fluxon_remote_get_microseconds_total", "part=control",  \
+  X(remote_control_us, kMicros, "fluxon_remote_get_seconds_total", "part=control",                \
     "Time remote gets spent, by part: control (target claims and the BatchGetStart, Done and "    \
     "Revoke calls) and read (the data-plane reads, all peers of a batch at once).")               \
-  X(remote_read_us, kCounter, "fluxon_remote_get_microseconds_total", "part=read", "")   \
-  X(remote_join_wait_us, kCounter, "fluxon_get_join_wait_microseconds_total", "",                 \
+  X(remote_read_us, kMicros, "fluxon_remote_get_seconds_total", "part=read", "")                  \
+  X(remote_join_wait_us, kMicros, "fluxon_get_join_wait_seconds_total", "",                       \
     "Time get batches spent waiting for another batch's in-flight lookup or fetch of a key.")     \
   X(remote_quarantined_slots, kGauge, "fluxon_remote_quarantined_slots", "",                      \
     "Remote-get target slots held until the master's in-flight TTL passed (lost BatchGetStart).") \
