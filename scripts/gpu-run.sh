@@ -21,6 +21,8 @@
 #            (tests/gpu/test_sglang_real.py); part of test and all
 #     linker: fluxon.sglang_linker.FluxonLinker (SGLang's UnifiedCacheLinker) inside the real SGLang
 #            with real device pools (tests/gpu/test_linker_real.py); part of test and all
+#     linkerbench: bench/gpu/linker_bench.py (FluxonLinker restore/offload against the pinned
+#            memcpy ceiling and the HiCacheStorage path, in the real SGLang; not part of all)
 #     all  : test and bench (default); quick: tests in quick mode and the benchmark without sweeps
 #     Each step runs in its own process (a GPU fault in one cannot hide the others' results).
 #     Logs and the benchmark CSV go to $OUT (or ./gpu-out); the short tables are printed last.
@@ -57,6 +59,8 @@ case $mode in
     strip "$DEST"/python/fluxon/*.so
     cp tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py tests/gpu/test_sglang_real.py \
       tests/gpu/test_linker_real.py "$DEST/tests/"
+    mkdir -p "$DEST/bench"
+    cp bench/gpu/linker_bench.py "$DEST/bench/"
     # The pinned SGLang (its Python sources; the compiled extensions are for another Python and
     # are not imported on the HiCache path) and Python 3.12 wheels of the modules it imports at
     # start-up that the GPU machine's torch environment lacks. sgl_kernel (SGLang's CUDA kernel
@@ -126,7 +130,7 @@ case $mode in
       fi
       ;;
     esac
-    case $what in all | test | quick | sglang | linker)
+    case $what in all | test | quick | sglang | linker | linkerbench)
       SGL=${TMPDIR:-/tmp}/fluxon-sglang-env
       rm -rf "$SGL" && mkdir -p "$SGL/src" "$SGL/deps" "$SGL/stubs/sgl_kernel"
       tar -xJf "$PACK/sglang/sglang.tar.xz" -C "$SGL/src"
@@ -151,11 +155,15 @@ def __getattr__(name):
 PY
         done
       fi
-      if [ "$what" != linker ]; then
+      if [ "$what" = linkerbench ]; then
+        step linkerbench linkerbench.log env FLUXOND="$PACK/bin/fluxond" \
+          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs:$PYTHONPATH" python3 "$PACK/bench/linker_bench.py" \
+          ${LINKERBENCH_ARGS:-} --csv "$OUTDIR/linkerbench.csv"
+      elif [ "$what" != linker ]; then
         step sglang sglang.log env FLUXOND="$PACK/bin/fluxond" \
           PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs:$PYTHONPATH" python3 "$PACK/tests/test_sglang_real.py"
       fi
-      if [ "$what" != sglang ]; then
+      if [ "$what" != sglang ] && [ "$what" != linkerbench ]; then
         step linker linker.log env FLUXOND="$PACK/bin/fluxond" \
           PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs:$PYTHONPATH" python3 "$PACK/tests/test_linker_real.py"
       fi
@@ -182,6 +190,9 @@ PY
     [ -f "$OUTDIR/sglang.log" ] && grep -E "Error|Traceback" "$OUTDIR/sglang.log" | head -10
     [ -f "$OUTDIR/linker.log" ] && sed -n '/^## fluxon.sglang_linker/,$p' "$OUTDIR/linker.log"
     [ -f "$OUTDIR/linker.log" ] && grep -E "Error|Traceback" "$OUTDIR/linker.log" | head -10
+    [ -f "$OUTDIR/linkerbench.log" ] && sed -n '/^set-up and checks/p;/^## FluxonLinker/,$p' \
+      "$OUTDIR/linkerbench.log"
+    [ -f "$OUTDIR/linkerbench.log" ] && grep -E "Error|Traceback" -A3 "$OUTDIR/linkerbench.log" | tail -30
     for t in test test-bulk; do
       [ -f "$OUTDIR/$t.log" ] || continue
       sed -n '/^## GPU data-plane tests/,$p' "$OUTDIR/$t.log"
@@ -195,7 +206,7 @@ PY
     exit $rc
     ;;
   *)
-    sed -n '2,22p' "$0"
+    sed -n '2,24p' "$0"
     exit 2
     ;;
 esac
