@@ -5,7 +5,9 @@
 #   3. checks every lock annotation in the tree with clang -Wthread-safety (syntax only),
 #   4. builds the memory core under ThreadSanitizer (clang, which also checks the lock
 #      annotations) and AddressSanitizer+UBSan and runs its unit and stress tests,
-#   5. builds and installs the fluxon wheel in a venv and runs the Python tests against it.
+#   5. builds and installs the fluxon wheel in a venv and runs the Python tests against it; then
+#      builds the auditwheel-repaired wheel (scripts/build-wheel.sh), installs it into a clean venv
+#      and runs the Python tests again against its fluxond/fluxonctl, away from the build tree.
 #   6. starts a master and two owners, checks their /metrics pages with promtool and the Grafana
 #      dashboard's metric names against them (scripts/check-metrics.sh).
 #   7. verifies the systemd units (systemd/) with systemd-analyze (scripts/check-systemd-units.sh).
@@ -46,6 +48,28 @@ python3 -m venv --system-site-packages build/venv
 build/venv/bin/python -m pip install -q --no-deps --no-build-isolation --force-reinstall \
   --config-settings=build-dir=build/wheel "$ROOT"
 (cd tests/python && FLUXOND="$ROOT/build/src/fluxond" "$ROOT/build/venv/bin/python" -m pytest -q -p no:cacheprovider)
+
+step "repaired wheel (scripts/build-wheel.sh, python3) in a clean venv, pytest against its executables"
+# Reuses the previous step's build directory: only the packaging and auditwheel run again.
+BUILD_DIR=build/wheel DIST=build/dist bash scripts/build-wheel.sh python3
+PYTAG=$(python3 -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+WV="$ROOT/build/venv-wheel"
+rm -rf "$WV"
+python3 -m venv "$WV"
+"$WV/bin/python" -m pip install -q build/dist/fluxon-*-"$PYTAG"-"$PYTAG"-*.whl numpy pytest pyyaml
+"$WV/bin/python" -m pip install -q --no-deps sglang==0.5.23  # the pin of scripts/install-deps.sh
+# Neither the build tree nor LD_LIBRARY_PATH: the installed package and its executables only.
+WSITE=$("$WV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
+for b in "$WSITE"/fluxon/_bin/* "$WSITE"/fluxon/*.so; do
+  if env -u LD_LIBRARY_PATH ldd "$b" | grep "not found"; then echo "$b: unresolved" >&2; exit 1; fi
+done
+WTMP=$(mktemp -d)
+cp -r tests/python "$WTMP/tests"
+(cd "$WTMP/tests" && unset LD_LIBRARY_PATH PYTHONPATH &&
+  export FLUXOND="$WV/bin/fluxond" FLUXONCTL="$WV/bin/fluxonctl" &&
+  "$WV/bin/python" -c 'import fluxon, sys; assert fluxon.__file__.startswith(sys.prefix), fluxon.__file__' &&
+  "$WV/bin/python" -m pytest -q -p no:cacheprovider)
+rm -rf "$WTMP"
 
 step "/metrics of a loopback cluster (promtool) and the Grafana dashboard's metrics"
 FLUXOND="$ROOT/build/src/fluxond" PYTHON="$ROOT/build/venv/bin/python" bash scripts/check-metrics.sh build
