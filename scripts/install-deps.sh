@@ -13,7 +13,6 @@ DEBIAN_PACKAGES=(
   prometheus  # only its promtool: scripts/check-metrics.sh checks the /metrics format with it
   libsystemd-dev  # fluxond speaks the systemd notify protocol (sd_notify, the watchdog)
   systemd  # only its systemd-analyze: scripts/check-systemd-units.sh verifies systemd/*.service
-  patchelf  # auditwheel (scripts/build-wheel.sh) rewrites the RPATHs of the wheel's binaries
 )
 
 SUDO=""
