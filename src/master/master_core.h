@@ -42,33 +42,33 @@ namespace fluxon {
 
 // X(field, metric family, help): the one definition of each master counter; the struct, the
 // stats map (`fluxonctl stats`, as master_<field>) and /metrics are generated from it.
-#define FLUXON_MASTER_COUNTERS(X)                                                                \
-  X(publish_batches, "fluxon_master_publish_batches_total", "PublishBatch calls served.")        \
-  X(published_items, "fluxon_master_published_items_total", "Routes published.")                 \
-  X(republished_items, "fluxon_master_republished_items_total",                                  \
-    "Publishes of a route that already had that identity (idempotent retries).")                 \
-  X(superseded_items, "fluxon_master_superseded_items_total",                                    \
-    "Publishes refused because another version holds the key.")                                  \
-  X(lookup_batches, "fluxon_master_lookup_batches_total", "Lookup calls served.")                \
-  X(lookup_keys, "fluxon_master_lookup_keys_total", "Keys looked up.")                           \
-  X(removed_routes, "fluxon_master_removed_routes_total", "Routes removed.")                     \
-  X(remove_refused_pinned, "fluxon_master_remove_refused_pinned_total",                          \
-    "Route removals refused because a remote get was reading the location.")                     \
-  X(get_start_calls, "fluxon_master_get_start_calls_total", "BatchGetStart calls served.")       \
-  X(get_start_items, "fluxon_master_get_start_items_total", "Keys in BatchGetStart calls.")      \
-  X(get_start_replayed, "fluxon_master_get_start_replayed_total",                                \
-    "BatchGetStart retries answered from the stored reply (same request_id).")                   \
-  X(gets_started, "fluxon_master_gets_started_total", "Remote gets started (source pinned).")    \
-  X(get_done_calls, "fluxon_master_get_done_calls_total", "BatchGetDone calls served.")          \
-  X(gets_done, "fluxon_master_gets_done_total",                                                  \
-    "Remote gets whose target became a location of the route.")                                  \
-  X(get_done_replayed, "fluxon_master_get_done_replayed_total",                                  \
-    "BatchGetDone items whose copy was already published (a retried Done, T1).")                 \
-  X(get_revoke_calls, "fluxon_master_get_revoke_calls_total", "BatchGetRevoke calls served.")    \
-  X(gets_revoked, "fluxon_master_gets_revoked_total", "Remote gets revoked.")                    \
-  X(gets_expired, "fluxon_master_gets_expired_total",                                            \
-    "Remote gets ended by the in-flight TTL (requester silent).")                                \
-  X(owners_expired, "fluxon_master_owners_expired_total",                                        \
+#define FLUXON_MASTER_COUNTERS(X)                                                             \
+  X(publish_batches, "fluxon_master_publish_batches_total", "PublishBatch calls served.")     \
+  X(published_items, "fluxon_master_published_items_total", "Routes published.")              \
+  X(republished_items, "fluxon_master_republished_items_total",                               \
+    "Publishes of a route that already had that identity (idempotent retries).")              \
+  X(superseded_items, "fluxon_master_superseded_items_total",                                 \
+    "Publishes refused because another version holds the key.")                               \
+  X(lookup_batches, "fluxon_master_lookup_batches_total", "Lookup calls served.")             \
+  X(lookup_keys, "fluxon_master_lookup_keys_total", "Keys looked up.")                        \
+  X(removed_routes, "fluxon_master_removed_routes_total", "Routes removed.")                  \
+  X(remove_refused_pinned, "fluxon_master_remove_refused_pinned_total",                       \
+    "Route removals refused because a remote get was reading the location.")                  \
+  X(get_start_calls, "fluxon_master_get_start_calls_total", "BatchGetStart calls served.")    \
+  X(get_start_items, "fluxon_master_get_start_items_total", "Keys in BatchGetStart calls.")   \
+  X(get_start_replayed, "fluxon_master_get_start_replayed_total",                             \
+    "BatchGetStart retries answered from the stored reply (same request_id).")                \
+  X(gets_started, "fluxon_master_gets_started_total", "Remote gets started (source pinned).") \
+  X(get_done_calls, "fluxon_master_get_done_calls_total", "BatchGetDone calls served.")       \
+  X(gets_done, "fluxon_master_gets_done_total",                                               \
+    "Remote gets whose target became a location of the route.")                               \
+  X(get_done_replayed, "fluxon_master_get_done_replayed_total",                               \
+    "BatchGetDone items whose copy was already published (a retried Done, T1).")              \
+  X(get_revoke_calls, "fluxon_master_get_revoke_calls_total", "BatchGetRevoke calls served.") \
+  X(gets_revoked, "fluxon_master_gets_revoked_total", "Remote gets revoked.")                 \
+  X(gets_expired, "fluxon_master_gets_expired_total",                                         \
+    "Remote gets ended by the in-flight TTL (requester silent).")                             \
+  X(owners_expired, "fluxon_master_owners_expired_total",                                     \
     "Owners expired after lease + grace (routes dropped, generation refused).")
 
 struct MasterCounters {
@@ -84,7 +84,8 @@ struct MasterCounterDef {
   std::atomic<int64_t> MasterCounters::*field;
 };
 inline constexpr MasterCounterDef kMasterCounterDefs[] = {
-#define FLUXON_MASTER_COUNTER_DEF(field, metric, help) {#field, metric, help, &MasterCounters::field},
+#define FLUXON_MASTER_COUNTER_DEF(field, metric, help) \
+  {#field, metric, help, &MasterCounters::field},
     FLUXON_MASTER_COUNTERS(FLUXON_MASTER_COUNTER_DEF)
 #undef FLUXON_MASTER_COUNTER_DEF
 };

@@ -148,7 +148,7 @@ TEST(RemoteGetMaster, DedupIsPerKeyAndRequesterOwner) {  // G7
   auto other = m.BatchGetStart(Start(3, 33, 1, {"k"}, 7));
   ASSERT_TRUE(a.ok() && again.ok() && other.ok());
   EXPECT_EQ(a->results(0).outcome(), v1::GET_STARTED);
-  EXPECT_EQ(again->results(0).outcome(), v1::GET_BUSY);    // one target per (key, requester)
+  EXPECT_EQ(again->results(0).outcome(), v1::GET_BUSY);     // one target per (key, requester)
   EXPECT_EQ(other->results(0).outcome(), v1::GET_STARTED);  // two owners may fetch at once
   EXPECT_EQ(m.inflight_gets(), 2u);
 }

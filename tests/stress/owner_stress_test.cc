@@ -11,9 +11,9 @@
 
 #include "common/fault_injector.h"
 #include "fluxon/units.h"
-#include "rpc/fault_injecting_master.h"
 #include "master/master_core.h"
 #include "owner/owner_core.h"
+#include "rpc/fault_injecting_master.h"
 
 namespace fluxon {
 namespace {

@@ -138,8 +138,8 @@ Trace HotSetAndScans() {
   return t;
 }
 
-// Replays `trace` at `pct` % of its working set (20 pages for pct 0) with an undecided start; returns the final
-// prediction weight.
+// Replays `trace` at `pct` % of its working set (20 pages for pct 0) with an undecided start;
+// returns the final prediction weight.
 double FinalPredictionWeight(const Trace& trace, int pct) {
   HotTier<Undecided> tier;
   Replay<Undecided>(trace, pct == 0 ? 20 : trace.distinct * pct / 100, 128, true, &tier);
