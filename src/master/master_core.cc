@@ -323,9 +323,10 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
                                item.target_offset(), item.len()};
     const InflightGets::Get* get = inflight_.Find(item.get_id());
     // A get_id naming another key, requester or target is not this request's: left alone.
-    const bool ours =
-        get != nullptr && get->key == item.key() && get->requester_node == target.node_id &&
-        get->target_offset == item.target_offset() && get->source.put_id == item.put_id();
+    const bool ours = get != nullptr && get->key == item.key() &&
+                      get->requester_node == target.node_id &&
+                      get->target_offset == item.target_offset() && get->len == item.len() &&
+                      get->source.put_id == item.put_id();
     const std::optional<Route> route = routes_.Lookup(item.key());
     // The requester's location of this version, if the route has one already.
     const RouteLocation* mine = nullptr;

@@ -198,6 +198,7 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
   }
   registration_->NoteInflightGetTtl(reply->inflight_get_ttl_ms());
   std::vector<Target*> started;
+  std::vector<Target*> revoke_early;  // started, but with an answer we do not trust
   std::vector<std::unique_ptr<Target>> unanswered;
   for (size_t j = 0; j < targets.size(); ++j) {
     Target& t = *targets[j];
@@ -212,6 +213,19 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
       continue;
     }
     const v1::GetStartResult& r = reply->results(static_cast<int>(j));
+    if (r.outcome() == v1::GET_STARTED &&
+        (r.get_id() == 0 || r.source().len() != t.len || r.source().put_id() != t.put_id ||
+         r.source().generation() == 0 || r.source_address().empty())) {
+      // A malformed answer is not read from; its get (if any) is revoked with the failures.
+      spdlog::error("BatchGetStart answered a malformed source for {}; not reading it", t.key);
+      if (r.get_id() != 0) {
+        t.get_id = r.get_id();
+        revoke_early.push_back(&t);
+      } else {
+        Free(t);
+      }
+      continue;
+    }
     if (r.outcome() != v1::GET_STARTED) {
       Free(t);
       continue;
@@ -227,7 +241,7 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
   const Clock::time_point read_begin = Clock::now();
   ReadAll(started, std::min(deadline, t0 + ttl - Margin(ttl)));
   const Clock::time_point read_end = Clock::now();
-  std::vector<Target*> done, revoke;
+  std::vector<Target*> done, revoke = revoke_early;
   for (Target* t : started) {
     if (t->read_ok) {
       absl::StatusOr<HolderRef> h =
@@ -487,7 +501,7 @@ void RemoteFetcher::RunMaintenance(Clock::time_point now) {
         ++it;
       }
     }
-    retry.swap(unfinished_);
+    if (now >= next_unfinished_retry_) retry.swap(unfinished_);
   }
   for (Quarantined& q : due) {
     counters_->remote_quarantined_slots.fetch_sub(static_cast<int64_t>(q.targets.size()),
@@ -510,8 +524,14 @@ void RemoteFetcher::RunMaintenance(Clock::time_point now) {
       still.push_back(std::move(p));
     }
   }
-  if (!still.empty()) {
+  if (!retry.empty()) {
+    // Each round calls the master once per unresolved batch; while it stays unreachable the
+    // rounds back off (25 ms .. 1 s), so the maintenance actor keeps evicting in between.
     MutexLock lock(&mu_);
+    unfinished_backoff_ = still.empty()
+                              ? std::chrono::milliseconds(25)
+                              : std::min(unfinished_backoff_ * 2, std::chrono::milliseconds(1000));
+    next_unfinished_retry_ = Clock::now() + unfinished_backoff_;
     for (Pending& p : still) unfinished_.push_back(std::move(p));
   }
 }

@@ -121,6 +121,8 @@ class RemoteFetcher {
     bool done = false;  // true: retry BatchGetDone; false: retry BatchGetRevoke
   };
   std::vector<Pending> unfinished_ ABSL_GUARDED_BY(mu_);
+  Clock::time_point next_unfinished_retry_ ABSL_GUARDED_BY(mu_);
+  std::chrono::milliseconds unfinished_backoff_ ABSL_GUARDED_BY(mu_){25};
   std::map<uint32_t, std::unique_ptr<LatencyHistogram>> peer_latency_ ABSL_GUARDED_BY(mu_);
 };
 

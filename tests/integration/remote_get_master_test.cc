@@ -240,6 +240,30 @@ TEST(RemoteGetMaster, RevokedGetReleasesItsPinAndItsDoneIsUnknown) {
   EXPECT_TRUE(removed->removed(0));
 }
 
+TEST(RemoteGetMaster, DoneNamingAnotherTargetOrLengthPublishesNothing) {
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"k"});
+  const auto start = Start(2, 22, 1, {"k"}, 7);
+  auto s = m.BatchGetStart(start);
+  ASSERT_TRUE(s.ok());
+  auto wrong_len = Done(start, *s);
+  wrong_len.mutable_items(0)->set_len(kLen * 2);
+  auto wrong_target = Done(start, *s);
+  wrong_target.mutable_items(0)->set_target_offset(start.items(0).target_offset() + kLen);
+  for (const auto& bad : {wrong_len, wrong_target}) {
+    auto d = m.BatchGetDone(bad);
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(d->outcomes(0), v1::GET_DONE_UNKNOWN);
+  }
+  EXPECT_EQ(Locations(m, "k"), 1u);
+  EXPECT_EQ(m.inflight_gets(), 1u);  // the real get is left alone
+  auto d = m.BatchGetDone(Done(start, *s));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->outcomes(0), v1::GET_DONE);
+}
+
 TEST(RemoteGetMaster, InflightTtlEndsGetsOfASilentRequester) {
   MasterOptions o;
   o.inflight_get_ttl = milliseconds(200);
