@@ -658,6 +658,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLim
       FLUXON_RETURN_IF_ERROR(f.Str("point", &fc.point));
       FLUXON_RETURN_IF_ERROR(f.Str("action", &fc.action));
       if (fc.point.empty()) return f.Bad("point", "is required");
+      for (const char ch : fc.point) {
+        // Fault points are names such as master.PublishBatch or peer.read.
+        if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' &&
+            ch != '-') {
+          return f.Bad("point", "may hold only letters, digits, '.', '_' and '-'");
+        }
+      }
       static const std::set<std::string> kActions = {"delay", "drop", "duplicate", "fail"};
       if (!kActions.contains(fc.action)) {
         return f.Bad("action", "must be one of delay, drop, duplicate, fail");

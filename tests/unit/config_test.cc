@@ -100,6 +100,9 @@ TEST(ConfigRejects, NonPositiveTimeouts) {
   EXPECT_THAT(Reject("owner: {local_reserve: {shrink_idle_ms: 0}}"),
               HasSubstr("owner.local_reserve.shrink_idle_ms"));
   EXPECT_THAT(Reject("master: {inflight_ttl_ms: 0}"), HasSubstr("master.inflight_ttl_ms"));
+  // A fault point is a name: a trailing carriage return would not survive a dump and re-parse.
+  EXPECT_THAT(Reject("faults: [{point: \"master.Lookup\\r\", action: fail}]"),
+              HasSubstr("faults[0].point"));
 }
 
 TEST(ConfigRejects, HardTimeoutNotAboveSoft) {
