@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "transport/socket_io.h"
+#include "transport/tcp_handshake.h"
 #include "transport/tcp_wire.h"
 
 namespace fluxon::transport {
@@ -251,6 +252,13 @@ absl::Status TcpTransport::Peer::EnsureConnections(Clock::time_point deadline) {
     absl::StatusOr<int> fd = ConnectTcp(address_, connect_deadline);
     if (!fd.ok()) {
       last_error = fd.status();
+      break;
+    }
+    if (absl::Status hs = tcp::ClientHandshake(*fd, options_.cluster_secret, connect_deadline);
+        !hs.ok()) {
+      ::close(*fd);
+      last_error = absl::Status(hs.code(), absl::StrCat("peer ", address_, ": ", hs.message()));
+      spdlog::warn("tcp transport: {}", std::string(last_error.message()));
       break;
     }
     auto c = std::make_shared<Connection>(*fd);
@@ -600,6 +608,7 @@ class TcpTransport::Server {
     return n;
   }
   uint64_t refused() const { return refused_.load(); }
+  uint64_t handshakes_refused() const { return handshakes_refused_.load(); }
 
  private:
   struct ServingConnection {
@@ -656,11 +665,21 @@ class TcpTransport::Server {
   std::thread thread_;
   std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> handshakes_refused_{0};
   mutable Mutex mu_;
   std::list<ServingConnection> conns_ ABSL_GUARDED_BY(mu_);  // stable addresses
 };
 
 void TcpTransport::Server::Serve(int fd) {
+  const auto handshake_deadline =
+      Clock::now() + absl::ToChronoNanoseconds(options_.handshake_timeout);
+  if (absl::Status hs = tcp::ServerHandshake(fd, options_.cluster_secret, handshake_deadline);
+      !hs.ok()) {
+    handshakes_refused_.fetch_add(1);
+    spdlog::warn("tcp transport: closing a connection before any request: {}",
+                 std::string(hs.message()));
+    return;
+  }
   std::vector<tcp::WireDescriptor> wire;
   std::vector<uint8_t> codes;
   std::vector<iovec> iov;
@@ -906,8 +925,11 @@ absl::StatusOr<BatchHandle> TcpTransport::Submit(const PeerId& peer, OpKind op,
 
   absl::Status s = p->EnsureConnections(batch->state->deadline());
   if (!s.ok()) {
-    batch->state->Abort(
-        absl::UnavailableError(absl::StrCat("peer ", peer.address, " unreachable: ", s.message())));
+    // A refused membership proof stays PermissionDenied: retrying the same peer will not help.
+    batch->state->Abort(s.code() == absl::StatusCode::kPermissionDenied
+                            ? s
+                            : absl::UnavailableError(absl::StrCat("peer ", peer.address,
+                                                                  " unreachable: ", s.message())));
     for (size_t i = 0; i < units.size(); ++i) batch->state->FinishUnit();
     return handle;
   }
@@ -934,6 +956,7 @@ TransportStats TcpTransport::stats() const {
   if (server_) {
     s.serving_connections = server_->connections();
     s.requests_refused = server_->refused();
+    s.handshakes_refused = server_->handshakes_refused();
   }
   return s;
 }

@@ -8,6 +8,10 @@
 // `max_inflight_bytes_per_peer`. Payloads go straight between the socket and the caller's memory
 // (sendmsg/recvmsg iovecs; no intermediate buffer, no per-value allocation).
 //
+// Handshake: before any request, both ends of a connection prove they hold the cluster secret
+// (tcp_handshake.h); a serving connection that fails it is closed without reading a request, an
+// initiator that fails it gets PermissionDenied for the batch.
+//
 // Serving side: Boost.Asio accepts; each connection is served by one thread with blocking
 // sendmsg/recvmsg straight from and into the registered region, after validating the request
 // (tcp_wire.h, RegisteredRegion).
@@ -54,6 +58,11 @@ struct TcpTransportOptions {
   absl::Duration connect_timeout = absl::Seconds(2);
   int max_serving_connections = 256;
   bool zerocopy_send = false;  // MSG_ZEROCOPY for read replies (measured in bench/transport_bench)
+  // Every connection starts with the mutual cluster-secret handshake (tcp_handshake.h), served
+  // and initiated with this secret; a serving connection must complete it within
+  // handshake_timeout (an initiator within its connect deadline).
+  std::string cluster_secret;
+  absl::Duration handshake_timeout = absl::Seconds(5);
 };
 
 class TcpTransport final : public Transport {

@@ -102,6 +102,9 @@ struct TransportStats {
   uint64_t serving_connections = 0;  // connections / queue pairs served for peers
   uint64_t serving_active_requests = 0;
   uint64_t requests_refused = 0;  // serving side: descriptors or requests refused
+  // Serving side: connections closed because the peer failed the membership proof (wrong cluster
+  // secret, not our protocol, too slow) before any request was read.
+  uint64_t handshakes_refused = 0;
   uint64_t batches_completed = 0;
 };
 

@@ -539,6 +539,9 @@ TYPED_TEST(TransportConformance, RejectsBadArgumentsAtSubmit) {
 
 TYPED_TEST(TransportConformance, CancelEndsAStalledBatch) {
   this->Start(16 * MiB, 16 * MiB);
+  // Connected (and, on TCP, past the membership handshake) before the peer stalls: what stalls
+  // is the batch, not the connection set-up.
+  ASSERT_TRUE(this->Run(OpKind::kRead, {{0, this->local_->base(), 4096}}).status.ok());
   this->peer_->Stall(true);
   auto h = this->transport_->Submit(this->peer_->id(), OpKind::kRead,
                                     std::vector<Descriptor>{{0, this->local_->base(), 16 * MiB}},
@@ -560,6 +563,9 @@ TYPED_TEST(TransportConformance, CancelEndsAStalledBatch) {
 
 TYPED_TEST(TransportConformance, DeadlineIsBounded) {
   this->Start(16 * MiB, 16 * MiB);
+  // Connected (and, on TCP, past the membership handshake) before the peer stalls: what stalls
+  // is the batch, not the connection set-up.
+  ASSERT_TRUE(this->Run(OpKind::kRead, {{0, this->local_->base(), 4096}}).status.ok());
   this->peer_->Stall(true);
   const auto t0 = std::chrono::steady_clock::now();
   auto h = this->transport_->Submit(this->peer_->id(), OpKind::kWrite,
@@ -598,6 +604,7 @@ TYPED_TEST(TransportConformance, ReconnectsAfterPeerRestartWithNewGeneration) {
 
 TYPED_TEST(TransportConformance, PeerKilledMidBatchFailsIt) {
   this->Start(64 * MiB, 64 * MiB);
+  ASSERT_TRUE(this->Run(OpKind::kRead, {{0, this->local_->base(), 4096}}).status.ok());
   this->peer_->Stall(true);  // holds the batch mid-flight
   auto h = this->transport_->Submit(this->peer_->id(), OpKind::kRead,
                                     std::vector<Descriptor>{{0, this->local_->base(), 64 * MiB}},

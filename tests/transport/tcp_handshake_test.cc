@@ -1,0 +1,236 @@
+// The data plane's membership proof (transport/tcp_handshake.h): a peer without the cluster
+// secret is refused before any byte of the region is read or written, in both directions, and a
+// connection that never completes the handshake is closed by its deadline.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "transport/tcp_handshake.h"
+#include "transport/tcp_transport.h"
+#include "transport/tcp_wire.h"
+
+namespace fluxon::transport {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct SocketPair {
+  SocketPair() { EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0); }
+  ~SocketPair() {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  int fds[2] = {-1, -1};
+};
+
+struct Outcome {
+  absl::Status client;
+  absl::Status server;
+};
+
+Outcome Handshake(const std::string& client_secret, const std::string& server_secret) {
+  SocketPair p;
+  Outcome out;
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  std::thread server([&] { out.server = tcp::ServerHandshake(p.fds[1], server_secret, deadline); });
+  out.client = tcp::ClientHandshake(p.fds[0], client_secret, deadline);
+  server.join();
+  return out;
+}
+
+TEST(TcpHandshake, SameSecretPassesBothWays) {
+  const Outcome o =
+      Handshake("a cluster secret of 32 bytes ...", "a cluster secret of 32 bytes ...");
+  EXPECT_TRUE(o.client.ok()) << o.client;
+  EXPECT_TRUE(o.server.ok()) << o.server;
+  const Outcome empty = Handshake("", "");
+  EXPECT_TRUE(empty.client.ok() && empty.server.ok());
+}
+
+TEST(TcpHandshake, WrongSecretIsRefusedOnBothSides) {
+  const Outcome o = Handshake("the client's secret, 16+ bytes", "the server's secret, 16+ bytes");
+  EXPECT_EQ(o.server.code(), absl::StatusCode::kPermissionDenied) << o.server;
+  EXPECT_EQ(o.client.code(), absl::StatusCode::kPermissionDenied) << o.client;
+  // A secret that is a prefix of the other is a different key too.
+  const Outcome prefix = Handshake("secret-secret-secret", "secret-secret-secret-2");
+  EXPECT_EQ(prefix.server.code(), absl::StatusCode::kPermissionDenied);
+  const Outcome none = Handshake("", "a real secret, long enough");
+  EXPECT_EQ(none.server.code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST(TcpHandshake, ServerThatCannotProveTheSecretIsRefusedByTheClient) {
+  // A fake server: a fresh challenge, then an "accepted" verdict with a MAC it could not compute.
+  SocketPair p;
+  absl::Status client;
+  std::thread fake([&] {
+    uint8_t challenge[40] = {};
+    const uint32_t magic = tcp::kChallengeMagic;
+    std::memcpy(challenge, &magic, 4);
+    challenge[4] = tcp::kHandshakeVersion;
+    ASSERT_EQ(::send(p.fds[1], challenge, sizeof(challenge), 0), 40);
+    uint8_t proof[72];
+    ASSERT_EQ(::recv(p.fds[1], proof, sizeof(proof), MSG_WAITALL), 72);
+    uint8_t verdict[40] = {};
+    const uint32_t vmagic = tcp::kVerdictMagic;
+    std::memcpy(verdict, &vmagic, 4);
+    verdict[4] = 1;                                // accepted
+    std::memcpy(verdict + 8, proof + 8 + 32, 32);  // echoes the client's own MAC back
+    ASSERT_EQ(::send(p.fds[1], verdict, sizeof(verdict), 0), 40);
+  });
+  client = tcp::ClientHandshake(p.fds[0], "the cluster secret, 16+ bytes",
+                                Clock::now() + std::chrono::seconds(5));
+  fake.join();
+  EXPECT_EQ(client.code(), absl::StatusCode::kPermissionDenied) << client;
+}
+
+TEST(TcpHandshake, SilentPeerEndsAtTheDeadline) {
+  SocketPair p;
+  const auto start = Clock::now();
+  const absl::Status s =
+      tcp::ServerHandshake(p.fds[1], "secret", start + std::chrono::milliseconds(200));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+}
+
+// ----- Through TcpTransport: serving side and initiator with their own secrets -------------
+
+struct Served {
+  std::vector<uint8_t> region = std::vector<uint8_t>(1 << 20, 0x5a);
+  std::unique_ptr<TcpTransport> transport;
+};
+
+std::unique_ptr<TcpTransport> MakeTransport(const std::string& secret, bool listen,
+                                            absl::Duration handshake_timeout = absl::Seconds(5)) {
+  TcpTransportOptions o;
+  o.listen_address = listen ? "127.0.0.1:0" : "";
+  o.connections_per_peer = 2;
+  o.request_bytes = 64 << 10;
+  o.max_inflight_bytes_per_peer = 1 << 20;
+  o.cluster_secret = secret;
+  o.handshake_timeout = handshake_timeout;
+  auto t = TcpTransport::Create(o);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+TEST(TcpTransportSecret, MembersMoveBytesOthersAreRefusedAndTouchNothing) {
+  Served server;
+  server.transport = MakeTransport("cluster secret: fluxon-test-1", /*listen=*/true);
+  ASSERT_TRUE(server.transport->RegisterRegion(7, server.region.data(), server.region.size()).ok());
+
+  std::vector<uint8_t> local(1 << 16, 0x11);
+  auto member = MakeTransport("cluster secret: fluxon-test-1", /*listen=*/false);
+  ASSERT_TRUE(member->RegisterRegion(1, local.data(), local.size()).ok());
+  Descriptor d{0, local.data(), 4096};
+  auto h =
+      member->Submit({server.transport->endpoint(), 7}, OpKind::kRead, {&d, 1}, absl::Seconds(5));
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(h->Wait().status.ok()) << h->Wait().status;
+  EXPECT_EQ(local[0], 0x5a);
+
+  std::vector<uint8_t> other_mem(1 << 16, 0x22);
+  auto outsider = MakeTransport("a different secret, fluxon-test", /*listen=*/false);
+  ASSERT_TRUE(outsider->RegisterRegion(1, other_mem.data(), other_mem.size()).ok());
+  for (OpKind op : {OpKind::kWrite, OpKind::kRead}) {
+    Descriptor od{0, other_mem.data(), 4096};
+    auto oh = outsider->Submit({server.transport->endpoint(), 7}, op, {&od, 1}, absl::Seconds(5));
+    ASSERT_TRUE(oh.ok());
+    const BatchResult& r = oh->Wait();
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kPermissionDenied) << r.status;
+    EXPECT_EQ(r.bytes_ok, 0u);
+  }
+  EXPECT_EQ(server.region[0], 0x5a) << "a refused write changed the region";
+  EXPECT_EQ(other_mem[0], 0x22) << "a refused read filled local memory";
+  // The server counts a refusal after sending its verdict: poll (bounded) for both.
+  for (int i = 0; i < 200 && server.transport->stats().handshakes_refused < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(server.transport->stats().handshakes_refused, 2u);
+
+  // A member that served nothing to the outsider still serves members afterwards.
+  auto again =
+      member->Submit({server.transport->endpoint(), 7}, OpKind::kRead, {&d, 1}, absl::Seconds(5));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->Wait().status.ok());
+}
+
+int ConnectLoopback(const std::string& endpoint) {
+  const int port = std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  return fd;
+}
+
+// Reads until EOF (or 5 s); returns the bytes received.
+size_t DrainUntilClosed(int fd) {
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  size_t total = 0;
+  uint8_t buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    // Closed: EOF, or a reset (the server closed with our unread bytes in its buffer).
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return total;
+    if (n < 0) return SIZE_MAX;
+    total += static_cast<size_t>(n);
+  }
+}
+
+TEST(TcpTransportSecret, RequestWithoutHandshakeIsNeverServed) {
+  Served server;
+  server.transport = MakeTransport("cluster secret: fluxon-test-2", /*listen=*/true);
+  ASSERT_TRUE(server.transport->RegisterRegion(9, server.region.data(), server.region.size()).ok());
+  // A raw peer skips the handshake and sends a well-formed write request for offset 0.
+  const int fd = ConnectLoopback(server.transport->endpoint());
+  std::vector<uint8_t> msg(sizeof(tcp::RequestHeader) + sizeof(tcp::WireDescriptor) + 4096, 0x77);
+  tcp::RequestHeader h;
+  h.op = static_cast<uint8_t>(OpKind::kWrite);
+  h.descriptor_count = 1;
+  h.generation = 9;
+  h.payload_bytes = 4096;
+  tcp::WireDescriptor wd{0, 4096};
+  std::memcpy(msg.data(), &h, sizeof(h));
+  std::memcpy(msg.data() + sizeof(h), &wd, sizeof(wd));
+  uint8_t challenge[40];
+  ASSERT_EQ(::recv(fd, challenge, sizeof(challenge), MSG_WAITALL), 40);
+  (void)::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL);
+  // The server found no proof in the request's first 72 bytes and closed: no reply, ever.
+  EXPECT_EQ(DrainUntilClosed(fd), 0u);
+  ::close(fd);
+  EXPECT_EQ(server.region[0], 0x5a);
+  for (int i = 0; i < 200 && server.transport->stats().handshakes_refused < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server.transport->stats().handshakes_refused, 1u);
+}
+
+TEST(TcpTransportSecret, ConnectionThatNeverProvesIsClosedByTheHandshakeTimeout) {
+  Served server;
+  server.transport =
+      MakeTransport("s3cret-s3cret-s3cret", /*listen=*/true, absl::Milliseconds(300));
+  ASSERT_TRUE(server.transport->RegisterRegion(3, server.region.data(), server.region.size()).ok());
+  const int fd = ConnectLoopback(server.transport->endpoint());
+  const auto start = Clock::now();
+  EXPECT_EQ(DrainUntilClosed(fd), 40u) << "only the challenge, then the close";
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(4));
+  ::close(fd);
+  for (int i = 0; i < 200 && server.transport->stats().handshakes_refused < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server.transport->stats().handshakes_refused, 1u);
+}
+
+}  // namespace
+}  // namespace fluxon::transport
