@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   std::string dump, only;
   std::vector<int> caps = {10, 25, 50};
   int reps = 3;
+  bool weights = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--dump-traces") && i + 1 < argc) {
       dump = argv[++i];
@@ -102,12 +103,14 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--capacities") && i + 1 < argc) {
       caps.clear();
       for (const auto& c : Split(argv[++i])) caps.push_back(std::atoi(c.c_str()));
+    } else if (!std::strcmp(argv[i], "--weights")) {
+      weights = true;
     } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--dump-traces DIR] [--only t1,t2] [--capacities 10,25,50] "
-                   "[--reps N]\n",
+                   "[--reps N] [--weights]\n",
                    argv[0]);
       return 2;
     }
@@ -144,8 +147,19 @@ int main(int argc, char** argv) {
         if (n == "adaptive (new)") adaptive = r.hit_rate();
         std::printf(" %.1f |", r.hit_rate());
       }
-      std::printf("%s\n",
+      std::printf("%s",
                   adaptive + 1e-9 < best_baseline ? " <- below the best of LRU/S3-FIFO/ARC" : "");
+      if (weights) {  // the adaptive policy's expert weights at the end of the replay
+        HotTier<AdaptiveChainPolicy> tier;
+        Replay<AdaptiveChainPolicy>(t, cap, 128, true, &tier);
+        tier.InspectPolicy([](const AdaptiveChainPolicy& p) {
+          std::printf(" weights prediction %.3f recency %.3f probation target %.3f",
+                      p.weight(AdaptiveChainPolicy::kPrediction),
+                      p.weight(AdaptiveChainPolicy::kRecency), p.probation_target());
+          return 0;
+        });
+      }
+      std::printf("\n");
       std::fflush(stdout);
     }
   }

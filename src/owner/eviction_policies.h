@@ -15,41 +15,63 @@
 // are chained hashes, so a page that comes back after a miss has the same one); 0 = unknown.
 //
 // ---------------------------------------------------------------------------------------------
-// AdaptiveChainPolicy: chain tree + two experts + ghost regret (LeCaR-style weights).
+// AdaptiveChainPolicy: chain tree + probation (one-hit filter) + two experts + ghost regret.
 //
 // 1. Structure. Cohorts form chains (put batches in batch order, continued through the client's
 //    parent-key hint), and chains form a tree: a batch whose parent is in the middle of a chain
 //    (a shared system prompt, a forked conversation) splits that chain there, so the shared prefix
-//    becomes its own chain with its own access statistics (one chain per radix-tree edge). Only a
-//    leaf chain's tail is ever a victim: a prefix is never evicted while a longer prompt built on
-//    it is kept (design §7: a miss at page i makes every later page useless). A cohort (atomic
-//    group) is one entry and is never split.
-// 2. Two experts rank the evictable chains:
+//    becomes its own chain with its own access statistics (one chain per radix-tree edge).
+//    Invariants: T1 only a leaf chain's tail is ever a victim, so a prefix is never evicted while
+//    a longer prompt built on it is kept (design §7: a miss at page i makes every later page
+//    useless); T2 a cohort (atomic group) is one entry and is never split; T3 only a chain's tail
+//    can have branches (a branch off the middle splits the chain first).
+// 2. Probation (S3-FIFO's small queue, ARC's adaptive split, on chains). A chain that has not been
+//    accessed since its put is on probation; its first access (a restore of any of its pages)
+//    ends it. While the probation chains hold more than a target share of the resident weight,
+//    the oldest of them is the victim: the one-hit filter (a scan, a conversation that never comes
+//    back) that neither expert below is. The target adapts as ARC's p does, on the ghosts (see 4):
+//    a page evicted from probation that comes back raises it, one evicted from the rest lowers
+//    it, by kTargetStep of the resident weight times the ratio of the other ghost population to
+//    this one's. It starts at 1 (probation unlimited, no filtering): on cyclic traffic every
+//    probation chain comes back and the target stays high; where once-seen chains do not come
+//    back, only the main part's victims return and the target falls. A new chain whose first page
+//    is a ghost (evicted, then missed) skips probation, as a ghost hit goes to S3-FIFO's main
+//    queue.
+// 3. Two experts rank the evictable (leaf) chains when probation is within its target:
 //    - prediction: the chain whose next access is predicted last (each chain learns its reuse
 //      period; overdue chains first) — Belady-like on cyclic multi-turn traffic, where recency is
 //      exactly wrong (the least recently used conversation is the next to return);
 //    - recency: the least recently used chain (LRU on chains, tail first) — right when popularity
 //      is skewed and periods are noisy, and after a shift of the hot set.
-// 3. Adaptation. Each victim chain is chosen by one expert: the one with the larger share of
-//    decisions, given deterministically in proportion to the weights (a running credit, no random
-//    numbers). While the experts disagree, the victim's fingerprint goes to a ghost FIFO tagged
-//    with the expert that chose it; a victim both experts picked is not tagged. When a tagged page
-//    is admitted again (it was evicted, then missed), the expert that evicted it pays regret d^age
-//    (age in evictions since, d chosen so that regret falls to 0.005 at the ghost's length, as
-//    LeCaR does), weight *= exp(-0.45 * regret), renormalised; weights stay in [0.001, 0.999] so
-//    the losing expert keeps being sampled and the mix can swing back when the traffic changes.
-//    The prior is prediction (0.999): the chains exist for it, and where no ghost ever comes back
-//    (cyclic traffic at a small capacity: every evicted page returns after more evictions than
-//    the ghost holds) there is no evidence either way, and prediction is the one that keeps a
-//    stable subset of conversations whole.
+//    Where they disagree, each chooses its weight's share of the victims, deterministically
+//    (smooth weighted round robin on running credits, no random numbers).
+// 4. Regret (LeCaR). Every victim's fingerprint goes to a ghost FIFO, tagged with whether it was
+//    on probation and, while the experts disagreed, with the expert that chose it. When a tagged
+//    page is admitted again, that expert pays regret d^age (age in evictions since, d chosen so
+//    that regret falls to 0.005 at the ghost's length, as LeCaR does), divided by its weight (at
+//    least kRegretFloor: EXP3's importance weighting, so an expert chosen rarely is not favoured
+//    for being caught rarely); weight *= exp(-0.45 * that), renormalised, each weight at least
+//    kMinWeight so the mix can swing back when the traffic changes. The prior is prediction
+//    (1 - kMinWeight): the chains exist for it, and where no ghost ever comes back (cyclic traffic
+//    at a small capacity: every evicted page returns after more evictions than the ghost holds)
+//    there is no evidence either way, and prediction is the one that keeps a stable subset of
+//    conversations whole.
 //    A victim chain stays the victim until it is empty or accessed again, so misses concentrate in
 //    few prompts instead of being spread over many (the cyclic trace's lesson).
-// 4. Bounds. Metadata per live cohort and chain, plus a ghost FIFO of at most as many entries as
+// 5. Bounds. Metadata per live cohort and chain, plus a ghost FIFO of at most as many entries as
 //    the most cohorts ever resident (so bounded by the capacity); nothing is kept per key that
 //    left both. No state outlives its cohort except the ghost entry.
-// Parameters: the learning rate 0.45 and the regret discount come from LeCaR; kRepeatFraction and
-// kRecentTicks are ReusePredictionPolicy's (a probe then a read is one access; chains being served
-// now are not victims). The mode lets the bench run each expert alone.
+// 6. Cost (per access, amortised; no allocation per page but the ghost's): a restored prefix costs
+//    one hash lookup per chain, not per page (its pages are matched against the chain's vector);
+//    each touched chain moves to the front of an intrusive recency list (O(1)) and is re-keyed in
+//    the prediction index (a btree) only when its predicted time changes: a repeat (the read
+//    right after the probe) updates the recency only. A put re-keys its chain once, not per page;
+//    a tail eviction re-keys nothing unless the chain empties. The probation FIFO is the index of
+//    the chains without a period, which prediction needs anyway.
+// Parameters: the learning rate 0.45 and the regret discount come from LeCaR, the target's rule
+// from ARC; kRepeatFraction and kRecentTicks are ReusePredictionPolicy's (a probe then a read is
+// one access; chains being served now are not victims). The mode lets the bench run each expert
+// alone (no probation).
 #pragma once
 
 #include <algorithm>
@@ -58,10 +80,10 @@
 #include <deque>
 #include <list>
 #include <optional>
-#include <set>
 #include <utility>
 #include <vector>
 
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
 
@@ -70,81 +92,93 @@ namespace fluxon {
 class AdaptiveChainPolicy {
  public:
   enum class Mode { kAdaptive, kPredictionOnly, kRecencyOnly };
-  enum Expert : int { kPrediction = 0, kRecency = 1, kNone = 2 };
+  enum Expert : int { kPrediction = 0, kRecency = 1 };
+  static constexpr int kExperts = 2;
+  static constexpr double kMinWeight = 1e-4;
 
   explicit AdaptiveChainPolicy(Mode mode = Mode::kAdaptive,
                                double prediction_weight = 1.0 - kMinWeight)
       : mode_(mode), weight_{prediction_weight, 1.0 - prediction_weight} {}
+  AdaptiveChainPolicy(const AdaptiveChainPolicy&) = delete;
+  AdaptiveChainPolicy& operator=(const AdaptiveChainPolicy&) = delete;
 
   void Insert(uint64_t id, uint64_t after, uint64_t now, bool refresh, uint64_t fingerprint = 0,
-              uint64_t /*weight*/ = 1) {
-    if (fingerprint != 0) GhostHit(fingerprint, /*penalize=*/refresh);
-    uint64_t chain_id = 0;
+              uint64_t weight = 1) {
+    const bool ghost_hit = fingerprint != 0 && GhostHit(fingerprint, /*penalize=*/refresh);
+    Chain* c = nullptr;
     auto prev = after != 0 ? members_.find(after) : members_.end();
     if (prev != members_.end()) {
-      Chain& p = chains_.at(prev->second.chain);
-      if (p.cohorts.back() == after && prev->second.children == 0) {
-        chain_id = prev->second.chain;  // continues its chain
+      Chain* p = prev->second.chain;
+      const uint32_t pos = prev->second.pos;
+      if (pos + 1 == p->cohorts.size() && p->tail_children == 0) {
+        c = p;  // continues its chain
       } else {
-        if (p.cohorts.back() != after) Split(prev->second.chain, after);
-        chain_id = NewChain(after, now);  // a branch off `after`
+        if (pos + 1 != p->cohorts.size()) Split(p, pos);
+        c = NewChain(after, now);  // a branch off `after`
       }
     } else {
-      chain_id = NewChain(0, now);
+      c = NewChain(0, now);
     }
-    Chain& c = chains_.at(chain_id);
-    const bool was_evictable = !c.cohorts.empty();
-    if (was_evictable) Unindex(chain_id);
-    c.cohorts.push_back(id);
-    members_[id] = Member{chain_id, std::prev(c.cohorts.end()), 0, fingerprint};
-    if (refresh) c.last = std::max(c.last, now);
-    Reindex(chain_id);
+    if (ghost_hit && refresh && c->cohorts.empty()) {
+      // A new chain whose first page was evicted and is back: not on probation (S3-FIFO and
+      // ARC: a ghost hit goes to the main queue); its period is not known yet, the mean stands in.
+      c->has_period = true;
+      c->period = period_count_ > 0 ? period_sum_ / static_cast<double>(period_count_) : 1.0;
+    }
+    const bool refreshes = refresh && now > c->last;
+    if (refreshes) Unindex(c);
+    c->cohorts.push_back(id);
+    c->weight += weight;
+    total_weight_ += weight;
+    if (InProbation(c)) probation_weight_ += weight;
+    if (refreshes) {
+      c->last = now;
+      MoveToFront(c);
+    }
+    members_[id] = Member{c, static_cast<uint32_t>(c->cohorts.size() - 1), weight, fingerprint};
+    Reindex(c);
     high_water_ = std::max<uint64_t>(high_water_, members_.size());
   }
 
-  // One access: each distinct chain among `ids` learns the gap since its last access.
+  // One access: each distinct chain among `ids` learns the gap since its last access. `ids` is
+  // normally a restored prefix, tail first: after one lookup, the pages before it in its chain are
+  // matched against the chain itself.
   void Touch(const std::vector<uint64_t>& ids, uint64_t now) {
-    for (uint64_t id : ids) {
-      auto m = members_.find(id);
+    for (size_t i = 0; i < ids.size();) {
+      auto m = members_.find(ids[i++]);
       if (m == members_.end()) continue;
-      const uint64_t chain_id = m->second.chain;
-      Chain& c = chains_.at(chain_id);
-      if (c.last == now) continue;  // already counted for this access
-      Unindex(chain_id);
-      const double gap = static_cast<double>(now - c.last);
-      if (c.has_period && gap < kRepeatFraction * c.period) {
-        // The same request again (a probe, then the read): not a new reuse gap.
-      } else if (c.has_period) {
-        c.period = 0.5 * c.period + 0.5 * gap;
-      } else {
-        c.has_period = true;
-        c.period = gap;
+      Chain* c = m->second.chain;
+      uint32_t pos = m->second.pos;
+      while (pos > 0 && i < ids.size() && ids[i] == c->cohorts[pos - 1]) {
+        --pos;
+        ++i;
       }
-      c.last = now;
-      Reindex(chain_id);
+      TouchChain(c, now);
     }
   }
 
   void Erase(uint64_t id) {
     auto m = members_.find(id);
     if (m == members_.end()) return;
-    const uint64_t chain_id = m->second.chain;
-    Chain& c = chains_.at(chain_id);
-    Unindex(chain_id);
-    c.cohorts.erase(m->second.pos);
+    Chain* c = m->second.chain;
+    const uint32_t pos = m->second.pos;
+    const uint64_t w = m->second.weight;
     members_.erase(m);
-    if (!c.cohorts.empty()) {
-      Reindex(chain_id);
-      return;
+    const bool tail = pos + 1 == c->cohorts.size();
+    if (InProbation(c)) probation_weight_ -= w;
+    c->weight -= w;
+    total_weight_ -= w;
+    if (tail) {
+      c->cohorts.pop_back();
+      c->tail_children = 0;  // branches off an erased cohort hang on nothing (T3)
+    } else {
+      c->cohorts.erase(c->cohorts.begin() + pos);
+      for (uint32_t j = pos; j < c->cohorts.size(); ++j) members_.at(c->cohorts[j]).pos = j;
     }
-    const uint64_t parent = c.parent;
-    chains_.erase(chain_id);
-    if (parent != 0) {  // the parent may have become a leaf's tail
-      auto p = members_.find(parent);
-      if (p != members_.end() && p->second.children > 0 && --p->second.children == 0) {
-        Unindex(p->second.chain);
-        Reindex(p->second.chain);
-      }
+    if (c->cohorts.empty()) {
+      DestroyChain(c);
+    } else if (tail) {
+      Reindex(c);  // the new tail has no branches: a leaf now, if it was not
     }
   }
 
@@ -153,12 +187,17 @@ class AdaptiveChainPolicy {
     if (m == members_.end()) return;
     const uint64_t fp = m->second.fingerprint;
     if (fp != 0) {
-      const Expert tag = m->second.chain == victim_chain_ ? victim_tag_ : kNone;
+      uint8_t tag = m->second.chain == victim_ ? victim_tag_ : 0;  // experts that chose it
+      if (InProbation(m->second.chain)) {
+        tag |= kProbationBit;
+        ++probation_ghosts_;
+      }
       ghost_.push_back({fp, ++evictions_, tag});
       ghost_index_[fp] = evictions_;
       while (ghost_.size() > std::max<uint64_t>(high_water_, 1)) {
         auto g = ghost_index_.find(ghost_.front().fingerprint);
         if (g != ghost_index_.end() && g->second == ghost_.front().seq) ghost_index_.erase(g);
+        if (ghost_.front().tag & kProbationBit) --probation_ghosts_;
         ghost_.pop_front();
       }
     }
@@ -170,45 +209,45 @@ class AdaptiveChainPolicy {
   uint64_t Predecessor(uint64_t id) const {
     auto m = members_.find(id);
     if (m == members_.end()) return 0;
-    const Chain& c = chains_.at(m->second.chain);
-    return m->second.pos == c.cohorts.begin() ? c.parent : *std::prev(m->second.pos);
+    const Chain* c = m->second.chain;
+    return m->second.pos == 0 ? c->parent : c->cohorts[m->second.pos - 1];
   }
 
   std::optional<uint64_t> Coldest(uint64_t now) {
     if (chains_.empty()) return std::nullopt;
     // The current victim chain stays the victim until it is accessed again.
-    auto sticky = chains_.find(victim_chain_);
-    if (sticky != chains_.end() && sticky->second.indexed && sticky->second.last == victim_last_) {
-      return sticky->second.cohorts.back();
+    if (victim_ != nullptr && victim_->indexed && victim_->last == victim_last_) {
+      return victim_->cohorts.back();
     }
-    std::optional<uint64_t> pred, rec;
-    if (mode_ != Mode::kRecencyOnly) pred = PredictionVictim(now);
-    if (mode_ != Mode::kPredictionOnly && !by_last_.empty()) rec = by_last_.begin()->second;
-    Expert tag = kNone;
-    uint64_t chain_id;
-    if (pred && rec && *pred != *rec) {
-      credit_ += weight_[kPrediction];
-      if (credit_ >= 1.0) {
-        credit_ -= 1.0;
-        tag = kPrediction;
-        chain_id = *pred;
-      } else {
-        tag = kRecency;
-        chain_id = *rec;
-      }
-    } else if (pred || rec) {
-      chain_id = pred ? *pred : *rec;
-    } else {
-      chain_id = chains_.begin()->first;  // no leaf (cannot happen in a tree): any tail
+    // The filter first: probation over its target share gives up its oldest chain.
+    if (mode_ == Mode::kAdaptive) {
+      if (Chain* c = FilterVictim(); c != nullptr) return SetVictim(c, 0);
     }
-    victim_chain_ = chain_id;
-    victim_tag_ = tag;
-    victim_last_ = chains_.at(chain_id).last;
-    return chains_.at(chain_id).cohorts.back();
+    Chain* cand[kExperts] = {nullptr, nullptr};
+    if (mode_ != Mode::kRecencyOnly) cand[kPrediction] = PredictionVictim(now);
+    if (mode_ != Mode::kPredictionOnly) cand[kRecency] = RecencyVictim();
+    if (cand[kPrediction] == nullptr || cand[kRecency] == nullptr ||
+        cand[kPrediction] == cand[kRecency]) {
+      Chain* c = cand[kPrediction] != nullptr ? cand[kPrediction] : cand[kRecency];
+      return SetVictim(c != nullptr ? c : lru_tail_, 0);  // no leaf (cannot happen): any tail
+    }
+    // They disagree: smooth weighted round robin (each gains its weight in credit, the richer
+    // one chooses and pays 1), so each expert chooses its weight's share of the decisions.
+    int best = kPrediction;
+    for (int i = 0; i < kExperts; ++i) {
+      credit_[i] += weight_[i];
+      if (credit_[i] > credit_[best]) best = i;
+    }
+    credit_[best] -= 1.0;
+    return SetVictim(cand[best], uint8_t{1} << best);
   }
 
   // Introspection for tests and the bench.
+  double weight(Expert e) const { return weight_[e]; }
   double prediction_weight() const { return weight_[kPrediction]; }
+  uint64_t probation_weight() const { return probation_weight_; }
+  // Probation's target share of the resident weight (ARC's p, as a fraction).
+  double probation_target() const { return target_; }
   size_t ghost_size() const { return ghost_.size(); }
   size_t ghost_index_size() const { return ghost_index_.size(); }
   size_t chains() const { return chains_.size(); }
@@ -218,157 +257,306 @@ class AdaptiveChainPolicy {
   static constexpr uint64_t kRecentTicks = 4;
   static constexpr double kRepeatFraction = 0.25;
   static constexpr double kLearningRate = 0.45;  // LeCaR's
-  static constexpr double kMinWeight = 0.001;
+  // The probation target moves by this share of the resident weight per ghost hit (times ARC's
+  // ratio of the two ghost populations), between 0 and 1 (probation unlimited: the start).
+  static constexpr double kTargetStep = 0.01;
+  // EXP3's importance weighting: regret is divided by the chooser's weight (at least this), so
+  // an expert that is rarely chosen is not favoured for being rarely caught.
+  static constexpr double kRegretFloor = 0.01;
+  static constexpr uint8_t kProbationBit = 4;  // ghost tag: evicted while on probation
 
   struct Chain {
-    std::list<uint64_t> cohorts;  // head first
-    uint64_t parent = 0;          // the cohort this chain branches off (0: a root)
-    uint64_t last = 0;            // logical time of the last access
+    uint64_t id = 0;                // newer chains: larger ids (ties in the indexes)
+    std::vector<uint64_t> cohorts;  // head first
+    uint64_t parent = 0;            // the cohort this chain branches off (0: a root)
+    uint32_t tail_children = 0;     // chains branching off the tail (T3: only the tail has any)
+    uint64_t last = 0;              // logical time of the last access
+    uint64_t weight = 0;            // sum of the cohorts' weights
     double period = 0;
-    bool has_period = false;
-    bool indexed = false;  // in the expert indexes: a leaf (its tail has no branches)
+    bool has_period = false;  // accessed since its put (no period: on probation)
+    bool indexed = false;     // in the expert indexes: a leaf (its tail has no branches)
     double indexed_pred = 0;
     double indexed_period = 0;
     uint64_t indexed_last = 0;
+    Chain* newer = nullptr;  // recency list, every chain
+    Chain* older = nullptr;
   };
   struct Member {
-    uint64_t chain;
-    std::list<uint64_t>::iterator pos;
-    uint32_t children;  // chains branching off this cohort
+    Chain* chain;
+    uint32_t pos;  // index in chain->cohorts
+    uint64_t weight;
     uint64_t fingerprint;
   };
   struct Ghost {
     uint64_t fingerprint;
     uint64_t seq;
-    Expert tag;
+    uint8_t tag;  // bit e: expert e chose this victim; kProbationBit: it was on probation
+  };
+  struct PredKey {
+    double pred;
+    uint64_t id;
+    Chain* chain;
+    bool operator<(const PredKey& o) const {
+      return pred < o.pred || (pred == o.pred && id < o.id);
+    }
+  };
+  struct LastKey {
+    uint64_t last;
+    uint64_t id;
+    Chain* chain;
+    bool operator<(const LastKey& o) const {
+      return last < o.last || (last == o.last && id < o.id);
+    }
   };
 
-  uint64_t NewChain(uint64_t parent, uint64_t now) {
+  static bool InProbation(const Chain* c) { return c->indexed && !c->has_period; }
+
+  void TouchChain(Chain* c, uint64_t now) {
+    if (c->last == now) return;  // already counted for this access
+    const double gap = static_cast<double>(now - c->last);
+    if (c->has_period && gap < kRepeatFraction * c->period) {
+      // The same request again (a probe, then the read): not a new reuse gap; the predicted
+      // time moves by less than a quarter period, so the index keeps its key.
+      c->last = now;
+      MoveToFront(c);
+      return;
+    }
+    Unindex(c);
+    if (c->has_period) {
+      c->period = 0.5 * c->period + 0.5 * gap;
+    } else {
+      c->has_period = true;  // leaves probation
+      c->period = gap;
+    }
+    c->last = now;
+    MoveToFront(c);
+    Reindex(c);
+  }
+
+  Chain* NewChain(uint64_t parent, uint64_t now) {
     const uint64_t id = ++last_chain_id_;
     Chain& c = chains_[id];
+    c.id = id;
     c.parent = parent;
     c.last = now;
+    PushFront(&c);
     if (parent != 0) {
-      Member& p = members_.at(parent);
-      if (p.children++ == 0) Unindex(p.chain);  // no longer a leaf's tail
+      Chain* p = members_.at(parent).chain;
+      if (p->tail_children++ == 0) Unindex(p);  // no longer a leaf
     }
-    return id;
+    return &c;
   }
 
-  // Moves the cohorts after `at` into a new chain branching off `at`, with the same statistics.
-  void Split(uint64_t chain_id, uint64_t at) {
-    Chain& c = chains_.at(chain_id);
-    Unindex(chain_id);
+  void DestroyChain(Chain* c) {
+    Unindex(c);
+    Unlink(c);
+    if (victim_ == c) victim_ = nullptr;
+    if (c->parent != 0) {  // the parent may have become a leaf's tail
+      auto p = members_.find(c->parent);
+      if (p != members_.end()) {
+        Chain* pc = p->second.chain;
+        if (pc->cohorts.back() == c->parent && pc->tail_children > 0 && --pc->tail_children == 0)
+          Reindex(pc);
+      }
+    }
+    chains_.erase(c->id);
+  }
+
+  // Moves the cohorts after position `at` into a new chain branching off it, with the same
+  // statistics.
+  void Split(Chain* c, uint32_t at) {
+    Unindex(c);
     const uint64_t tail_id = ++last_chain_id_;
     Chain& t = chains_[tail_id];
-    t.parent = at;
-    t.last = c.last;
-    t.period = c.period;
-    t.has_period = c.has_period;
-    t.cohorts.splice(t.cohorts.begin(), c.cohorts, std::next(members_.at(at).pos), c.cohorts.end());
-    for (uint64_t id : t.cohorts) members_.at(id).chain = tail_id;
-    ++members_.at(at).children;
-    Reindex(tail_id);
-    if (victim_chain_ == chain_id) victim_chain_ = 0;
+    t.id = tail_id;
+    t.parent = c->cohorts[at];
+    t.last = c->last;
+    t.period = c->period;
+    t.has_period = c->has_period;
+    t.tail_children = c->tail_children;
+    t.cohorts.assign(c->cohorts.begin() + at + 1, c->cohorts.end());
+    c->cohorts.resize(at + 1);
+    c->tail_children = 1;
+    for (uint32_t j = 0; j < t.cohorts.size(); ++j) {
+      Member& m = members_.at(t.cohorts[j]);
+      m.chain = &t;
+      m.pos = j;
+      t.weight += m.weight;
+    }
+    c->weight -= t.weight;
+    // Same recency as c, just ahead of it.
+    t.older = c;
+    t.newer = c->newer;
+    (c->newer ? c->newer->older : lru_head_) = &t;
+    c->newer = &t;
+    Reindex(&t);
+    if (victim_ == c) victim_ = nullptr;
   }
 
-  void Reindex(uint64_t chain_id) {
-    Chain& c = chains_.at(chain_id);
-    if (c.indexed || c.cohorts.empty() || members_.at(c.cohorts.back()).children != 0) return;
-    c.indexed = true;
-    c.indexed_last = c.last;
-    by_last_.emplace(c.last, chain_id);
-    if (c.has_period) {
-      c.indexed_pred = static_cast<double>(c.last) + c.period;
-      c.indexed_period = c.period;
-      by_pred_.emplace(c.indexed_pred, chain_id);
-      period_sum_ += c.period;
+  void PushFront(Chain* c) {
+    c->older = lru_head_;
+    c->newer = nullptr;
+    (lru_head_ ? lru_head_->newer : lru_tail_) = c;
+    lru_head_ = c;
+  }
+  void Unlink(Chain* c) {
+    (c->newer ? c->newer->older : lru_head_) = c->older;
+    (c->older ? c->older->newer : lru_tail_) = c->newer;
+    c->newer = c->older = nullptr;
+  }
+  void MoveToFront(Chain* c) {
+    if (lru_head_ == c) return;
+    Unlink(c);
+    PushFront(c);
+  }
+
+  void Reindex(Chain* c) {
+    if (c->indexed || c->cohorts.empty() || c->tail_children != 0) return;
+    c->indexed = true;
+    c->indexed_last = c->last;
+    if (c->has_period) {
+      c->indexed_pred = static_cast<double>(c->last) + c->period;
+      c->indexed_period = c->period;
+      by_pred_.insert({c->indexed_pred, c->id, c});
+      period_sum_ += c->period;
       ++period_count_;
     } else {
-      no_period_.emplace(c.last, chain_id);
+      no_period_.insert({c->last, c->id, c});
+      probation_weight_ += c->weight;
     }
   }
-  void Unindex(uint64_t chain_id) {
-    Chain& c = chains_.at(chain_id);
-    if (!c.indexed) return;
-    c.indexed = false;
-    by_last_.erase({c.indexed_last, chain_id});
-    if (by_pred_.erase({c.indexed_pred, chain_id}) > 0) {
-      period_sum_ -= c.indexed_period;
+  void Unindex(Chain* c) {
+    if (!c->indexed) return;
+    if (c->has_period) {
+      by_pred_.erase({c->indexed_pred, c->id, c});
+      period_sum_ -= c->indexed_period;
       --period_count_;
     } else {
-      no_period_.erase({c.indexed_last, chain_id});
+      no_period_.erase({c->indexed_last, c->id, c});
+      probation_weight_ -= c->weight;
     }
+    c->indexed = false;
   }
 
   // ReusePredictionPolicy's choice among the leaf chains.
-  std::optional<uint64_t> PredictionVictim(uint64_t now) const {
-    if (by_last_.empty()) return std::nullopt;
+  Chain* PredictionVictim(uint64_t now) const {
+    if (by_pred_.empty() && no_period_.empty()) return nullptr;
     const double mean = period_count_ > 0 ? period_sum_ / static_cast<double>(period_count_) : 0;
     const double t = static_cast<double>(now);
     if (!by_pred_.empty()) {  // finished chains first: overdue by more than a period
-      const auto& [pred, chain_id] = *by_pred_.begin();
-      if (t > pred + chains_.at(chain_id).period) return chain_id;
+      const PredKey& k = *by_pred_.begin();
+      if (t > k.pred + k.chain->indexed_period) return k.chain;
     }
     if (!no_period_.empty() && mean > 0) {
-      const auto& [last, chain_id] = *no_period_.begin();
-      if (t > static_cast<double>(last) + 2 * mean) return chain_id;
+      const LastKey& k = *no_period_.begin();
+      if (t > static_cast<double>(k.last) + 2 * mean) return k.chain;
     }
-    std::optional<std::pair<double, uint64_t>> best;
-    std::optional<uint64_t> fallback;
-    auto consider = [&](double pred, uint64_t chain_id) {
-      if (!fallback) fallback = chain_id;
-      if (chains_.at(chain_id).last + kRecentTicks > now) return false;
-      if (!best || std::make_pair(pred, chain_id) > *best) best = {pred, chain_id};
+    double best_pred = 0;
+    uint64_t best_id = 0;
+    Chain* best = nullptr;
+    Chain* fallback = nullptr;
+    auto consider = [&](double pred, Chain* c) {
+      if (fallback == nullptr) fallback = c;
+      if (c->last + kRecentTicks > now) return false;
+      if (best == nullptr || std::make_pair(pred, c->id) > std::make_pair(best_pred, best_id)) {
+        best_pred = pred;
+        best_id = c->id;
+        best = c;
+      }
       return true;
     };
     for (auto it = by_pred_.rbegin(); it != by_pred_.rend(); ++it) {
-      if (consider(it->first, it->second)) break;
+      if (consider(it->pred, it->chain)) break;
     }
     for (auto it = no_period_.rbegin(); it != no_period_.rend(); ++it) {
-      if (consider(static_cast<double>(it->first) + mean, it->second)) break;
+      if (consider(static_cast<double>(it->last) + mean, it->chain)) break;
     }
-    if (best) return best->second;
-    return fallback;
+    return best != nullptr ? best : fallback;
   }
 
-  void GhostHit(uint64_t fingerprint, bool penalize) {
+  // The least recently used leaf chain (inner chains are passed over: a prefix is touched with
+  // every prompt built on it, so they sit near the front).
+  Chain* RecencyVictim() const {
+    for (Chain* c = lru_tail_; c != nullptr; c = c->newer) {
+      if (c->indexed) return c;
+    }
+    return nullptr;
+  }
+
+  uint64_t SetVictim(Chain* c, uint8_t tag) {
+    victim_ = c;
+    victim_tag_ = tag;
+    victim_last_ = c->last;
+    return c->cohorts.back();
+  }
+
+  // The oldest chain on probation, while probation holds more than its target share.
+  Chain* FilterVictim() const {
+    if (no_period_.empty() ||
+        static_cast<double>(probation_weight_) <= target_ * static_cast<double>(total_weight_)) {
+      return nullptr;
+    }
+    return no_period_.begin()->chain;
+  }
+
+  // A page admitted again while its ghost is kept: it was evicted, then missed. Returns whether
+  // it was a ghost.
+  bool GhostHit(uint64_t fingerprint, bool penalize) {
     auto g = ghost_index_.find(fingerprint);
-    if (g == ghost_index_.end()) return;
+    if (g == ghost_index_.end()) return false;
     const uint64_t seq = g->second;
     ghost_index_.erase(g);
-    if (!penalize || ghost_.empty() || seq < ghost_.front().seq) return;
+    if (!penalize || ghost_.empty() || seq < ghost_.front().seq) return true;
     const Ghost& entry = ghost_[seq - ghost_.front().seq];
-    if (entry.tag == kNone) return;
+    // ARC: a page that left probation and came back says probation was too small, one that left
+    // the main part says the opposite; the step grows with the other population's size.
+    const double b1 = std::max<double>(static_cast<double>(probation_ghosts_), 1);
+    const double b2 = std::max<double>(static_cast<double>(ghost_.size() - probation_ghosts_), 1);
+    if (entry.tag & kProbationBit) {
+      target_ = std::min(target_ + kTargetStep * std::max(b2 / b1, 1.0), 1.0);
+    } else {
+      target_ = std::max(target_ - kTargetStep * std::max(b1 / b2, 1.0), 0.0);
+    }
+    if ((entry.tag & ((1 << kExperts) - 1)) == 0) return true;
     // LeCaR: regret discounted to 0.005 over the ghost's length.
     const double n = static_cast<double>(std::max<size_t>(ghost_.size(), 1));
     const double regret = std::pow(0.005, static_cast<double>(evictions_ - seq) / n);
-    weight_[entry.tag] *= std::exp(-kLearningRate * regret);
+    for (int i = 0; i < kExperts; ++i) {
+      if (entry.tag & (uint8_t{1} << i)) {
+        weight_[i] *= std::exp(-kLearningRate * regret / std::max(weight_[i], kRegretFloor));
+      }
+    }
     const double sum = weight_[0] + weight_[1];
     for (double& w : weight_) w = std::clamp(w / sum, kMinWeight, 1.0 - kMinWeight);
+    return true;
   }
 
   Mode mode_;
-  absl::node_hash_map<uint64_t, Chain> chains_;  // stable references; newer chains: larger ids
+  absl::node_hash_map<uint64_t, Chain> chains_;  // stable addresses
   uint64_t last_chain_id_ = 0;
   absl::flat_hash_map<uint64_t, Member> members_;
-  std::set<std::pair<uint64_t, uint64_t>> by_last_;    // (last access, leaf chain)
-  std::set<std::pair<double, uint64_t>> by_pred_;      // (predicted next access, leaf chain)
-  std::set<std::pair<uint64_t, uint64_t>> no_period_;  // (last access, leaf chain), no period yet
-  double period_sum_ = 0;                              // over the leaf chains with a period
+  Chain* lru_head_ = nullptr;  // most recently used
+  Chain* lru_tail_ = nullptr;
+  absl::btree_set<PredKey> by_pred_;    // leaf chains with a period, by predicted next access
+  absl::btree_set<LastKey> no_period_;  // leaf chains on probation, by last access (FIFO)
+  double period_sum_ = 0;               // over the leaf chains with a period
   uint64_t period_count_ = 0;
-  // The victim chain and the expert that chose it.
-  uint64_t victim_chain_ = 0;
+  uint64_t total_weight_ = 0;
+  uint64_t probation_weight_ = 0;  // of the leaf chains on probation
+  double target_ = 1.0;            // probation's target share of the resident weight
+  // The victim chain and the experts that proposed it.
+  Chain* victim_ = nullptr;
   uint64_t victim_last_ = 0;
-  Expert victim_tag_ = kNone;
+  uint8_t victim_tag_ = 0;
   // Ghosts: (fingerprint, eviction sequence, tag), oldest first; the index maps a fingerprint to
   // its newest sequence number. ghost_ holds consecutive sequence numbers.
   std::deque<Ghost> ghost_;
   absl::flat_hash_map<uint64_t, uint64_t> ghost_index_;
+  uint64_t probation_ghosts_ = 0;  // ghosts tagged kProbationBit (ARC's |B1|)
   uint64_t evictions_ = 0;
   uint64_t high_water_ = 0;  // the most cohorts ever resident: bounds the ghost FIFO
-  double weight_[2];         // prior: prediction (see 3.)
-  double credit_ = 0;
+  double weight_[kExperts];  // prior: prediction (see 3.)
+  double credit_[kExperts] = {0, 0};
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // AdaptiveChainPolicy (the HotTier default) and the replayed acceptance traces of issue 14: tail
-// first within a chain, shared prefixes kept while a branch lives, cohorts never split, S4
-// readmits lossless, ghost regret moving the weights the right way, bounded metadata, and the hit
-// rates against the baselines and Belady.
+// first within a chain (T1), shared prefixes kept while a branch lives, cohorts never split (T2),
+// S4 readmits lossless, probation as a one-hit filter that cyclic traffic leaves open, ghost
+// regret moving the weights the right way, bounded metadata, and the hit rates against the
+// baselines and Belady.
 #include "owner/eviction_policies.h"
 
 #include <gtest/gtest.h>
@@ -49,6 +50,10 @@ struct Undecided : AdaptiveChainPolicy {
 
 struct RecencyOnly : AdaptiveChainPolicy {
   RecencyOnly() : AdaptiveChainPolicy(Mode::kRecencyOnly) {}
+};
+
+struct PredictionOnly : AdaptiveChainPolicy {
+  PredictionOnly() : AdaptiveChainPolicy(Mode::kPredictionOnly) {}
 };
 
 TEST(AdaptiveChainPolicyTest, VictimsComeFromTheTailOfTheirChain) {
@@ -123,15 +128,17 @@ TEST(AdaptiveChainPolicyTest, ADeleteIsNotAGhost) {
   EXPECT_EQ(tier.InspectPolicy([](const auto& p) { return p.cohorts(); }), 0u);
 }
 
-// 4 hot prompts of 4 pages, each round all four, then a scan of 12 new pages; capacity 20 pages.
-Trace HotSetAndScans() {
+// 4 hot prompts of 4 pages, each round all four, then `scans` one-hit scans of 12 new pages.
+Trace HotSetAndScans(int scans = 1) {
   Trace t;
   uint32_t next = 16;
   for (int round = 0; round < 60; ++round) {
     for (uint32_t h = 0; h < 4; ++h) t.Add({4 * h, 4 * h + 1, 4 * h + 2, 4 * h + 3});
-    std::vector<uint32_t> scan;
-    for (int i = 0; i < 12; ++i) scan.push_back(next++);
-    t.Add(scan);
+    for (int k = 0; k < scans; ++k) {
+      std::vector<uint32_t> scan;
+      for (int i = 0; i < 12; ++i) scan.push_back(next++);
+      t.Add(scan);
+    }
   }
   t.distinct = next;
   t.name = "hot set and scans";
@@ -150,15 +157,75 @@ TEST(AdaptiveChainPolicyTest, GhostsMoveTheWeightTowardTheRightExpert) {
   // Cyclic multi-turn: recency evicts exactly the conversation that returns next, so its ghosts
   // come back and prediction gains weight.
   EXPECT_GT(FinalPredictionWeight(CyclicMultiTurn(), 50), 0.9);
-  // One-hit scans after a hot set that fits: recency keeps each scan and evicts the oldest hot
-  // chain, which returns next round, so recency pays and the weight moves to prediction (0.68
-  // from 0.5 measured; it moves to recency if regret is charged to the wrong expert). Prediction
-  // is no scan filter either (it expects a once-seen chain back after the mean period): 14 % hit
-  // rate here against Belady's 56 % (docs/perf.md).
-  EXPECT_GT(FinalPredictionWeight(HotSetAndScans(), 0), 0.6);
-  // Mild popularity skew (Zipf 0.8) with conversations that end: recency is the better expert
-  // (cohort LRU beats the prediction expert alone there, bench/eviction_policy_bench).
-  EXPECT_LT(FinalPredictionWeight(ZipfMultiTurn(0.8), 25), 0.4);
+  // Mild popularity skew (Zipf 0.8) at half the working set, conversations that end: recency is
+  // the better expert there (cohort LRU is ahead of the prediction expert alone,
+  // bench/eviction_policy_bench), and the weight goes to it.
+  EXPECT_LT(FinalPredictionWeight(ZipfMultiTurn(0.8), 50), 0.1);
+}
+
+TEST(AdaptiveChainPolicyTest, OneHitScansDoNotFlushAHotSet) {
+  // 4 hot prompts of 4 pages and two one-hit scans of 12 pages every round, 30 pages of room:
+  // the hot set and one scan fit. LRU (page or chain) gives the second scan the hot prompts,
+  // which were used before the first scan. The scans are put on probation; their ghosts never
+  // come back while the hot prompts' do, so the probation target falls and each scan goes before
+  // any hot prompt.
+  const Trace trace = HotSetAndScans(2);
+  HotTier<AdaptiveChainPolicy> tier;
+  const double ours = Replay<AdaptiveChainPolicy>(trace, 30, 128, true, &tier).hit_rate();
+  const double opt = ReplayBelady(trace, 30).hit_rate();
+  const double lru = Replay<LruPolicy>(trace, 30).hit_rate();
+  const double cohort_lru = Replay<RecencyOnly>(trace, 30).hit_rate();
+  const double prediction = Replay<PredictionOnly>(trace, 30).hit_rate();
+  // Measured: 37.2 % against Belady's 39.3; LRU and cohort LRU 0.0, the prediction expert alone
+  // 0.5 (it expects a once-seen chain back after the mean period); the target ends at 0.42.
+  EXPECT_GE(ours, opt - 3.0);
+  EXPECT_GE(ours, std::max({lru, cohort_lru, prediction}) + 30.0);
+  EXPECT_LT(tier.InspectPolicy([](const auto& p) { return p.probation_target(); }), 0.5);
+}
+
+TEST(AdaptiveChainPolicyTest, ProbationEndsAtTheFirstAccess) {
+  HotTier<AdaptiveChainPolicy> tier;
+  tier.AdmitChain(Chain(1, 3));
+  tier.AdmitChain(Chain(10, 2));
+  auto probation = [&] {
+    return tier.InspectPolicy([](const auto& p) { return p.probation_weight(); });
+  };
+  EXPECT_EQ(probation(), 5u);
+  tier.Touch({2, 1});  // a restore of a prefix of the first chain: the whole chain leaves
+  EXPECT_EQ(probation(), 2u);
+  tier.AdmitChain(Chain(4, 1), /*parent=*/3);  // appended to an accessed chain: not on probation
+  EXPECT_EQ(probation(), 2u);
+  tier.AdmitChain(Chain(20, 1), /*parent=*/2);  // a branch is a new chain: on probation
+  EXPECT_EQ(probation(), 3u);
+}
+
+TEST(AdaptiveChainPolicyTest, AGhostHitSkipsProbation) {
+  // A chain that was evicted and is put again (its first page a ghost) is no one-hit chain: it
+  // goes straight to the main part, as a ghost hit goes to S3-FIFO's main queue.
+  HotTier<AdaptiveChainPolicy> tier;
+  auto probation = [&] {
+    return tier.InspectPolicy([](const auto& p) { return p.probation_weight(); });
+  };
+  tier.AdmitChain(Chain(1, 2));
+  EXPECT_EQ(probation(), 2u);
+  ASSERT_EQ(tier.TakeVictims(2).size(), 2u);
+  tier.AdmitChain(Chain(1, 2));  // the same pages (fingerprints) again
+  EXPECT_EQ(probation(), 0u);
+  tier.AdmitChain(Chain(50, 1));  // a page never seen: on probation
+  EXPECT_EQ(probation(), 1u);
+}
+
+TEST(AdaptiveChainPolicyTest, CyclicTrafficKeepsProbationOpen) {
+  // Every chain of the cyclic trace comes back, so its probation is no filter: the target stays
+  // at (or near) 1 and the hit rate is the prediction expert's.
+  const Trace trace = CyclicMultiTurn();
+  for (int pct : {10, 25, 50}) {
+    const uint64_t cap = trace.distinct * pct / 100;
+    HotTier<AdaptiveChainPolicy> tier;
+    const double ours = Replay<AdaptiveChainPolicy>(trace, cap, 128, true, &tier).hit_rate();
+    SCOPED_TRACE(pct);
+    EXPECT_GE(ours, Replay<PredictionOnly>(trace, cap).hit_rate() - 0.3);
+  }
 }
 
 TEST(AdaptiveChainPolicyTest, MetadataIsBoundedByTheCapacity) {
@@ -195,21 +262,27 @@ TEST(AdaptiveChainPolicyTest, CyclicTraceIsNearBeladyAndNotBelowTheOldPolicy) {
     SCOPED_TRACE(pct);
     EXPECT_GE(ours, lru + 8.0);
     EXPECT_GE(ours, opt - 3.0);
-    EXPECT_GE(ours, old - 0.5);  // measured: 34.7 / 50.5 / 70.2 against 34.7 / 49.7 / 70.6
+    EXPECT_GE(ours, old - 0.05);  // measured: 34.7 / 50.6 / 70.6 against 34.7 / 49.7 / 70.6
   }
 }
 
-TEST(AdaptiveChainPolicyTest, SkewedTracesAreNotBelowPageLru) {
-  for (double alpha : {0.8, 1.1, 1.4}) {
-    const Trace trace = ZipfMultiTurn(alpha);
+// At least the best of page LRU, S3-FIFO and ARC on every trace and capacity, but for the three
+// cells docs/perf.md records as missed, which are held to their measured distance.
+TEST(AdaptiveChainPolicyTest, AtLeastTheBestPageLevelBaselineOnEveryTrace) {
+  for (const Trace& trace :
+       {ZipfMultiTurn(0.8), ZipfMultiTurn(1.1), ZipfMultiTurn(1.4), Mix(), Scan(), Diurnal()}) {
     for (int pct : {10, 25, 50}) {
       const uint64_t cap = trace.distinct * pct / 100;
       const double ours = Replay<AdaptiveChainPolicy>(trace, cap).hit_rate();
-      const double lru = Replay<LruPolicy>(trace, cap).hit_rate();
-      const double old = Replay<ReusePredictionPolicy>(trace, cap).hit_rate();
+      const double best = std::max({Replay<LruPolicy>(trace, cap).hit_rate(),
+                                    Replay<S3FifoPolicy>(trace, cap).hit_rate(),
+                                    Replay<ArcPolicy>(trace, cap).hit_rate()});
       SCOPED_TRACE(trace.name + " " + std::to_string(pct));
-      EXPECT_GE(ours, lru - 0.3);  // measured: at most 0.2 below (zipf0.8 at 10 %)
-      EXPECT_GE(ours, old - 0.2);
+      double slack = 0;  // the cells docs/perf.md records as missed, at their measured distance
+      if (pct == 10 && trace.name == "mix") slack = 0.7;      // 42.6 against ARC's 43.2
+      if (pct == 10 && trace.name == "diurnal") slack = 0.2;  // 79.5 against page LRU's 79.6
+      if (pct == 50 && trace.name == "scan") slack = 0.05;    // 72.81 against 72.84
+      EXPECT_GE(ours, best - slack);
       EXPECT_LE(ours, ReplayBelady(trace, cap).hit_rate() + 1e-9);
     }
   }
