@@ -11,6 +11,7 @@ DEBIAN_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev nlohmann-json3-dev libcli11-dev
   curl procps
   prometheus  # only its promtool: scripts/check-metrics.sh checks the /metrics format with it
+  prometheus-cpp-dev  # fluxond's /metrics: text exposition and HTTP server (Registry, Exposer)
   libsystemd-dev  # fluxond speaks the systemd notify protocol (sd_notify, the watchdog)
   systemd  # only its systemd-analyze: scripts/check-systemd-units.sh verifies systemd/*.service
 )

@@ -3,7 +3,7 @@
 #include "absl/strings/str_format.h"
 #include "daemon/grpc_services.h"
 #include "daemon/metrics.h"
-#include "daemon/metrics_server.h"
+#include "daemon/metrics_exposer.h"
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 #include "rpc/fault_injecting_master.h"
@@ -81,11 +81,9 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
     }
   }
   if (config.admin.metrics_port != 0) {
-    FluxonNode* raw = node.get();
-    MetricsServer::Producer render = [raw] { return RenderNodeMetrics(*raw); };
-    FLUXON_ASSIGN_OR_RETURN(node->metrics_,
-                            MetricsServer::Start(config.admin.metrics_address,
-                                                 config.admin.metrics_port, std::move(render)));
+    FLUXON_ASSIGN_OR_RETURN(
+        node->metrics_, MetricsExposer::Start(config.admin.metrics_address,
+                                              config.admin.metrics_port, NodeCollectables(*node)));
     spdlog::info("metrics on http://{}:{}/metrics", config.admin.metrics_address,
                  node->metrics_->port());
   }

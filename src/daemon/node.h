@@ -29,7 +29,7 @@
 namespace fluxon {
 
 class GrpcServers;
-class MetricsServer;
+class MetricsExposer;
 namespace transport {
 class Transport;
 }
@@ -70,7 +70,7 @@ class FluxonNode {
   std::unique_ptr<transport::Transport> data_plane_;
   std::unique_ptr<ClientServer> clients_;
   std::unique_ptr<GrpcServers> grpc_;
-  std::unique_ptr<MetricsServer> metrics_;
+  std::unique_ptr<MetricsExposer> metrics_;
   std::chrono::steady_clock::time_point started_at_ = std::chrono::steady_clock::now();
 };
 

@@ -6,7 +6,8 @@ Usage: check_prometheus_text.py FILE   (exit 0: valid; 1: violations, printed on
 The page must parse with prometheus_client's own parser, and on top of that:
   - every family has exactly one "# HELP" and one "# TYPE" line, in that order, before its
     samples, and its samples are contiguous (no family appears twice);
-  - every metric name starts with "fluxon_"; counter families end in "_total";
+  - every metric name starts with "fluxon_" (but for prometheus-cpp's own scrape statistics,
+    LIBRARY_FAMILIES); counter families end in "_total";
   - histograms: per label set, "_bucket" samples in strictly increasing "le" order ending with
     le="+Inf", cumulative counts never decreasing, the +Inf bucket equal to "_count", and a
     non-negative "_sum";
@@ -19,18 +20,22 @@ import sys
 from prometheus_client.parser import text_string_to_metric_families
 
 NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
+# The families prometheus-cpp's Exposer adds to every page it serves (its scrape statistics).
+LIBRARY_FAMILIES = {"exposer_transferred_bytes_total", "exposer_scrapes_total",
+                    "exposer_request_latencies"}
 
 
 def family_of(sample_name, types):
     """The declared family a sample name belongs to, or None."""
     if sample_name in types:
         return sample_name
-    for suffix in HISTOGRAM_SUFFIXES:
-        if sample_name.endswith(suffix):
-            base = sample_name[: -len(suffix)]
-            if types.get(base) == "histogram":
-                return base
+    for kind, suffixes in SUFFIXES.items():
+        for suffix in suffixes:
+            if sample_name.endswith(suffix):
+                base = sample_name[: -len(suffix)]
+                if types.get(base) == kind:
+                    return base
     return None
 
 
@@ -76,9 +81,9 @@ def check(text):
         sample_name = re.split(r"[{ ]", line, maxsplit=1)[0]
         if not NAME.match(sample_name):
             errors.append(f"line {lineno}: bad metric name {sample_name!r}")
-        if not sample_name.startswith("fluxon_"):
-            errors.append(f"line {lineno}: {sample_name} lacks the fluxon_ prefix")
         family = family_of(sample_name, types)
+        if not sample_name.startswith("fluxon_") and family not in LIBRARY_FAMILIES:
+            errors.append(f"line {lineno}: {sample_name} lacks the fluxon_ prefix")
         if family is None:
             errors.append(f"line {lineno}: sample {sample_name} has no HELP/TYPE before it")
         elif family != current or family in finished:

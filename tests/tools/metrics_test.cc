@@ -1,19 +1,30 @@
 // The Prometheus endpoint end to end: an in-process fluxond with metrics on, real client traffic,
 // scrapes over HTTP checked for values, histogram consistency and the exposition format (by the
 // strict checker tests/tools/check_prometheus_text.py, which uses prometheus_client's parser).
-// Also the pieces: LatencyHistogram-backed PrometheusText output and the HTTP server's answers.
+// Also the pieces: the collectables of daemon/metrics.h (histogram families from LatencyHistogram
+// snapshots, the counter tables) serialized by prometheus-cpp, and MetricsExposer's HTTP answers,
+// port discovery, bind errors and stop.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "daemon/metrics_server.h"
-#include "daemon/prometheus_text.h"
+#include "daemon/metrics.h"
+#include "daemon/metrics_exposer.h"
+#include "fluxon/version.h"
+#include "prometheus/counter.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 #include "tests/integration/test_node.h"
 #include "tests/tools/tool_test_util.h"
 
@@ -57,12 +68,70 @@ std::map<std::string, double> Samples(const std::string& text) {
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     if (line[0] == '#') continue;
     const size_t space = line.rfind(' ');
+    const absl::string_view value = line.substr(space + 1);
     double v = 0;
-    EXPECT_TRUE(absl::SimpleAtod(line.substr(space + 1), &v) || line.substr(space + 1) == "+Inf")
-        << line;
+    if (value == "+Inf") {
+      v = INFINITY;
+    } else if (value == "Nan") {  // prometheus-cpp's summary quantiles before any observation
+      v = NAN;
+    } else {
+      EXPECT_TRUE(absl::SimpleAtod(value, &v)) << line;
+    }
     out[std::string(line.substr(0, space))] = v;
   }
   return out;
+}
+
+// The buckets of one histogram series, (le, cumulative count) in increasing le: the samples
+// "<name>_bucket{<labels>,le=\"...\"}" (labels "" for an unlabelled series).
+std::vector<std::pair<double, double>> Buckets(const std::map<std::string, double>& samples,
+                                               const std::string& name, const std::string& labels) {
+  const std::string prefix = name + "_bucket{" + (labels.empty() ? "" : labels + ",") + "le=\"";
+  std::vector<std::pair<double, double>> out;
+  for (const auto& [key, value] : samples) {
+    if (!absl::StartsWith(key, prefix)) continue;
+    const std::string le = key.substr(prefix.size(), key.size() - prefix.size() - 2);
+    double bound = INFINITY;
+    if (le != "+Inf") {
+      EXPECT_TRUE(absl::SimpleAtod(le, &bound)) << key;
+    }
+    out.emplace_back(bound, value);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Checks one series against LatencyHistogram's bounds: every bound then +Inf, cumulative, +Inf
+// equal to `count`; returns the buckets.
+std::vector<std::pair<double, double>> ExpectLatencyBuckets(
+    const std::map<std::string, double>& samples, const std::string& name,
+    const std::string& labels, double count) {
+  const auto buckets = Buckets(samples, name, labels);
+  EXPECT_EQ(buckets.size(), LatencyHistogram::kNumBounds + 1) << name << "{" << labels << "}";
+  if (buckets.size() != LatencyHistogram::kNumBounds + 1) return buckets;
+  double previous = 0;
+  for (size_t i = 0; i < LatencyHistogram::kNumBounds; ++i) {
+    EXPECT_DOUBLE_EQ(buckets[i].first, LatencyHistogram::BoundSeconds(i)) << i;
+    EXPECT_GE(buckets[i].second, previous) << name << "{" << labels << "} le " << buckets[i].first;
+    previous = buckets[i].second;
+  }
+  EXPECT_TRUE(std::isinf(buckets.back().first));
+  EXPECT_GE(buckets.back().second, previous);
+  EXPECT_EQ(buckets.back().second, count) << name << "{" << labels << "}";
+  return buckets;
+}
+
+// prometheus-cpp's text exposition of `families`.
+std::string Serialize(const std::vector<prometheus::MetricFamily>& families) {
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+const prometheus::MetricFamily* FindFamily(const std::vector<prometheus::MetricFamily>& families,
+                                           const std::string& name) {
+  for (const auto& f : families) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
 }
 
 // Runs the strict exposition checker on `text`; returns its exit status and output.
@@ -92,7 +161,7 @@ class MetricsEndpointTest : public ::testing::Test {
     HttpReply r = HttpRequest(node_->metrics_port(), "/metrics");
     EXPECT_TRUE(r.error.empty()) << r.error;
     EXPECT_EQ(r.status, 200);
-    EXPECT_EQ(r.content_type, "text/plain; version=0.0.4; charset=utf-8");
+    EXPECT_EQ(r.content_type, "text/plain; charset=utf-8");
     return r.body;
   }
 
@@ -148,6 +217,12 @@ TEST_F(MetricsEndpointTest, CountersAndHistogramsFollowTheTraffic) {
   EXPECT_EQ(s["fluxon_publish_batches_total"], kPuts);
   EXPECT_EQ(s["fluxon_live_get_handles"], 0);
   EXPECT_EQ(s["fluxon_prepared_puts"], 0);
+  EXPECT_EQ(s.count("fluxon_errors_total{kind=\"claim_timeout\"}"), 1u);
+  EXPECT_EQ(s.count("fluxon_build_info{node_id=\"0\",role=\"embedded\",version=\"" +
+                    std::string(FLUXON_VERSION_STRING) + "\"}"),
+            1u)
+      << text;
+  EXPECT_GT(s["fluxon_uptime_seconds"], 0);
 
   const std::map<std::string, int> expected_counts = {
       {"put_start", kPuts + 2}, {"put_commit", kPuts},   {"put_abort", 1},
@@ -158,17 +233,7 @@ TEST_F(MetricsEndpointTest, CountersAndHistogramsFollowTheTraffic) {
     const std::string name = "fluxon_client_request_duration_seconds";
     const double count = s[name + "_count{" + labels + "}"];
     EXPECT_EQ(count, expected_counts.at(request)) << request;
-    double previous = 0;
-    for (size_t i = 0; i < LatencyHistogram::kNumBounds; ++i) {
-      const std::string key = name + "_bucket{" + labels + ",le=\"" +
-                              PrometheusText::FormatValue(LatencyHistogram::BoundSeconds(i)) +
-                              "\"}";
-      ASSERT_TRUE(s.count(key)) << key;
-      EXPECT_GE(s[key], previous) << key;
-      previous = s[key];
-    }
-    EXPECT_EQ(s[name + "_bucket{" + labels + ",le=\"+Inf\"}"], count) << request;
-    EXPECT_GE(s[name + "_bucket{" + labels + ",le=\"+Inf\"}"], previous);
+    ExpectLatencyBuckets(s, name, labels, count);
     if (count > 0) {
       EXPECT_GT(s[name + "_sum{" + labels + "}"], 0) << request;
       EXPECT_LT(s[name + "_sum{" + labels + "}"], 10.0 * count) << request;
@@ -180,14 +245,14 @@ TEST_F(MetricsEndpointTest, CountersAndHistogramsFollowTheTraffic) {
 }
 
 TEST_F(MetricsEndpointTest, HttpAnswers) {
-  EXPECT_THAT(HttpRequest(node_->metrics_port(), "/metrics?x=1").body,
-              HasSubstr("# TYPE fluxon_client_request_duration_seconds histogram"));
-  EXPECT_EQ(HttpRequest(node_->metrics_port(), "/").status, 200);
+  const std::string page = HttpRequest(node_->metrics_port(), "/metrics?x=1").body;
+  EXPECT_THAT(page, HasSubstr("# TYPE fluxon_client_request_duration_seconds histogram"));
+  // prometheus-cpp's own scrape statistics ride along.
+  EXPECT_THAT(page, HasSubstr("# TYPE exposer_scrapes_total counter"));
+  EXPECT_EQ(HttpRequest(node_->metrics_port(), "/").status, 404);
   EXPECT_EQ(HttpRequest(node_->metrics_port(), "/nope").status, 404);
-  EXPECT_EQ(HttpRequest(node_->metrics_port(), "/metrics", http::verb::post).status, 405);
-  HttpReply head = HttpRequest(node_->metrics_port(), "/metrics", http::verb::head);
-  EXPECT_EQ(head.status, 200);
-  EXPECT_TRUE(head.body.empty());
+  // Only GET is served (civetweb answers the rest itself).
+  EXPECT_NE(HttpRequest(node_->metrics_port(), "/metrics", http::verb::post).status, 200);
   EXPECT_THAT(node_->StatusText(),
               HasSubstr("metrics: http://127.0.0.1:" + std::to_string(node_->metrics_port())));
 }
@@ -215,7 +280,10 @@ TEST(MetricsConfig, PortInUseFailsTheStart) {
   second.admin.metrics_port = holder->metrics_port();
   auto node = FluxonNode::Start(second);
   ASSERT_FALSE(node.ok());
-  EXPECT_THAT(node.status().message(), HasSubstr("cannot serve metrics on 127.0.0.1"));
+  EXPECT_TRUE(absl::IsUnavailable(node.status())) << node.status();
+  EXPECT_THAT(node.status().message(), HasSubstr("cannot serve metrics on 127.0.0.1:" +
+                                                 std::to_string(holder->metrics_port())));
+  EXPECT_THAT(node.status().message(), HasSubstr("Address already in use"));
 }
 
 TEST(MetricsConfig, MasterOnlyNodeExposesMasterFamiliesOnly) {
@@ -233,15 +301,22 @@ TEST(MetricsConfig, MasterOnlyNodeExposesMasterFamiliesOnly) {
 }
 
 TEST(ExpositionChecker, RejectsBrokenPages) {
-  PrometheusText good;
   LatencyHistogram h;
   h.Record(std::chrono::microseconds(30));
   h.Record(std::chrono::milliseconds(3));
-  good.Histogram("fluxon_test_seconds", "A test histogram.", {{{{"request", "x"}}, h.Read()}});
-  good.Counter("fluxon_things_total", "Things.", 3);
-  ASSERT_EQ(CheckExposition(good.text()).first, 0) << CheckExposition(good.text()).second;
+  prometheus::Registry registry;
+  prometheus::BuildCounter()
+      .Name("fluxon_things_total")
+      .Help("Things.")
+      .Register(registry)
+      .Add({})
+      .Increment(3);
+  std::vector<prometheus::MetricFamily> families = {HistogramFamily(
+      "fluxon_test_seconds", "A test histogram.", {{{{"request", "x"}}, h.Read()}})};
+  for (auto& f : registry.Collect()) families.push_back(std::move(f));
+  const std::string text = Serialize(families);
+  ASSERT_EQ(CheckExposition(text).first, 0) << CheckExposition(text).second;
 
-  const std::string text = good.text();
   // +Inf bucket removed.
   std::string no_inf = std::regex_replace(text, std::regex(".*le=\"\\+Inf\".*\n"), "");
   EXPECT_NE(CheckExposition(no_inf).first, 0);
@@ -252,6 +327,10 @@ TEST(ExpositionChecker, RejectsBrokenPages) {
   // A malformed label.
   EXPECT_NE(CheckExposition("# HELP fluxon_z z\n# TYPE fluxon_z gauge\nfluxon_z{a=b} 1\n").first,
             0);
+  // A name without the fluxon_ prefix that is not one of prometheus-cpp's own families.
+  EXPECT_NE(
+      CheckExposition("# HELP other_total o\n# TYPE other_total counter\nother_total 1\n").first,
+      0);
   // Non-monotone buckets.
   std::string bumped = std::regex_replace(
       text, std::regex("fluxon_test_seconds_bucket\\{request=\"x\",le=\"0.005\"\\} 2"),
@@ -260,49 +339,229 @@ TEST(ExpositionChecker, RejectsBrokenPages) {
   EXPECT_NE(CheckExposition(bumped).first, 0);
 }
 
-TEST(PrometheusText, FormatsValuesAndEscapesLabels) {
-  EXPECT_EQ(PrometheusText::FormatValue(42), "42");
-  EXPECT_EQ(PrometheusText::FormatValue(0.000005), "0.000005");
-  EXPECT_EQ(PrometheusText::FormatValue(1.25), "1.25");
-  EXPECT_EQ(PrometheusText::FormatValue(1.0 / 0.0), "+Inf");
-  EXPECT_EQ(PrometheusText::EscapeLabelValue("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-  PrometheusText t;
-  t.Family("fluxon_g", "gauge", "Help with \\ and\nnewline.");
-  t.Sample("fluxon_g", {{"k", "v\"1"}}, 7);
-  EXPECT_EQ(t.text(),
-            "# HELP fluxon_g Help with \\\\ and\\nnewline.\n# TYPE fluxon_g gauge\n"
-            "fluxon_g{k=\"v\\\"1\"} 7\n");
-}
-
-TEST(PrometheusText, HistogramIsCumulativeWithInfEqualToCount) {
+TEST(HistogramFamily, IsCumulativeWithInfEqualToCount) {
   LatencyHistogram h;
   h.Record(std::chrono::microseconds(1));  // <= 5us
   h.Record(std::chrono::microseconds(5));  // <= 5us (bound is inclusive)
   h.Record(std::chrono::microseconds(6));  // <= 10us
   h.Record(std::chrono::seconds(60));      // +Inf only
-  PrometheusText t;
-  t.Histogram("fluxon_h_seconds", "h", {{{}, h.Read()}});
-  std::map<std::string, double> s = Samples(t.text());
-  EXPECT_EQ(s["fluxon_h_seconds_bucket{le=\"0.000005\"}"], 2);
-  EXPECT_EQ(s["fluxon_h_seconds_bucket{le=\"0.00001\"}"], 3);
-  EXPECT_EQ(s["fluxon_h_seconds_bucket{le=\"10\"}"], 3);
-  EXPECT_EQ(s["fluxon_h_seconds_bucket{le=\"+Inf\"}"], 4);
+  const prometheus::MetricFamily f = HistogramFamily("fluxon_h_seconds", "h", {{{}, h.Read()}});
+  EXPECT_EQ(f.type, prometheus::MetricType::Histogram);
+  ASSERT_EQ(f.metric.size(), 1u);
+  const auto& hist = f.metric[0].histogram;
+  ASSERT_EQ(hist.bucket.size(), LatencyHistogram::kNumBounds + 1);
+  EXPECT_TRUE(std::isinf(hist.bucket.back().upper_bound));
+  EXPECT_EQ(hist.bucket.back().cumulative_count, 4u);
+  EXPECT_EQ(hist.sample_count, 4u);
+
+  const std::string text = Serialize({f});
+  // One +Inf bucket: the family ends with its own, prometheus-cpp adds none.
+  EXPECT_EQ(text.find("le=\"+Inf\""), text.rfind("le=\"+Inf\"")) << text;
+  EXPECT_NE(text.find("le=\"+Inf\""), std::string::npos) << text;
+  std::map<std::string, double> s = Samples(text);
+  const auto buckets = ExpectLatencyBuckets(s, "fluxon_h_seconds", "", 4);
+  ASSERT_EQ(buckets.size(), LatencyHistogram::kNumBounds + 1);
+  EXPECT_EQ(buckets[0].second, 2);                                 // le 5 µs
+  EXPECT_EQ(buckets[1].second, 3);                                 // le 10 µs
+  EXPECT_EQ(buckets[LatencyHistogram::kNumBounds - 1].second, 3);  // le 10 s
   EXPECT_EQ(s["fluxon_h_seconds_count"], 4);
   EXPECT_DOUBLE_EQ(s["fluxon_h_seconds_sum"], 60.000012);
+  auto [status, output] = CheckExposition(text);
+  EXPECT_EQ(status, 0) << output;
 }
 
-TEST(MetricsServer, ServesTheProducerOnAnEphemeralPort) {
-  std::atomic<int> calls{0};
-  auto server = MetricsServer::Start("127.0.0.1", 0, [&] {
-    return "# HELP fluxon_n n\n# TYPE fluxon_n gauge\nfluxon_n " + std::to_string(++calls) + "\n";
+TEST(HistogramFamily, LabelledSeriesAndEmptyCollectable) {
+  LatencyHistogram a, b;
+  a.Record(std::chrono::milliseconds(1));
+  const std::string text = Serialize({HistogramFamily(
+      "fluxon_l_seconds", "l", {{{{"k", "a\"1"}}, a.Read()}, {{{"k", "b"}}, b.Read()}})});
+  std::map<std::string, double> s = Samples(text);
+  EXPECT_EQ(s["fluxon_l_seconds_count{k=\"a\\\"1\"}"], 1) << text;
+  EXPECT_EQ(s["fluxon_l_seconds_count{k=\"b\"}"], 0) << text;
+  ExpectLatencyBuckets(s, "fluxon_l_seconds", "k=\"b\"", 0);
+
+  int reads = 0;
+  LatencyHistogramCollectable none("fluxon_none_seconds", "n", [&] {
+    ++reads;
+    return HistogramSeries{};
   });
-  ASSERT_TRUE(server.ok()) << server.status();
-  ASSERT_NE((*server)->port(), 0);
-  EXPECT_THAT(HttpRequest((*server)->port(), "/metrics").body, HasSubstr("fluxon_n 1"));
-  EXPECT_THAT(HttpRequest((*server)->port(), "/metrics").body, HasSubstr("fluxon_n 2"));
-  (*server)->Stop();
-  EXPECT_EQ(calls.load(), 2);
-  EXPECT_FALSE(MetricsServer::Start("not-an-ip", 0, [] { return std::string(); }).ok());
+  EXPECT_TRUE(none.Collect().empty());
+  LatencyHistogramCollectable one("fluxon_one_seconds", "o", [&] {
+    ++reads;
+    return HistogramSeries{{{}, a.Read()}};
+  });
+  const auto families = one.Collect();
+  ASSERT_EQ(families.size(), 1u);
+  EXPECT_EQ(families[0].name, "fluxon_one_seconds");
+  EXPECT_EQ(families[0].help, "o");
+  EXPECT_EQ(reads, 2);  // read at collect time, once each
+}
+
+TEST(CounterCollectables, OwnerTableOneFamilyPerMetricMicrosInSeconds) {
+  OwnerCounters counters;
+  counters.put_batches = 42;
+  counters.remote_control_us = 1'500'000;
+  counters.remote_read_us = 250;
+  counters.live_handles = 3;
+  counters.put_no_space = 5;
+  int64_t claim_timeouts = 7;
+  OwnerCountersCollectable collectable(&counters, [&] { return claim_timeouts; });
+  std::vector<prometheus::MetricFamily> families = collectable.Collect();
+
+  // Every metric of the table is one family, of its kind, with its first member's help.
+  std::set<std::string> names;
+  for (const auto& f : families) {
+    EXPECT_TRUE(names.insert(f.name).second) << "family twice: " << f.name;
+    EXPECT_FALSE(f.help.empty()) << f.name;
+  }
+  for (const OwnerCounterDef& d : kOwnerCounterDefs) {
+    const prometheus::MetricFamily* f = FindFamily(families, d.metric);
+    ASSERT_NE(f, nullptr) << d.metric;
+    EXPECT_EQ(f->type, d.kind == CounterKind::kGauge ? prometheus::MetricType::Gauge
+                                                     : prometheus::MetricType::Counter)
+        << d.metric;
+    if (d.help[0] != '\0') {
+      EXPECT_EQ(f->help, d.help) << d.metric;
+    }
+  }
+  EXPECT_EQ(names.size(), families.size());
+
+  const std::string text = Serialize(families);
+  std::map<std::string, double> s = Samples(text);
+  EXPECT_THAT(text, HasSubstr("\nfluxon_put_batches_total 42\n"));
+  EXPECT_EQ(s["fluxon_remote_get_seconds_total{part=\"control\"}"], 1.5);
+  EXPECT_EQ(s["fluxon_remote_get_seconds_total{part=\"read\"}"], 0.00025);
+  EXPECT_EQ(s["fluxon_live_get_handles"], 3);
+  EXPECT_THAT(text, HasSubstr("# TYPE fluxon_live_get_handles gauge\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE fluxon_get_keys_by_path_total counter\n"));
+
+  // fluxon_errors_total: the table's kinds, then the pool's claim timeouts.
+  const prometheus::MetricFamily* errors = FindFamily(families, "fluxon_errors_total");
+  ASSERT_NE(errors, nullptr);
+  std::vector<std::string> kinds;
+  for (const auto& m : errors->metric) {
+    ASSERT_EQ(m.label.size(), 1u);
+    EXPECT_EQ(m.label[0].name, "kind");
+    kinds.push_back(m.label[0].value);
+  }
+  EXPECT_THAT(kinds, ::testing::ElementsAre("put_conflict", "put_no_space", "publish_failure",
+                                            "claim_timeout"));
+  EXPECT_EQ(s["fluxon_errors_total{kind=\"put_no_space\"}"], 5);
+  EXPECT_EQ(s["fluxon_errors_total{kind=\"claim_timeout\"}"], 7);
+
+  // Values are read at collect time.
+  counters.put_batches = 43;
+  claim_timeouts = 8;
+  s = Samples(Serialize(collectable.Collect()));
+  EXPECT_EQ(s["fluxon_put_batches_total"], 43);
+  EXPECT_EQ(s["fluxon_errors_total{kind=\"claim_timeout\"}"], 8);
+
+  auto [status, output] = CheckExposition(text);
+  EXPECT_EQ(status, 0) << output;
+}
+
+TEST(CounterCollectables, MasterTable) {
+  MasterCounters counters;
+  counters.published_items = 12;
+  MasterCountersCollectable collectable(&counters);
+  const std::vector<prometheus::MetricFamily> families = collectable.Collect();
+  ASSERT_EQ(families.size(), std::size(kMasterCounterDefs));
+  for (size_t i = 0; i < families.size(); ++i) {
+    EXPECT_EQ(families[i].name, kMasterCounterDefs[i].metric);
+    EXPECT_EQ(families[i].help, kMasterCounterDefs[i].help);
+    EXPECT_EQ(families[i].type, prometheus::MetricType::Counter);
+    ASSERT_EQ(families[i].metric.size(), 1u);
+    EXPECT_TRUE(families[i].metric[0].label.empty());
+  }
+  const std::string text = Serialize(families);
+  EXPECT_THAT(text, HasSubstr("\nfluxon_master_published_items_total 12\n"));
+  auto [status, output] = CheckExposition(text);
+  EXPECT_EQ(status, 0) << output;
+}
+
+// Counts its collections; exposes them as a gauge.
+class CountingCollectable : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    prometheus::MetricFamily f;
+    f.name = "fluxon_n";
+    f.help = "n";
+    f.type = prometheus::MetricType::Gauge;
+    prometheus::ClientMetric m;
+    m.gauge.value = static_cast<double>(++calls);
+    f.metric.push_back(m);
+    return {f};
+  }
+  mutable std::atomic<int> calls{0};
+};
+
+TEST(MetricsExposer, ServesCollectablesOnAnEphemeralPort) {
+  auto counting = std::make_shared<CountingCollectable>();
+  auto exposer = MetricsExposer::Start("127.0.0.1", 0, {counting});
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  const int port = (*exposer)->port();
+  ASSERT_NE(port, 0);
+  EXPECT_THAT(HttpRequest(port, "/metrics").body, HasSubstr("fluxon_n 1\n"));
+  EXPECT_THAT(HttpRequest(port, "/metrics").body, HasSubstr("fluxon_n 2\n"));
+  const auto stop_start = std::chrono::steady_clock::now();
+  (*exposer)->Stop();
+  // Without its waker civetweb would notice the stop only after its 2 s poll.
+  EXPECT_LT(std::chrono::steady_clock::now() - stop_start, std::chrono::milliseconds(1500));
+  EXPECT_EQ(counting->calls.load(), 2);
+  EXPECT_EQ((*exposer)->port(), port);
+  EXPECT_FALSE(HttpRequest(port, "/metrics").error.empty());
+  (*exposer)->Stop();  // twice is fine
+}
+
+TEST(MetricsExposer, BadAddressesAndBindFailuresAreStatuses) {
+  auto not_ip = MetricsExposer::Start("not-an-ip", 0, {std::make_shared<CountingCollectable>()});
+  ASSERT_FALSE(not_ip.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(not_ip.status())) << not_ip.status();
+  EXPECT_THAT(not_ip.status().message(), HasSubstr("'not-an-ip' is not an IP address"));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      MetricsExposer::Start("127.0.0.1", 65536, {std::make_shared<CountingCollectable>()})
+          .status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      MetricsExposer::Start("127.0.0.1:0", 0, {std::make_shared<CountingCollectable>()}).status()));
+  // IPv6 works where civetweb was built with it, and is a clear error where it was not.
+  auto v6 = MetricsExposer::Start("::1", 0, {std::make_shared<CountingCollectable>()});
+  if (!v6.ok()) {
+    EXPECT_TRUE(absl::IsInvalidArgument(v6.status())) << v6.status();
+    EXPECT_THAT(v6.status().message(), HasSubstr("IPv6"));
+  }
+
+  auto first = MetricsExposer::Start("127.0.0.1", 0, {std::make_shared<CountingCollectable>()});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  auto second = MetricsExposer::Start("127.0.0.1", port, {std::make_shared<CountingCollectable>()});
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(absl::IsUnavailable(second.status())) << second.status();
+  EXPECT_THAT(second.status().message(),
+              HasSubstr("cannot serve metrics on 127.0.0.1:" + std::to_string(port)));
+  EXPECT_THAT(second.status().message(), HasSubstr("Address already in use"));
+  // The first one still serves.
+  EXPECT_THAT(HttpRequest(port, "/metrics").body, HasSubstr("fluxon_n 1\n"));
+}
+
+TEST(MetricsExposer, NoCollectAfterStopWhileScrapersRun) {
+  auto counting = std::make_shared<CountingCollectable>();
+  auto exposer = MetricsExposer::Start("127.0.0.1", 0, {counting});
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  const int port = (*exposer)->port();
+  std::atomic<bool> done{false};
+  std::vector<std::thread> scrapers;
+  for (int i = 0; i < 3; ++i) {
+    scrapers.emplace_back([&] {
+      while (!done) HttpRequest(port, "/metrics");
+    });
+  }
+  while (counting->calls < 20) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  (*exposer)->Stop();
+  const int after_stop = counting->calls;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  done = true;
+  for (auto& t : scrapers) t.join();
+  EXPECT_EQ(counting->calls.load(), after_stop);
 }
 
 }  // namespace
