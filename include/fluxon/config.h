@@ -138,6 +138,33 @@ struct AdminConfig {
   bool allow_mutations = false;
 };
 
+// Transport security of every TCP port a node serves or dials (the Unix client socket is guarded by
+// its file mode and peer credentials instead; see owner.socket_group).
+//   security:
+//     tls: {cert_file: node.pem, key_file: node.key, ca_file: ca.pem}
+//     cluster_secret_file: /etc/fluxon/cluster.secret
+//     insecure: false
+// - tls: mutual TLS on the master and admin gRPC services and on every gRPC channel the node
+//   opens (owner -> master, the watchdog probe): a peer must present a certificate chaining to
+//   ca_file, and this node presents cert_file. The three files are PEM; all three or none.
+// - cluster_secret_file: the data plane's membership proof. Every data-plane connection starts
+//   with a mutual HMAC-SHA256 challenge-response over this secret (transport/tcp_handshake.h);
+//   nothing is read or written for a peer that fails it. At least 16 bytes (surrounding
+//   whitespace is stripped); every owner of a cluster holds the same file.
+// - insecure: a node whose gRPC services listen on a non-loopback address without tls, or whose
+//   data plane does without a cluster secret, refuses to start unless this is true
+//   (CheckListenSecurity). State-changing admin calls then still need an authenticated peer.
+struct TlsConfig {
+  std::string cert_file;
+  std::string key_file;
+  std::string ca_file;
+};
+struct SecurityConfig {
+  std::optional<TlsConfig> tls;
+  std::string cluster_secret_file;
+  bool insecure = false;
+};
+
 struct Config {
   Role role = Role::kEmbedded;
   uint32_t node_id = 0;
@@ -146,8 +173,20 @@ struct Config {
   std::optional<OwnerConfig> owner;
   std::optional<ClientConfig> client;
   AdminConfig admin;
+  SecurityConfig security;
   std::vector<FaultConfig> faults;
 };
+
+// True for "localhost", 127.0.0.0/8 and ::1 (bracketed or not): an address only this machine
+// reaches. Anything else (0.0.0.0, [::], other IPs, host names) may be reached from the network.
+bool IsLoopbackHost(absl::string_view host);
+// The host part of "host:port" / "[v6]:port" (brackets removed); the text itself without a colon.
+std::string HostOfAddress(absl::string_view address);
+// The start-up rule for ports reachable from the network: FailedPrecondition naming the key when
+// the master or admin service listens on a non-loopback address without security.tls, or the
+// data plane (owner.data_address) does without security.cluster_secret_file, unless
+// security.insecure is true. FluxonNode::Start and `fluxond --check-config` apply it.
+absl::Status CheckListenSecurity(const Config& config);
 
 // The documented built-in config `fluxond` runs with no arguments (also configs/single-node.yaml).
 Config DefaultEmbeddedConfig();

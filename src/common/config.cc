@@ -463,6 +463,32 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o, const MachineLimits& machi
   return absl::OkStatus();
 }
 
+absl::Status ParseSecurity(Section& sec, SecurityConfig* out) {
+  if (sec.Has("tls")) {
+    FLUXON_ASSIGN_OR_RETURN(Section tls, sec.Child("tls"));
+    TlsConfig t;
+    FLUXON_RETURN_IF_ERROR(tls.Str("cert_file", &t.cert_file));
+    FLUXON_RETURN_IF_ERROR(tls.Str("key_file", &t.key_file));
+    FLUXON_RETURN_IF_ERROR(tls.Str("ca_file", &t.ca_file));
+    for (const auto& [k, v] :
+         {std::pair<const char*, const std::string*>{"cert_file", &t.cert_file},
+          {"key_file", &t.key_file},
+          {"ca_file", &t.ca_file}}) {
+      if (v->empty()) {
+        return tls.Bad(k, "is required (mutual TLS needs cert_file, key_file and ca_file)");
+      }
+    }
+    FLUXON_RETURN_IF_ERROR(tls.Finish());
+    out->tls = std::move(t);
+  }
+  FLUXON_RETURN_IF_ERROR(sec.Str("cluster_secret_file", &out->cluster_secret_file));
+  if (sec.Has("cluster_secret_file") && out->cluster_secret_file.empty()) {
+    return sec.Bad("cluster_secret_file", "must not be empty (omit it for no secret)");
+  }
+  FLUXON_RETURN_IF_ERROR(sec.Bool("insecure", &out->insecure));
+  return sec.Finish();
+}
+
 absl::Status ParseMaster(Section& sec, MasterConfig* m) {
   FLUXON_RETURN_IF_ERROR(sec.Str("listen_address", &m->listen_address));
   FLUXON_RETURN_IF_ERROR(
@@ -637,8 +663,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLim
     c.admin.metrics_port = static_cast<int>(port);
     FLUXON_RETURN_IF_ERROR(sec.Str("metrics_address", &c.admin.metrics_address));
     if (c.admin.metrics_address.empty()) return sec.Bad("metrics_address", "must not be empty");
-    // The metrics server binds asio::ip::make_address(metrics_address): an IP literal, no port,
-    // no brackets, no name lookup.
+    // The metrics exposer (prometheus-cpp's civetweb) binds an IP literal: no port, no brackets,
+    // no name lookup. An IPv6 literal passes here; a civetweb built without IPv6 (Debian 12's)
+    // refuses it when the node starts, with that reason.
     if (!IsIpv4(c.admin.metrics_address) && !IsIpv6(c.admin.metrics_address)) {
       return sec.Bad("metrics_address",
                      absl::StrFormat("'%s' is not an IP address (IPv4 or unbracketed IPv6, no "
@@ -647,6 +674,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLim
     }
     FLUXON_RETURN_IF_ERROR(sec.Bool("allow_mutations", &c.admin.allow_mutations));
     FLUXON_RETURN_IF_ERROR(sec.Finish());
+  }
+  if (top.Has("security")) {
+    if (c.role == Role::kClient) {
+      return top.Bad("security", "is a node's setting; role=client talks over the Unix socket");
+    }
+    FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("security"));
+    FLUXON_RETURN_IF_ERROR(ParseSecurity(sec, &c.security));
   }
   if (top.Has("faults")) {
     const YAML::Node list = top.Get("faults");
@@ -682,6 +716,61 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLim
   }
   FLUXON_RETURN_IF_ERROR(top.Finish());
   return c;
+}
+
+std::string HostOfAddress(absl::string_view address) {
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close != absl::string_view::npos) return std::string(address.substr(1, close - 1));
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos || absl::StrContains(address.substr(0, colon), ':')) {
+    return std::string(address);  // no port, or an unbracketed IPv6 literal
+  }
+  return std::string(address.substr(0, colon));
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (absl::AsciiStrToLower(host) == "localhost") return true;
+  in_addr a4;
+  if (inet_pton(AF_INET, std::string(host).c_str(), &a4) == 1) {
+    return (ntohl(a4.s_addr) >> 24) == 127;
+  }
+  in6_addr a6;
+  if (inet_pton(AF_INET6, std::string(host).c_str(), &a6) == 1) {
+    return IN6_IS_ADDR_LOOPBACK(&a6);
+  }
+  return false;
+}
+
+absl::Status CheckListenSecurity(const Config& c) {
+  if (c.security.insecure) return absl::OkStatus();
+  auto refuse = [](const std::string& key, const std::string& address, const char* missing,
+                   const char* what) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s '%s' is reachable from other machines but %s is not set, so %s; configure it, "
+        "listen on a loopback address, or set security.insecure: true to accept that",
+        key, address, missing, what));
+  };
+  if (!c.security.tls) {
+    if (c.master && !IsLoopbackHost(HostOfAddress(c.master->listen_address))) {
+      return refuse("master.listen_address", c.master->listen_address, "security.tls",
+                    "any peer could call the master unauthenticated");
+    }
+    if (!IsLoopbackHost(HostOfAddress(c.admin.listen_address))) {
+      return refuse("admin.listen_address", c.admin.listen_address, "security.tls",
+                    "any peer could call the admin service unauthenticated");
+    }
+  }
+  if (c.security.cluster_secret_file.empty() && c.owner && !c.owner->data_address.empty() &&
+      !IsLoopbackHost(HostOfAddress(c.owner->data_address))) {
+    return refuse("owner.data_address", c.owner->data_address, "security.cluster_secret_file",
+                  "any peer could read and write this owner's memory");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
@@ -776,6 +865,21 @@ std::string DumpConfig(const Config& c) {
   out << YAML::Key << "metrics_address" << YAML::Value << c.admin.metrics_address;
   out << YAML::Key << "allow_mutations" << YAML::Value << c.admin.allow_mutations;
   out << YAML::EndMap;
+  if (c.role != Role::kClient) {
+    out << YAML::Key << "security" << YAML::Value << YAML::BeginMap;
+    if (c.security.tls) {
+      out << YAML::Key << "tls" << YAML::Value << YAML::BeginMap;
+      out << YAML::Key << "cert_file" << YAML::Value << c.security.tls->cert_file;
+      out << YAML::Key << "key_file" << YAML::Value << c.security.tls->key_file;
+      out << YAML::Key << "ca_file" << YAML::Value << c.security.tls->ca_file;
+      out << YAML::EndMap;
+    }
+    if (!c.security.cluster_secret_file.empty()) {
+      out << YAML::Key << "cluster_secret_file" << YAML::Value << c.security.cluster_secret_file;
+    }
+    out << YAML::Key << "insecure" << YAML::Value << c.security.insecure;
+    out << YAML::EndMap;
+  }
   if (!c.faults.empty()) {
     out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;
     for (const FaultConfig& f : c.faults) {

@@ -25,6 +25,7 @@
 #include "fluxon/config.h"
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "fluxon/version.h"
+#include "rpc/grpc_security.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, config, "", "config file (YAML); empty: the built-in embedded config");
@@ -48,8 +49,15 @@ class NodeHealthProbe {
     // A lost connection is retried within a probe or two, not after gRPC's default backoff.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    admin_ = fluxon::v1::AdminService::NewStub(
-        grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args));
+    // With TLS the probe presents the node's own certificate and checks the node's server
+    // certificate against the node's own name (it dials loopback, which the certificate need
+    // not name).
+    const fluxon::GrpcSecurity& security = node.grpc_security();
+    std::string tls_name;
+    if (security.tls() && !security.material()->names.empty()) {
+      tls_name = security.material()->names.front();
+    }
+    admin_ = fluxon::v1::AdminService::NewStub(security.Channel(target_, args, tls_name));
     if (node.client_server() != nullptr) socket_path_ = node.config().owner->socket_path;
   }
 
@@ -149,6 +157,10 @@ int main(int argc, char** argv) {
     absl::StatusOr<fluxon::Config> c = fluxon::LoadConfigFile(file);
     if (!c.ok()) {
       std::cerr << "invalid config: " << c.status().message() << "\n";
+      return 2;
+    }
+    if (absl::Status s = fluxon::CheckListenSecurity(*c); !s.ok()) {
+      std::cerr << "config would not start: " << s.message() << "\n";
       return 2;
     }
     std::cout << fluxon::DumpConfig(*c);

@@ -10,6 +10,7 @@
 #include "fluxon/v1/master.grpc.pb.h"
 #include "fluxon/version.h"
 #include "rpc/grpc_master.h"
+#include "rpc/grpc_security.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon {
@@ -101,8 +102,9 @@ class AdminServiceImpl final : public v1::AdminService::Service {
     if (master_ == nullptr) return NoMaster();
     return Answer(master_->ListKeys(*r), out);
   }
-  grpc::Status SetFault(grpc::ServerContext*, const v1::SetFaultRequest* r, v1::Empty*) override {
-    if (grpc::Status refused = RefuseUnlessMutationsAllowed("fault set"); !refused.ok()) {
+  grpc::Status SetFault(grpc::ServerContext* ctx, const v1::SetFaultRequest* r,
+                        v1::Empty*) override {
+    if (grpc::Status refused = RefuseUnlessMutationsAllowed(*ctx, "fault set"); !refused.ok()) {
       return refused;
     }
     absl::StatusOr<FaultAction> action = ParseFaultAction(r->rule().action());
@@ -119,9 +121,9 @@ class AdminServiceImpl final : public v1::AdminService::Service {
                  r->rule().delay_ms(), r->rule().count());
     return grpc::Status::OK;
   }
-  grpc::Status ClearFaults(grpc::ServerContext*, const v1::ClearFaultsRequest* r,
+  grpc::Status ClearFaults(grpc::ServerContext* ctx, const v1::ClearFaultsRequest* r,
                            v1::Empty*) override {
-    if (grpc::Status refused = RefuseUnlessMutationsAllowed("fault clear"); !refused.ok()) {
+    if (grpc::Status refused = RefuseUnlessMutationsAllowed(*ctx, "fault clear"); !refused.ok()) {
       return refused;
     }
     node_->faults().Clear(r->point());
@@ -140,15 +142,35 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   }
 
  private:
-  // State-changing admin calls are off unless the config enables them (admin.allow_mutations):
-  // the admin port has no authentication yet, so any local user could otherwise use them.
-  grpc::Status RefuseUnlessMutationsAllowed(const char* what) const {
-    if (node_->config().admin.allow_mutations) return grpc::Status::OK;
-    spdlog::warn("refused admin call '{}': admin.allow_mutations is off", what);
+  // State-changing admin calls are off unless the config enables them (admin.allow_mutations),
+  // and then need an authenticated peer: a client certificate the CA verified (security.tls),
+  // or, without TLS, an admin service reachable only from this machine (a loopback address).
+  // A node serving admin on the network without TLS (security.insecure) refuses them all.
+  grpc::Status RefuseUnlessMutationsAllowed(const grpc::ServerContext& ctx,
+                                            const char* what) const {
+    const Config& config = node_->config();
+    if (!config.admin.allow_mutations) {
+      spdlog::warn("refused admin call '{}' from {}: admin.allow_mutations is off", what,
+                   ctx.peer());
+      return grpc::Status(grpc::PERMISSION_DENIED,
+                          std::string(what) +
+                              " changes the node's state and is disabled: set "
+                              "admin.allow_mutations: true in the node's config to enable it");
+    }
+    if (node_->grpc_security().tls()) {
+      if (GrpcSecurity::PeerAuthenticated(ctx)) {
+        spdlog::info("admin call '{}' by {}", what, GrpcSecurity::PeerIdentity(ctx));
+        return grpc::Status::OK;
+      }
+    } else if (IsLoopbackHost(HostOfAddress(config.admin.listen_address))) {
+      return grpc::Status::OK;
+    }
+    spdlog::warn("refused admin call '{}' from {}: the peer is not authenticated", what,
+                 ctx.peer());
     return grpc::Status(grpc::PERMISSION_DENIED,
                         std::string(what) +
-                            " changes the node's state and is disabled: set admin.allow_mutations: "
-                            "true in the node's config to enable it");
+                            " needs an authenticated peer: configure security.tls (the admin "
+                            "service listens beyond loopback without it)");
   }
   static grpc::Status NoMaster() {
     return grpc::Status(grpc::FAILED_PRECONDITION, "this node cannot reach a master");
@@ -175,7 +197,7 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
   MasterApi* admin_master = node->master();
   if (admin_master == nullptr && config.owner && !config.owner->master_address.empty()) {
     absl::StatusOr<std::unique_ptr<MasterApi>> c =
-        MakeGrpcMasterClient(config.owner->master_address);
+        MakeGrpcMasterClient(config.owner->master_address, node->grpc_security());
     if (!c.ok()) return c.status();
     impl->admin_master_client = std::move(*c);
     admin_master = impl->admin_master_client.get();
@@ -184,7 +206,8 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
     impl->master_service = MakeMasterGrpcService(node->master());
     grpc::ServerBuilder b;
     int port = 0;
-    b.AddListeningPort(config.master->listen_address, grpc::InsecureServerCredentials(), &port);
+    b.AddListeningPort(config.master->listen_address, node->grpc_security().ServerCredentials(),
+                       &port);
     b.RegisterService(impl->master_service.get());
     impl->master_server = b.BuildAndStart();
     if (!impl->master_server || port == 0) {
@@ -196,7 +219,7 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
   impl->admin_service = std::make_unique<AdminServiceImpl>(node, admin_master);
   grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort(config.admin.listen_address, grpc::InsecureServerCredentials(), &port);
+  b.AddListeningPort(config.admin.listen_address, node->grpc_security().ServerCredentials(), &port);
   b.RegisterService(impl->admin_service.get());
   impl->admin_server = b.BuildAndStart();
   if (!impl->admin_server || port == 0) {

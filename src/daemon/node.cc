@@ -7,13 +7,29 @@
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 #include "rpc/fault_injecting_master.h"
+#include "rpc/grpc_security.h"
+#include "security/security_files.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp_transport.h"
 
 namespace fluxon {
 
 absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& config) {
+  FLUXON_RETURN_IF_ERROR(CheckListenSecurity(config));
   std::unique_ptr<FluxonNode> node(new FluxonNode(config));
+  {
+    FLUXON_ASSIGN_OR_RETURN(GrpcSecurity grpc_security, GrpcSecurity::FromConfig(config.security));
+    node->grpc_security_ = std::make_unique<GrpcSecurity>(std::move(grpc_security));
+    if (node->grpc_security_->tls()) {
+      spdlog::info("gRPC: mutual TLS (certificate {}, CA {})", config.security.tls->cert_file,
+                   config.security.tls->ca_file);
+    }
+  }
+  std::string cluster_secret;
+  if (!config.security.cluster_secret_file.empty()) {
+    FLUXON_ASSIGN_OR_RETURN(cluster_secret,
+                            security::LoadClusterSecret(config.security.cluster_secret_file));
+  }
   for (const FaultConfig& f : config.faults) {
     FLUXON_ASSIGN_OR_RETURN(FaultAction action, ParseFaultAction(f.action));
     node->faults_.Set(FaultRule{f.point, action, f.delay, f.count});
@@ -29,8 +45,9 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
   if (RoleHasOwner(config.role)) {
     MasterApi* master = node->master_.get();
     if (master == nullptr) {
-      FLUXON_ASSIGN_OR_RETURN(node->remote_master_,
-                              MakeGrpcMasterClient(config.owner->master_address));
+      FLUXON_ASSIGN_OR_RETURN(
+          node->remote_master_,
+          MakeGrpcMasterClient(config.owner->master_address, *node->grpc_security_));
       master = node->remote_master_.get();
     }
     node->master_for_owner_ = std::make_unique<FaultInjectingMaster>(master, &node->faults_);
@@ -51,6 +68,7 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
       // Bound before the owner registers, so the master learns the endpoint peers can reach.
       transport::TcpTransportOptions to;
       to.listen_address = config.owner->data_address;
+      to.cluster_secret = cluster_secret;
       FLUXON_ASSIGN_OR_RETURN(node->data_plane_, transport::TcpTransport::Create(to));
       oo.data_address = node->data_plane_->endpoint();
       oo.transports = config.owner->transports;

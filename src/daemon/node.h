@@ -6,6 +6,10 @@
 //   remote_cache: OwnerCore with a gRPC master client (no local clients) + admin
 // Every master call an owner makes passes through the fault injector (points "master.<Method>").
 //
+// Security (config `security:`): CheckListenSecurity is applied first, then the TLS files and the
+// cluster secret are read and checked, before anything listens; a node that cannot authenticate
+// its peers as configured does not start.
+//
 // With admin.metrics_port != 0 the node also serves Prometheus metrics over HTTP
 // (admin.metrics_address:metrics_port, path /metrics).
 //
@@ -29,6 +33,7 @@
 namespace fluxon {
 
 class GrpcServers;
+class GrpcSecurity;
 class MetricsExposer;
 namespace transport {
 class Transport;
@@ -55,11 +60,14 @@ class FluxonNode {
   int metrics_port() const;
   // The data-plane endpoint this owner serves its segment on (empty without a data plane).
   std::string data_address() const;
+  // The credentials of every gRPC server and channel of this node (security.tls or plaintext).
+  const GrpcSecurity& grpc_security() const { return *grpc_security_; }
 
  private:
   explicit FluxonNode(Config config);
 
   Config config_;
+  std::unique_ptr<GrpcSecurity> grpc_security_;
   FaultInjector faults_;
   std::unique_ptr<MasterCore> master_;
   std::unique_ptr<MasterApi> remote_master_;

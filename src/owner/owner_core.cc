@@ -1,6 +1,7 @@
 #include "owner/owner_core.h"
 
 #include "spdlog/spdlog.h"
+#include "transport/transport.h"
 
 namespace fluxon {
 
@@ -132,6 +133,12 @@ std::map<std::string, int64_t> OwnerCore::Stats() const {
   m["hot_cohorts"] = static_cast<int64_t>(hot_->size());
   m["hot_weight_bytes"] = static_cast<int64_t>(hot_->weight());
   m["publish_queue"] = static_cast<int64_t>(publisher_->backlog());
+  if (options_.data_plane != nullptr) {
+    const transport::TransportStats t = options_.data_plane->stats();
+    m["data_plane_serving_connections"] = static_cast<int64_t>(t.serving_connections);
+    m["data_plane_requests_refused"] = static_cast<int64_t>(t.requests_refused);
+    m["data_plane_handshakes_refused"] = static_cast<int64_t>(t.handshakes_refused);
+  }
   return m;
 }
 

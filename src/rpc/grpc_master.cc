@@ -102,10 +102,14 @@ class MasterServiceImpl final : public v1::MasterService::Service {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
-    const std::string& address, std::chrono::milliseconds deadline) {
+    const std::string& address, const GrpcSecurity& security, std::chrono::milliseconds deadline) {
   if (address.empty()) return absl::InvalidArgumentError("master address is empty");
-  return std::make_unique<GrpcMasterClient>(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), deadline);
+  return std::make_unique<GrpcMasterClient>(security.Channel(address), deadline);
+}
+
+absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
+    const std::string& address, std::chrono::milliseconds deadline) {
+  return MakeGrpcMasterClient(address, GrpcSecurity::Plaintext(), deadline);
 }
 
 std::unique_ptr<grpc::Service> MakeMasterGrpcService(MasterApi* master) {

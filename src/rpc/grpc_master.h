@@ -13,11 +13,17 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "rpc/grpc_security.h"
 #include "rpc/master_api.h"
 
 namespace fluxon {
 
-// A MasterApi over gRPC to `address` (host:port); each call waits at most `deadline`.
+// A MasterApi over gRPC to `address` (host:port) with `security`'s credentials (mutual TLS when
+// configured); each call waits at most `deadline`.
+absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
+    const std::string& address, const GrpcSecurity& security,
+    std::chrono::milliseconds deadline = std::chrono::seconds(5));
+// The same over plaintext (loopback tests).
 absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
     const std::string& address, std::chrono::milliseconds deadline = std::chrono::seconds(5));
 

@@ -33,6 +33,8 @@
 #include "common/fault_injector.h"
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "rpc/grpc_security.h"
+#include "security/security_files.h"
 
 namespace fluxon {
 namespace {
@@ -489,6 +491,21 @@ int Main(int argc, char** argv) {
   app.add_option("--admin", address, "fluxond admin service")
       ->type_name("ADDRESS")
       ->capture_default_str();
+  // Mutual TLS (the node's security.tls): all three files or none; also from the environment.
+  TlsConfig tls;
+  std::string tls_name;
+  app.add_option("--tls-cert", tls.cert_file, "client certificate (PEM) for a TLS admin service")
+      ->type_name("FILE")
+      ->envname("FLUXON_TLS_CERT");
+  app.add_option("--tls-key", tls.key_file, "its private key (PEM)")
+      ->type_name("FILE")
+      ->envname("FLUXON_TLS_KEY");
+  app.add_option("--tls-ca", tls.ca_file, "CA certificate the node's certificate chains to (PEM)")
+      ->type_name("FILE")
+      ->envname("FLUXON_TLS_CA");
+  app.add_option("--tls-name", tls_name,
+                 "name to verify the node's certificate against (default: the --admin host)")
+      ->type_name("NAME");
   app.add_flag("--json", as_json, "print JSON instead of tables");
   app.add_option("--timeout-ms", timeout_ms, "deadline of each RPC in milliseconds")
       ->type_name("N")
@@ -580,9 +597,26 @@ int Main(int argc, char** argv) {
 
   const CLI::App* selected = &app;
   while (!selected->get_subcommands().empty()) selected = selected->get_subcommands().front();
-  Command command(
-      v1::AdminService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
-      address, std::chrono::milliseconds(timeout_ms), as_json);
+  GrpcSecurity security = GrpcSecurity::Plaintext();
+  const int tls_files = !tls.cert_file.empty() + !tls.key_file.empty() + !tls.ca_file.empty();
+  if (tls_files != 0) {
+    if (tls_files != 3) {
+      std::cerr << "fluxonctl: --tls-cert, --tls-key and --tls-ca go together (mutual TLS)\n"
+                   "run fluxonctl --help\n";
+      return kExitUsage;
+    }
+    absl::StatusOr<security::TlsMaterial> material = security::LoadTlsMaterial(tls);
+    if (!material.ok()) {
+      std::cerr << "fluxonctl: " << material.status().message() << "\n";
+      return kExitUsage;
+    }
+    security = GrpcSecurity::MutualTls(std::move(*material));
+  } else if (!tls_name.empty()) {
+    std::cerr << "fluxonctl: --tls-name needs --tls-cert, --tls-key and --tls-ca\n";
+    return kExitUsage;
+  }
+  Command command(v1::AdminService::NewStub(security.Channel(address, {}, tls_name)), address,
+                  std::chrono::milliseconds(timeout_ms), as_json);
   try {
     if (std::optional<std::string> error = runs.at(selected)(command)) {
       std::cerr << "fluxonctl: " << *error << "\n";

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -682,6 +683,32 @@ TEST(PeerCredentials, SupplementaryGroupMembersAreAdmittedOthersRefused) {
   EXPECT_EQ(RunAs(kNobody, kNobody, {kNobody, allowed}, hello_ok), 0);
   // Not a member: refused (the socket file's mode stops it, or the credential check does).
   EXPECT_NE(RunAs(kNobody, kNobody, {kNobody}, hello_ok), 0);
+}
+
+// The socket's mode is the first gate and the peer-credential check the second: without
+// socket_group the socket is 0600, and another uid is refused even when the file's mode would let
+// it connect (an operator's chmod, a bind mount).
+TEST(PeerCredentials, SocketIsOwnerOnlyAndAnotherUidIsRefusedEvenThroughAnOpenMode) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run clients as other users";
+  Config c = TestConfig();
+  chmod("/tmp/fluxon-test", 0755);
+  auto node = StartNode(c);
+  const std::string path = c.owner->socket_path;
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "no socket_group: owner-only";
+  auto hello_ok = [&] {
+    RawConn conn(path);
+    if (!conn.connected()) return 2;
+    auto m = conn.Hello();
+    return m.ok() && m->code() == 0 ? 0 : 1;
+  };
+  constexpr uid_t kNobody = 65534;
+  EXPECT_EQ(RunAs(kNobody, kNobody, {kNobody}, hello_ok), 2) << "the mode keeps it out";
+  ASSERT_EQ(::chmod(path.c_str(), 0666), 0);
+  EXPECT_EQ(RunAs(kNobody, kNobody, {kNobody}, hello_ok), 1)
+      << "connected through the open mode, then refused by the credential check";
+  EXPECT_EQ(hello_ok(), 0) << "the owner's own uid is still admitted";
 }
 
 }  // namespace

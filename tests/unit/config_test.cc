@@ -586,3 +586,85 @@ TEST(ConfigRejects, TextThatIsNotUtf8) {
 
 }  // namespace
 }  // namespace fluxon
+
+namespace fluxon {
+namespace {
+
+TEST(ConfigSecurity, ParsesDumpsAndRequiresAllThreeTlsFiles) {
+  auto c = ParseConfig(
+      "security:\n  tls: {cert_file: /n.pem, key_file: /n.key, ca_file: /ca.pem}\n"
+      "  cluster_secret_file: /s\n  insecure: true\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->security.tls.has_value());
+  EXPECT_EQ(c->security.tls->cert_file, "/n.pem");
+  EXPECT_EQ(c->security.tls->key_file, "/n.key");
+  EXPECT_EQ(c->security.tls->ca_file, "/ca.pem");
+  EXPECT_EQ(c->security.cluster_secret_file, "/s");
+  EXPECT_TRUE(c->security.insecure);
+  auto again = ParseConfig(DumpConfig(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->security.tls->ca_file, "/ca.pem");
+  EXPECT_EQ(again->security.cluster_secret_file, "/s");
+  EXPECT_TRUE(again->security.insecure);
+  EXPECT_FALSE(ParseConfig("")->security.tls.has_value());
+
+  EXPECT_THAT(Reject("security: {tls: {cert_file: /n.pem, key_file: /n.key}}"),
+              HasSubstr("security.tls.ca_file: is required"));
+  EXPECT_THAT(Reject("security: {tls: {cert_file: /n.pem, ca_file: /c, key_file: ''}}"),
+              HasSubstr("security.tls.key_file: is required"));
+  EXPECT_THAT(Reject("security: {tls: {cert_file: a, key_file: b, ca_file: c, crl: d}}"),
+              HasSubstr("security.tls.crl: unknown key"));
+  EXPECT_THAT(Reject("security: {cluster_secret_file: ''}"),
+              HasSubstr("security.cluster_secret_file: must not be empty"));
+  EXPECT_THAT(Reject("security: {insecure: maybe}"), HasSubstr("security.insecure"));
+  EXPECT_THAT(Reject("role: client\nsecurity: {insecure: true}"), HasSubstr("security"));
+}
+
+TEST(ConfigSecurity, NetworkReachableListenersNeedTlsOrASecretOrInsecure) {
+  auto check = [](const std::string& yaml) {
+    auto c = ParseConfig(yaml);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? CheckListenSecurity(*c) : c.status();
+  };
+  const std::string tls = "security: {tls: {cert_file: a, key_file: b, ca_file: c}}\n";
+  // Loopback everywhere (the defaults): fine without anything.
+  EXPECT_TRUE(check("").ok());
+  EXPECT_TRUE(check("admin: {listen_address: 'localhost:0'}\nmaster: {listen_address: "
+                    "'[::1]:0'}\nowner: {data_address: '127.0.0.2:0'}")
+                  .ok());
+  for (const char* a : {"0.0.0.0:0", "[::]:1", "10.1.2.3:50152", "node-7.example.com:1"}) {
+    SCOPED_TRACE(a);
+    absl::Status s = check(std::string("admin: {listen_address: '") + a + "'}");
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("admin.listen_address"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("security.insecure"));
+    EXPECT_THAT(std::string(check(std::string("master: {listen_address: '") + a + "'}").message()),
+                HasSubstr("master.listen_address"));
+    EXPECT_TRUE(check(std::string("admin: {listen_address: '") + a + "'}\n" + tls).ok());
+    EXPECT_TRUE(
+        check(std::string("admin: {listen_address: '") + a + "'}\nsecurity: {insecure: true}")
+            .ok());
+    // The data plane needs the cluster secret; TLS alone does not cover it.
+    const std::string data = std::string("owner: {data_address: '") + a + "'}\n";
+    EXPECT_THAT(std::string(check(data + tls).message()), HasSubstr("owner.data_address"));
+    EXPECT_TRUE(check(data + "security: {cluster_secret_file: /s}").ok());
+  }
+  // An owner dialing a master elsewhere listens on nothing reachable: no refusal.
+  EXPECT_TRUE(check("role: owner\nowner: {master_address: '10.0.0.1:50151'}").ok());
+}
+
+TEST(ConfigSecurity, LoopbackHosts) {
+  for (const char* h : {"localhost", "LOCALHOST", "127.0.0.1", "127.9.8.7", "::1", "[::1]"}) {
+    EXPECT_TRUE(IsLoopbackHost(h)) << h;
+  }
+  for (const char* h : {"0.0.0.0", "::", "[::]", "128.0.0.1", "10.0.0.1", "localhost.example",
+                        "::ffff:127.0.0.1", ""}) {
+    EXPECT_FALSE(IsLoopbackHost(h)) << h;
+  }
+  EXPECT_EQ(HostOfAddress("[::1]:5"), "::1");
+  EXPECT_EQ(HostOfAddress("a.b:5"), "a.b");
+  EXPECT_EQ(HostOfAddress("10.0.0.1:0"), "10.0.0.1");
+}
+
+}  // namespace
+}  // namespace fluxon

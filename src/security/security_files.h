@@ -1,0 +1,36 @@
+// Reading the files `security:` names (include/fluxon/config.h): the TLS material and the
+// cluster secret. Everything is checked when the node starts, so a wrong path, a key that does
+// not belong to its certificate or a too-short secret is a start-up error naming the file, not a
+// handshake failure later.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fluxon/config.h"
+
+namespace fluxon::security {
+
+// PEM text of a node's (or fluxonctl's) TLS identity and the CA it trusts.
+struct TlsMaterial {
+  std::string cert_chain;   // this side's certificate (and intermediates)
+  std::string private_key;  // its key
+  std::string ca_certs;     // the CA certificates peers must chain to
+  // DNS and IP names of the first certificate (subjectAltName, else the subject CN): what a
+  // client dialing this node may call it (the watchdog probe uses the first).
+  std::vector<std::string> names;
+};
+
+// Reads and checks the three files: each readable, the certificate and CA parse as X.509, the key
+// parses and matches the certificate. InvalidArgument / NotFound naming the config key and path.
+absl::StatusOr<TlsMaterial> LoadTlsMaterial(const TlsConfig& tls);
+
+// The minimum length of a cluster secret, in bytes after stripping surrounding whitespace.
+inline constexpr size_t kMinClusterSecretBytes = 16;
+
+// Reads security.cluster_secret_file: the file's bytes with surrounding whitespace removed, at
+// least kMinClusterSecretBytes. Logs a warning when other users may read it (mode & 0077).
+absl::StatusOr<std::string> LoadClusterSecret(const std::string& path);
+
+}  // namespace fluxon::security
