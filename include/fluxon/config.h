@@ -93,8 +93,9 @@ struct OwnerConfig {
   std::chrono::milliseconds heartbeat_interval{1'000};
   // Data plane: where this owner serves its segment to other owners (host:port; port 0 lets the
   // kernel pick; empty: no data plane, the single-machine default) and with which transports.
-  // Only "tcp" is served today; "rdma" (the verbs transport) needs the owners' peer service for
-  // its queue-pair exchange and is refused until that exists.
+  // Only "tcp" is served today; "rdma" is refused: the verbs transport and its queue-pair
+  // exchange over the gRPC peer service (rpc/grpc_verbs_exchange.h, mutual TLS) exist and pass
+  // the conformance suite on the emulator, but an owner serves a single transport so far.
   std::string data_address;
   std::vector<std::string> transports = {"tcp"};
   // How long a starting owner retries a registration the master refuses because the node_id's

@@ -417,8 +417,9 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o, const MachineLimits& machi
       const std::string name = list[i].Scalar();
       if (name == "rdma") {
         return sec.Bad("transports",
-                       "rdma is not served yet (the verbs transport needs the owners' peer "
-                       "service for its queue-pair exchange); use [tcp]");
+                       "rdma is not served by fluxond yet (an owner serves one transport; the "
+                       "verbs transport and its queue-pair exchange over the authenticated peer "
+                       "service are built and tested, not yet wired into the owner); use [tcp]");
       }
       if (name != "tcp") {
         return sec.Bad("transports", "unknown transport '" + name + "' (known: tcp, rdma)");

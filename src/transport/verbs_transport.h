@@ -9,9 +9,10 @@
 // max_outstanding_wr_per_qp per QP, within max_inflight_bytes_per_peer. One completion thread
 // polls every peer's CQ; a signaled completion retires every earlier WR of its QP (RC order).
 //
-// QP/MR information is exchanged through VerbsExchange. A real deployment exchanges it over the
-// owners' gRPC peer service, which does not exist yet; InProcessVerbsExchange connects transports
-// of one process (the emulator tests).
+// QP/MR information is exchanged through VerbsExchange: across processes over the owners' gRPC
+// peer service on the node's credentials (GrpcVerbsExchange, rpc/grpc_verbs_exchange.h: mutual
+// TLS, so no unauthenticated peer learns a QP or an rkey); InProcessVerbsExchange connects
+// transports of one process (the emulator tests).
 //
 // Invariants and why:
 // - Serving-side validation: the NIC enforces the MR bounds and rkey; a peer restart registers a

@@ -24,6 +24,15 @@
 #include "transport/verbs_api.h"
 #include "transport/verbs_emulator.h"
 #include "transport/verbs_transport.h"
+#ifdef FLUXON_HAVE_VERBS_GRPC
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+
+#include "rpc/grpc_verbs_exchange.h"
+#include "security/security_files.h"
+#include "tests/transport/test_pki.h"
+#endif
 #endif
 
 namespace fluxon::transport {
@@ -248,6 +257,89 @@ struct EmulatedVerbsEnv {
   int next_ = 0;
 };
 
+#ifdef FLUXON_HAVE_VERBS_GRPC
+// The emulated fabric, with the queue-pair exchange over the gRPC peer service under mutual TLS:
+// every node (initiator and peers) serves its own PeerService on loopback, and its transport's
+// name is that service's address.
+struct GrpcVerbsEnv {
+  static constexpr const char* kName = "emulated verbs, gRPC exchange";
+  GrpcVerbsEnv() {
+    verbs::EmulatorOptions eo;
+    eo.assert_on_violation = false;
+    fabric = std::make_shared<verbs::EmulatedFabric>(eo);
+  }
+  absl::Status Available() {
+    if (!pki.ok()) return absl::UnavailableError("openssl could not make the test certificates");
+    return absl::OkStatus();
+  }
+  struct Node {
+    std::shared_ptr<GrpcVerbsExchange> exchange;
+    std::unique_ptr<grpc::Server> server;
+  };
+  // Starts a node's peer service; returns its address (the transport's name).
+  std::string StartNode(const std::string& leaf = "node") {
+    auto material = security::LoadTlsMaterial(pki.Config(leaf));
+    EXPECT_TRUE(material.ok()) << material.status();
+    const GrpcSecurity sec = GrpcSecurity::MutualTls(*material);
+    auto node = std::make_unique<Node>();
+    node->exchange = std::make_shared<GrpcVerbsExchange>(sec);
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", sec.ServerCredentials(), &port);
+    b.RegisterService(node->exchange->service());
+    node->server = b.BuildAndStart();
+    const std::string name = absl::StrCat("127.0.0.1:", port);
+    nodes[name] = std::move(node);
+    return name;
+  }
+  std::unique_ptr<Transport> Make(const std::string& node) {
+    verbs::VerbsTransportOptions o;
+    o.node_name = node;
+    o.qps_per_peer = 2;
+    o.max_wr_bytes = 1 * MiB;
+    o.max_outstanding_wr_per_qp = 16;
+    o.max_inflight_bytes_per_peer = kMaxInflight;
+    auto t = verbs::VerbsTransport::Create(o, fabric->AttachNode(node), nodes.at(node)->exchange);
+    if (!t.ok()) {
+      ADD_FAILURE() << t.status();
+      return nullptr;
+    }
+    return std::move(*t);
+  }
+  absl::StatusOr<std::unique_ptr<Transport>> MakeInitiator() {
+    auto t = Make(StartNode());
+    if (!t) return absl::InternalError("initiator");
+    return t;
+  }
+  std::unique_ptr<PeerHarness> StartPeer(uint64_t len, uint64_t generation) {
+    auto fabric_ref = fabric;
+    return std::make_unique<VerbsPeer>(
+        StartNode(), len, generation, [this](const std::string& node) { return Make(node); },
+        [fabric_ref](const std::string& node, bool kill) {
+          if (kill) {
+            fabric_ref->KillNode(node);
+          } else {
+            fabric_ref->ReviveNode(node);
+          }
+        },
+        [fabric_ref](const std::string& node, bool stalled) {
+          fabric_ref->SetNodeStalled(node, stalled);
+        });
+  }
+  void CheckClean() {
+    EXPECT_EQ(fabric->violations(), 0u) << fabric->last_violation();
+    EXPECT_EQ(fabric->live_objects(), 0u) << "verbs objects leaked";
+  }
+  ~GrpcVerbsEnv() {
+    for (auto& [name, node] : nodes) node->server->Shutdown();
+  }
+  static constexpr uint64_t kMaxInflight = 32 * MiB;
+  fluxon::testing::TestPki pki;
+  std::shared_ptr<verbs::EmulatedFabric> fabric;
+  std::map<std::string, std::unique_ptr<Node>> nodes;
+};
+#endif
+
 struct HardwareVerbsEnv {
   static constexpr const char* kName = "verbs (hardware)";
   absl::Status Available() {
@@ -360,7 +452,9 @@ class TransportConformance : public ::testing::Test {
   std::unique_ptr<LocalRegion> local_;
 };
 
-#ifdef FLUXON_HAVE_VERBS_TRANSPORT
+#if defined(FLUXON_HAVE_VERBS_GRPC)
+using Envs = ::testing::Types<TcpEnv, EmulatedVerbsEnv, GrpcVerbsEnv, HardwareVerbsEnv>;
+#elif defined(FLUXON_HAVE_VERBS_TRANSPORT)
 using Envs = ::testing::Types<TcpEnv, EmulatedVerbsEnv, HardwareVerbsEnv>;
 #else
 using Envs = ::testing::Types<TcpEnv>;
