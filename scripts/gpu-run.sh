@@ -3,11 +3,17 @@
 #
 # On the development machine (no GPU needed):
 #   scripts/gpu-run.sh pack [DEST]
-#     builds the Python module (for Python 3.12, the GPU machine's) and the benchmark in
-#     $BUILD_DIR (default build-gpu), and copies them with their non-system shared libraries, the
-#     Python package and the GPU tests into DEST (default: .gpupack in the repository root, which
-#     must be git-ignored). Then prints the command to run on the GPU machine.
-#     Env: PYTHON312 (interpreter to build the module for), BUILD_DIR, JOBS.
+#     builds the fluxon wheel for Python 3.12 (the GPU machine's) with scripts/build-wheel.sh
+#     (auditwheel-repaired, kernels included: nvcc must be here) and the benchmark in $BUILD_DIR
+#     (default build-gpu), and copies the wheel, the benchmark with its shared libraries (abseil,
+#     numa: the benchmark only), the GPU tests and the pinned SGLang into DEST (default: .gpupack
+#     in the repository root, which must be git-ignored). Then prints the command to run on the
+#     GPU machine.
+#     Env: PYTHON312 (interpreter to build the wheel for), BUILD_DIR, JOBS.
+#
+# On the GPU machine the tests run from the wheel: `pip install` into a fresh venv (with the
+# machine's torch through --system-site-packages), fluxond and fluxonctl from the venv's bin, no
+# LD_LIBRARY_PATH and no PYTHONPATH into the pack.
 #
 # On the GPU machine, from the folder that holds DEST:
 #   bash .gpupack/gpu-run.sh device [all|test|bench|bulk|quick]
@@ -49,14 +55,19 @@ case $mode in
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUXON_CUDA=ON \
       -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$PYBIND_DIR" >/dev/null
     cmake -S . -B "$BUILD_DIR" -DFLUXON_PYTHON=ON >/dev/null
-    cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target _fluxon_kernels kv_transfer_bench fluxond _native
+    cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target kv_transfer_bench
     rm -rf "$DEST"
-    mkdir -p "$DEST/bin" "$DEST/lib" "$DEST/python/fluxon" "$DEST/tests"
-    cp "$BUILD_DIR"/bench/gpu/kv_transfer_bench "$BUILD_DIR"/src/fluxond "$DEST/bin/"
+    mkdir -p "$DEST/bin" "$DEST/lib" "$DEST/wheel" "$DEST/tests"
+    JOBS=${JOBS:-2} DIST="$DEST/wheel" scripts/build-wheel.sh "$PY"
+    WHEEL=$(ls "$DEST"/wheel/fluxon-*-cp312-*.whl)
+    "$PY" - "$WHEEL" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+if not any(n.startswith("fluxon/_fluxon_kernels") for n in names):
+    sys.exit(f"{sys.argv[1]} has no fluxon/_fluxon_kernels (was nvcc found?)")
+PY
+    cp "$BUILD_DIR"/bench/gpu/kv_transfer_bench "$DEST/bin/"
     strip "$DEST"/bin/*
-    cp python/fluxon/*.py "$BUILD_DIR"/python/fluxon/_native*.so "$DEST/python/fluxon/"
-    cp "$BUILD_DIR"/kernels/_fluxon_kernels*.so "$DEST/python/fluxon/"
-    strip "$DEST"/python/fluxon/*.so
     cp tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py tests/gpu/test_sglang_real.py \
       tests/gpu/test_linker_real.py "$DEST/tests/"
     mkdir -p "$DEST/bench"
@@ -81,9 +92,9 @@ case $mode in
     "${PIPDL[@]}" -d "$DEST/sglang/wheels" $SGLANG_IMPORT_DEPS
     rm -rf "$W"
     cp scripts/gpu-run.sh "$DEST/"
-    # Non-system shared libraries (abseil, grpc, numa, ...); glibc and libstdc++ come from the
-    # target.
-    for f in "$DEST"/bin/* "$DEST"/python/fluxon/*.so; do
+    # The benchmark's non-system shared libraries (abseil, numa); glibc and libstdc++ come from
+    # the target. Only the benchmark steps put them on the library path.
+    for f in "$DEST"/bin/*; do
       ldd "$f" | awk '/=> \//{print $3}'
     done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
       xargs -r cp -L -t "$DEST/lib/"
@@ -96,10 +107,31 @@ case $mode in
     PACK=$(cd "$(dirname "$0")" && pwd)
     OUTDIR=${OUT:-$PWD/gpu-out}
     mkdir -p "$OUTDIR"
-    export LD_LIBRARY_PATH=$PACK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export PYTHONPATH=$PACK/python${PYTHONPATH:+:$PYTHONPATH}
     export PYTHONUNBUFFERED=1
-    BENCH=$PACK/bin/kv_transfer_bench
+    # fluxon from its wheel, pip-installed into a fresh venv that sees the machine's torch.
+    VENV=${TMPDIR:-/tmp}/fluxon-venv
+    WHEEL=$(ls "$PACK"/wheel/fluxon-*-cp312-*.whl)
+    rm -rf "$VENV"
+    if python3 -m venv --system-site-packages "$VENV" >"$OUTDIR/venv.log" 2>&1; then
+      PIP=("$VENV/bin/python" -m pip)
+    else  # no ensurepip on this Python: a venv without pip, filled by the system pip
+      rm -rf "$VENV"
+      python3 -m venv --without-pip --system-site-packages "$VENV" >>"$OUTDIR/venv.log" 2>&1
+      PIP=(python3 -m pip --python "$VENV/bin/python")
+    fi
+    "${PIP[@]}" install --no-index --no-deps "$WHEEL" >>"$OUTDIR/venv.log" 2>&1 ||
+      { cat "$OUTDIR/venv.log"; echo "pip install of $WHEEL failed"; exit 1; }
+    PY=$VENV/bin/python
+    # The machine's torch (and numpy) may live in python3's own venv, which --system-site-packages
+    # does not reach: list python3's site-packages after the venv's own (a .pth file), so fluxon
+    # comes from the wheel and torch from the machine.
+    python3 -c 'import site, sysconfig; print("\n".join([sysconfig.get_paths()["purelib"]] + site.getsitepackages()))' \
+      >"$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/machine-site.pth"
+    FLUXOND=$VENV/bin/fluxond
+    "$PY" -c "import fluxon, fluxon.kernels, sys; print('fluxon', fluxon.__version__, 'from', fluxon.__file__)" 2>&1 | tee -a "$OUTDIR/venv.log"
+    "$FLUXOND" --version | tee -a "$OUTDIR/venv.log"
+    ls -la "$WHEEL" | tee -a "$OUTDIR/venv.log"
+    BENCH=(env LD_LIBRARY_PATH="$PACK/lib" "$PACK/bin/kv_transfer_bench")
     SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
     rc=0
     step() {  # step NAME LOG COMMAND...: runs one step (bounded), records pass/fail
@@ -117,14 +149,14 @@ case $mode in
     qflag=""
     [ "$what" = quick ] && qflag=--quick
     case $what in all | test | quick)
-      step tests test.log python3 "$PACK/tests/test_kv_kernels.py" $qflag
-      step tests-bulk test-bulk.log python3 "$PACK/tests/test_kv_kernels.py" --quick --bulk
-      step e2e e2e.log env FLUXOND="$PACK/bin/fluxond" python3 "$PACK/tests/test_e2e_fluxond.py"
+      step tests test.log "$PY" "$PACK/tests/test_kv_kernels.py" $qflag
+      step tests-bulk test-bulk.log "$PY" "$PACK/tests/test_kv_kernels.py" --quick --bulk
+      step e2e e2e.log env FLUXOND="$FLUXOND" "$PY" "$PACK/tests/test_e2e_fluxond.py"
       if [ -n "$SAN" ]; then
-        step memcheck memcheck.log "$SAN" --tool memcheck --leak-check full --error-exitcode 3 \
-          "$BENCH" --verify --small
-        step memcheck-bulk memcheck-bulk.log "$SAN" --tool memcheck --error-exitcode 3 \
-          "$BENCH" --verify --small --bulk
+        step memcheck memcheck.log env LD_LIBRARY_PATH="$PACK/lib" "$SAN" --tool memcheck \
+          --leak-check full --error-exitcode 3 "$PACK/bin/kv_transfer_bench" --verify --small
+        step memcheck-bulk memcheck-bulk.log env LD_LIBRARY_PATH="$PACK/lib" "$SAN" --tool memcheck \
+          --error-exitcode 3 "$PACK/bin/kv_transfer_bench" --verify --small --bulk
       else
         echo "step memcheck: FAILED (compute-sanitizer not found)" | tee -a "$OUTDIR/steps.txt"; rc=1
       fi
@@ -134,7 +166,7 @@ case $mode in
       SGL=${TMPDIR:-/tmp}/fluxon-sglang-env
       rm -rf "$SGL" && mkdir -p "$SGL/src" "$SGL/deps" "$SGL/stubs/sgl_kernel"
       tar -xJf "$PACK/sglang/sglang.tar.xz" -C "$SGL/src"
-      python3 - "$PACK/sglang/wheels" >"$SGL/need.txt" <<'PY'
+      "$PY" - "$PACK/sglang/wheels" >"$SGL/need.txt" <<'PY'
 import importlib.metadata as md, os, sys
 have = {d.metadata["Name"].lower().replace("-", "_") for d in md.distributions()}
 for w in sorted(os.listdir(sys.argv[1])):
@@ -143,7 +175,7 @@ for w in sorted(os.listdir(sys.argv[1])):
 PY
       [ -s "$SGL/need.txt" ] && pip install -q --no-deps --target "$SGL/deps" $(cat "$SGL/need.txt") \
         >"$OUTDIR/sglang-pip.log" 2>&1
-      if ! python3 -c "import sgl_kernel" 2>/dev/null; then
+      if ! "$PY" -c "import sgl_kernel" 2>/dev/null; then
         for d in sgl_kernel sgl_kernel/quantization sgl_kernel/kvcacheio; do
           mkdir -p "$SGL/stubs/$d"
           cat >"$SGL/stubs/$d/__init__.py" <<'PY'
@@ -156,30 +188,30 @@ PY
         done
       fi
       if [ "$what" = linkerbench ]; then
-        step linkerbench linkerbench.log env FLUXOND="$PACK/bin/fluxond" \
-          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs:$PYTHONPATH" python3 "$PACK/bench/linker_bench.py" \
+        step linkerbench linkerbench.log env FLUXOND="$FLUXOND" \
+          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs" "$PY" "$PACK/bench/linker_bench.py" \
           ${LINKERBENCH_ARGS:-} --csv "$OUTDIR/linkerbench.csv"
       elif [ "$what" != linker ]; then
-        step sglang sglang.log env FLUXOND="$PACK/bin/fluxond" \
-          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs:$PYTHONPATH" python3 "$PACK/tests/test_sglang_real.py"
+        step sglang sglang.log env FLUXOND="$FLUXOND" \
+          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs" "$PY" "$PACK/tests/test_sglang_real.py"
       fi
       if [ "$what" != sglang ] && [ "$what" != linkerbench ]; then
-        step linker linker.log env FLUXOND="$PACK/bin/fluxond" \
-          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs:$PYTHONPATH" python3 "$PACK/tests/test_linker_real.py"
+        step linker linker.log env FLUXOND="$FLUXOND" \
+          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs" "$PY" "$PACK/tests/test_linker_real.py"
       fi
       ;;
     esac
     if [ "$what" = e2e ]; then
-      step e2e e2e.log env FLUXOND="$PACK/bin/fluxond" python3 "$PACK/tests/test_e2e_fluxond.py"
+      step e2e e2e.log env FLUXOND="$FLUXOND" "$PY" "$PACK/tests/test_e2e_fluxond.py"
     fi
     case $what in all | bench | quick)
       bflag=""
       [ "$what" = quick ] && bflag="--quick --no-sweep"
-      step bench bench.log "$BENCH" $bflag --csv "$OUTDIR/bench.csv"
+      step bench bench.log "${BENCH[@]}" $bflag --csv "$OUTDIR/bench.csv"
       ;;
     esac
     if [ "$what" = bulk ]; then
-      step bench-bulk bench-bulk.log "$BENCH" --quick --bulk --csv "$OUTDIR/bench-bulk.csv"
+      step bench-bulk bench-bulk.log "${BENCH[@]}" --quick --bulk --csv "$OUTDIR/bench-bulk.csv"
     fi
     echo
     [ -f "$OUTDIR/bench.log" ] && cat "$OUTDIR/bench.log"
