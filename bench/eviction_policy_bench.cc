@@ -66,7 +66,7 @@ std::vector<Entry> Policies() {
 std::vector<Trace> Traces() {
   return {
       CyclicMultiTurn(), ZipfMultiTurn(0.8), ZipfMultiTurn(1.1), ZipfMultiTurn(1.4), Mix(), Scan(),
-      Diurnal()};
+      Diurnal(),         Sessions()};
 }
 
 std::vector<std::string> Split(const std::string& s) {

@@ -57,7 +57,17 @@
 //    there is no evidence either way, and prediction is the one that keeps a stable subset of
 //    conversations whole.
 //    A victim chain stays the victim until it is empty or accessed again, so misses concentrate in
-//    few prompts instead of being spread over many (the cyclic trace's lesson).
+//    few prompts instead of being spread over many (the cyclic trace's lesson), but only while
+//    the stage that chose it (the filter, or the expert) would still choose it: when another
+//    chain's prediction overtakes it (a conversation served meanwhile, never to return), the
+//    choice is made again instead of emptying a chain that comes back next.
+//    Periods are measured on a request clock, not on HotTier's call clock: one tick per restore
+//    (the read right after a probe of the same prefix is the same request) and per put that
+//    continues nothing stored (a miss). On the call clock a hit costs three ticks (probe, read,
+//    put) and a miss one, so the first period of a conversation depended on how many of the
+//    requests before it hit (on cyclic multi-turn traffic the conversations put first in the
+//    first round learnt periods a third shorter than the last ones, and the last one was
+//    evicted as "predicted last" just before its turn).
 // 5. Bounds. Metadata per live cohort and chain, plus a ghost FIFO of at most as many entries as
 //    the most cohorts ever resident (so bounded by the capacity); nothing is kept per key that
 //    left both. No state outlives its cohort except the ghost entry.
@@ -107,6 +117,10 @@ class AdaptiveChainPolicy {
     const bool ghost_hit = fingerprint != 0 && GhostHit(fingerprint, /*penalize=*/refresh);
     Chain* c = nullptr;
     auto prev = after != 0 ? members_.find(after) : members_.end();
+    // A put that continues no stored prompt is a request of its own (a miss); one that continues
+    // a stored cohort belongs to the request that restored it.
+    if (refresh && prev == members_.end()) ++requests_;
+    last_touch_front_ = 0;
     if (prev != members_.end()) {
       Chain* p = prev->second.chain;
       const uint32_t pos = prev->second.pos;
@@ -133,6 +147,7 @@ class AdaptiveChainPolicy {
     if (InProbation(c)) probation_weight_ += weight;
     if (refreshes) {
       c->last = now;
+      c->last_request = requests_;
       MoveToFront(c);
     }
     members_[id] = Member{c, static_cast<uint32_t>(c->cohorts.size() - 1), weight, fingerprint};
@@ -144,6 +159,10 @@ class AdaptiveChainPolicy {
   // normally a restored prefix, tail first: after one lookup, the pages before it in its chain are
   // matched against the chain itself.
   void Touch(const std::vector<uint64_t>& ids, uint64_t now) {
+    if (ids.empty()) return;
+    // The read right after a probe of the same prefix is the same request.
+    if (ids.front() != last_touch_front_) ++requests_;
+    last_touch_front_ = ids.front();
     for (size_t i = 0; i < ids.size();) {
       auto m = members_.find(ids[i++]);
       if (m == members_.end()) continue;
@@ -216,12 +235,13 @@ class AdaptiveChainPolicy {
   std::optional<uint64_t> Coldest(uint64_t now) {
     if (chains_.empty()) return std::nullopt;
     // The current victim chain stays the victim until it is accessed again.
-    if (victim_ != nullptr && victim_->indexed && victim_->last == victim_last_) {
+    if (victim_ != nullptr && victim_->indexed && victim_->last == victim_last_ &&
+        StillChosen(now)) {
       return victim_->cohorts.back();
     }
     // The filter first: probation over its target share gives up its oldest chain.
     if (mode_ == Mode::kAdaptive) {
-      if (Chain* c = FilterVictim(); c != nullptr) return SetVictim(c, 0);
+      if (Chain* c = FilterVictim(); c != nullptr) return SetVictim(c, 0, kByFilter);
     }
     Chain* cand[kExperts] = {nullptr, nullptr};
     if (mode_ != Mode::kRecencyOnly) cand[kPrediction] = PredictionVictim(now);
@@ -229,7 +249,9 @@ class AdaptiveChainPolicy {
     if (cand[kPrediction] == nullptr || cand[kRecency] == nullptr ||
         cand[kPrediction] == cand[kRecency]) {
       Chain* c = cand[kPrediction] != nullptr ? cand[kPrediction] : cand[kRecency];
-      return SetVictim(c != nullptr ? c : lru_tail_, 0);  // no leaf (cannot happen): any tail
+      // No leaf (cannot happen): any tail.
+      return SetVictim(c != nullptr ? c : lru_tail_, 0,
+                       cand[kPrediction] != nullptr ? kByPrediction : kByRecency);
     }
     // They disagree: smooth weighted round robin (each gains its weight in credit, the richer
     // one chooses and pays 1), so each expert chooses its weight's share of the decisions.
@@ -239,7 +261,8 @@ class AdaptiveChainPolicy {
       if (credit_[i] > credit_[best]) best = i;
     }
     credit_[best] -= 1.0;
-    return SetVictim(cand[best], uint8_t{1} << best);
+    return SetVictim(cand[best], uint8_t{1} << best,
+                     best == kPrediction ? kByPrediction : kByRecency);
   }
 
   // Introspection for tests and the bench.
@@ -271,6 +294,7 @@ class AdaptiveChainPolicy {
     uint64_t parent = 0;            // the cohort this chain branches off (0: a root)
     uint32_t tail_children = 0;     // chains branching off the tail (T3: only the tail has any)
     uint64_t last = 0;              // logical time of the last access
+    uint64_t last_request = 0;      // the request count at the last access
     uint64_t weight = 0;            // sum of the cohorts' weights
     double period = 0;
     bool has_period = false;  // accessed since its put (no period: on probation)
@@ -313,7 +337,8 @@ class AdaptiveChainPolicy {
 
   void TouchChain(Chain* c, uint64_t now) {
     if (c->last == now) return;  // already counted for this access
-    const double gap = static_cast<double>(now - c->last);
+    const double gap = static_cast<double>(requests_ - c->last_request);
+    c->last_request = requests_;
     if (c->has_period && gap < kRepeatFraction * c->period) {
       // The same request again (a probe, then the read): not a new reuse gap; the predicted
       // time moves by less than a quarter period, so the index keeps its key.
@@ -339,6 +364,7 @@ class AdaptiveChainPolicy {
     c.id = id;
     c.parent = parent;
     c.last = now;
+    c.last_request = requests_;
     PushFront(&c);
     if (parent != 0) {
       Chain* p = members_.at(parent).chain;
@@ -371,6 +397,7 @@ class AdaptiveChainPolicy {
     t.id = tail_id;
     t.parent = c->cohorts[at];
     t.last = c->last;
+    t.last_request = c->last_request;
     t.period = c->period;
     t.has_period = c->has_period;
     t.tail_children = c->tail_children;
@@ -415,7 +442,7 @@ class AdaptiveChainPolicy {
     c->indexed = true;
     c->indexed_last = c->last;
     if (c->has_period) {
-      c->indexed_pred = static_cast<double>(c->last) + c->period;
+      c->indexed_pred = static_cast<double>(c->last_request) + c->period;
       c->indexed_period = c->period;
       by_pred_.insert({c->indexed_pred, c->id, c});
       period_sum_ += c->period;
@@ -442,14 +469,14 @@ class AdaptiveChainPolicy {
   Chain* PredictionVictim(uint64_t now) const {
     if (by_pred_.empty() && no_period_.empty()) return nullptr;
     const double mean = period_count_ > 0 ? period_sum_ / static_cast<double>(period_count_) : 0;
-    const double t = static_cast<double>(now);
+    const double t = static_cast<double>(requests_);
     if (!by_pred_.empty()) {  // finished chains first: overdue by more than a period
       const PredKey& k = *by_pred_.begin();
       if (t > k.pred + k.chain->indexed_period) return k.chain;
     }
     if (!no_period_.empty() && mean > 0) {
       const LastKey& k = *no_period_.begin();
-      if (t > static_cast<double>(k.last) + 2 * mean) return k.chain;
+      if (t > static_cast<double>(k.chain->last_request) + 2 * mean) return k.chain;
     }
     double best_pred = 0;
     uint64_t best_id = 0;
@@ -469,7 +496,7 @@ class AdaptiveChainPolicy {
       if (consider(it->pred, it->chain)) break;
     }
     for (auto it = no_period_.rbegin(); it != no_period_.rend(); ++it) {
-      if (consider(static_cast<double>(it->last) + mean, it->chain)) break;
+      if (consider(static_cast<double>(it->chain->last_request) + mean, it->chain)) break;
     }
     return best != nullptr ? best : fallback;
   }
@@ -483,11 +510,24 @@ class AdaptiveChainPolicy {
     return nullptr;
   }
 
-  uint64_t SetVictim(Chain* c, uint8_t tag) {
+  uint64_t SetVictim(Chain* c, uint8_t tag, uint8_t source) {
     victim_ = c;
     victim_tag_ = tag;
+    victim_source_ = source;
     victim_last_ = c->last;
     return c->cohorts.back();
+  }
+
+  // Whether the stage that chose the current victim would still choose it.
+  bool StillChosen(uint64_t now) const {
+    switch (victim_source_) {
+      case kByFilter:
+        return FilterVictim() == victim_;
+      case kByPrediction:
+        return PredictionVictim(now) == victim_;
+      default:
+        return RecencyVictim() == victim_;
+    }
   }
 
   // The oldest chain on probation, while probation holds more than its target share.
@@ -548,12 +588,19 @@ class AdaptiveChainPolicy {
   Chain* victim_ = nullptr;
   uint64_t victim_last_ = 0;
   uint8_t victim_tag_ = 0;
+  enum : uint8_t { kByFilter, kByPrediction, kByRecency };
+  uint8_t victim_source_ = kByFilter;
   // Ghosts: (fingerprint, eviction sequence, tag), oldest first; the index maps a fingerprint to
   // its newest sequence number. ghost_ holds consecutive sequence numbers.
   std::deque<Ghost> ghost_;
   absl::flat_hash_map<uint64_t, uint64_t> ghost_index_;
   uint64_t probation_ghosts_ = 0;  // ghosts tagged kProbationBit (ARC's |B1|)
   uint64_t evictions_ = 0;
+  // The request clock that periods are measured on: one tick per request (a restore, or a put
+  // that continues nothing stored), not per call, so a period does not depend on how many calls
+  // the requests in between made (a miss puts once, a hit probes, reads and puts).
+  uint64_t requests_ = 0;
+  uint64_t last_touch_front_ = 0;
   uint64_t high_water_ = 0;  // the most cohorts ever resident: bounds the ghost FIFO
   double weight_[kExperts];  // prior: prediction (see 3.)
   double credit_[kExperts] = {0, 0};

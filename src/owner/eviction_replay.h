@@ -199,6 +199,23 @@ inline Trace Diurnal(uint32_t accesses = 4000, uint64_t seed = 4, Shape shape = 
   return internal::Finish("diurnal", prompts, ids);
 }
 
+// The multi-turn workload of bench/mooncake_compare.py (--multiturn-capacities): `sessions`
+// conversations without a shared system prompt, round barrier, a first turn of `first_pages`,
+// `pages_per_turn` more every turn.
+inline Trace Sessions(uint32_t sessions = 16, uint32_t turns = 4, uint32_t first_pages = 16,
+                      uint32_t pages_per_turn = 8) {
+  internal::Ids ids;
+  std::vector<std::vector<uint32_t>> ctx(sessions), prompts;
+  for (uint32_t r = 0; r < turns; ++r) {
+    for (uint32_t s = 0; s < sessions; ++s) {
+      auto more = ids.Take(r == 0 ? first_pages : pages_per_turn);
+      ctx[s].insert(ctx[s].end(), more.begin(), more.end());
+      prompts.push_back(ctx[s]);
+    }
+  }
+  return internal::Finish("sessions", prompts, ids);
+}
+
 struct Result {
   uint64_t requested = 0;
   uint64_t hits = 0;

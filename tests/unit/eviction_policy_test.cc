@@ -262,11 +262,11 @@ TEST(AdaptiveChainPolicyTest, CyclicTraceIsNearBeladyAndNotBelowTheOldPolicy) {
     SCOPED_TRACE(pct);
     EXPECT_GE(ours, lru + 8.0);
     EXPECT_GE(ours, opt - 3.0);
-    EXPECT_GE(ours, old - 0.05);  // measured: 34.7 / 50.6 / 70.6 against 34.7 / 49.7 / 70.6
+    EXPECT_GE(ours, old - 0.05);  // measured: 35.0 / 51.0 / 70.7 against 34.7 / 49.7 / 70.6
   }
 }
 
-// At least the best of page LRU, S3-FIFO and ARC on every trace and capacity, but for the three
+// At least the best of page LRU, S3-FIFO and ARC on every trace and capacity, but for the two
 // cells docs/perf.md records as missed, which are held to their measured distance.
 TEST(AdaptiveChainPolicyTest, AtLeastTheBestPageLevelBaselineOnEveryTrace) {
   for (const Trace& trace :
@@ -279,12 +279,28 @@ TEST(AdaptiveChainPolicyTest, AtLeastTheBestPageLevelBaselineOnEveryTrace) {
                                     Replay<ArcPolicy>(trace, cap).hit_rate()});
       SCOPED_TRACE(trace.name + " " + std::to_string(pct));
       double slack = 0;  // the cells docs/perf.md records as missed, at their measured distance
-      if (pct == 10 && trace.name == "mix") slack = 0.7;      // 42.6 against ARC's 43.2
-      if (pct == 10 && trace.name == "diurnal") slack = 0.2;  // 79.5 against page LRU's 79.6
-      if (pct == 50 && trace.name == "scan") slack = 0.05;    // 72.81 against 72.84
+      if (pct == 10 && trace.name == "mix") slack = 0.65;   // 42.63 against ARC's 43.23
+      if (pct == 50 && trace.name == "scan") slack = 0.03;  // 72.81 against 72.84
       EXPECT_GE(ours, best - slack);
       EXPECT_LE(ours, ReplayBelady(trace, cap).hit_rate() + 1e-9);
     }
+  }
+}
+
+// bench/mooncake_compare.py's multi-turn workload (16 sessions x 4 turns, no shared system
+// prompt, round barrier): not below the old policy at any capacity from 20 to 90 % of the working
+// set, and at Belady's 64.3 % from 83 % (where fluxond's 2.5 GiB lies). Before the request clock,
+// the last session learnt the longest period in the first round and was emptied just before its
+// turn (63.9 at 84 %), and a victim chain was emptied even after another overtook it (54.0
+// against the old policy's 56.2 at 65 %).
+TEST(AdaptiveChainPolicyTest, MultiTurnSessionsAreNotBelowTheOldPolicy) {
+  const Trace trace = Sessions();
+  for (int pct = 20; pct <= 90; pct += 1) {
+    const uint64_t cap = trace.distinct * pct / 100;
+    const double ours = Replay<AdaptiveChainPolicy>(trace, cap).hit_rate();
+    SCOPED_TRACE(pct);
+    EXPECT_GE(ours, Replay<ReusePredictionPolicy>(trace, cap).hit_rate() - 1e-9);
+    if (pct >= 83) EXPECT_GE(ours, ReplayBelady(trace, cap).hit_rate() - 1e-9);
   }
 }
 
