@@ -244,9 +244,14 @@ def test_our_config_defaults_and_refusals(monkeypatch):
     assert LinkerConfig.from_extra({}).socket == "/tmp/env.sock"
     for bad in ({"sockett": "/x"}, {"namespace": "a:b"}, {"namespace": ""},
                 {"sm_budget": 0}, {"sm_budget": True}, {"lookup_hold_s": -1},
-                {"tp_rank": 1}, {"tp_rank": -1, "tp_size": 2}, {"model": 3}, []):
+                {"tp_rank": 1}, {"tp_rank": -1, "tp_size": 2}, {"model": 3}, [],
+                {"staging_pages": -1}, {"staging_pages": 65}, {"staging_pages": 1.5},
+                {"staged_min_pages": 0}):
         with pytest.raises(fluxon.InvalidArgumentError):
             LinkerConfig.from_extra(bad)
+    assert (c.staging_pages, c.staged_min_pages) == (4, 16)
+    off = LinkerConfig.from_extra({"staging_pages": 0, "staged_min_pages": 1})
+    assert (off.staging_pages, off.staged_min_pages) == (0, 1)
 
 
 def test_storage_backend_has_the_0_5_23_hook_and_config():
