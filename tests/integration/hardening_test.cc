@@ -78,7 +78,9 @@ class RawConn {
     h->set_client_id(client_id);
     h->set_session_secret(secret);
     h->set_events(events);
-    Send(req);
+    req.set_id(++next_id_);
+    // A refused connection may be closed before the Hello is written: that is an answer too.
+    if (absl::Status s = WriteFrame(fd_, req); !s.ok()) return s;
     return Read();
   }
   // True when the owner closed the connection within `timeout` (EOF, after any pending frames).
@@ -660,6 +662,14 @@ int RunAs(uid_t uid, gid_t gid, const std::vector<gid_t>& groups, Body body) {
   return WEXITSTATUS(wstatus);
 }
 
+// 0: Hello accepted; 1: connected but refused; 2: could not connect.
+int HelloOutcome(const std::string& path) {
+  RawConn conn(path);
+  if (!conn.connected()) return 2;
+  auto m = conn.Hello();
+  return m.ok() && m->code() == 0 ? 0 : 1;
+}
+
 TEST(PeerCredentials, SupplementaryGroupMembersAreAdmittedOthersRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run clients as other users";
   group* g = getgrnam("users");
@@ -670,12 +680,7 @@ TEST(PeerCredentials, SupplementaryGroupMembersAreAdmittedOthersRefused) {
   chmod("/tmp/fluxon-test", 0755);
   auto node = StartNode(c);
   const std::string path = c.owner->socket_path;
-  auto hello_ok = [&] {
-    RawConn conn(path);
-    if (!conn.connected()) return 2;
-    auto m = conn.Hello();
-    return m.ok() && m->code() == 0 ? 0 : 1;
-  };
+  auto hello_ok = [&] { return HelloOutcome(path); };
   constexpr uid_t kNobody = 65534;
   // Primary group: admitted (worked before too).
   EXPECT_EQ(RunAs(kNobody, allowed, {allowed}, hello_ok), 0);
@@ -697,12 +702,7 @@ TEST(PeerCredentials, SocketIsOwnerOnlyAndAnotherUidIsRefusedEvenThroughAnOpenMo
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u) << "no socket_group: owner-only";
-  auto hello_ok = [&] {
-    RawConn conn(path);
-    if (!conn.connected()) return 2;
-    auto m = conn.Hello();
-    return m.ok() && m->code() == 0 ? 0 : 1;
-  };
+  auto hello_ok = [&] { return HelloOutcome(path); };
   constexpr uid_t kNobody = 65534;
   EXPECT_EQ(RunAs(kNobody, kNobody, {kNobody}, hello_ok), 2) << "the mode keeps it out";
   ASSERT_EQ(::chmod(path.c_str(), 0666), 0);

@@ -9,6 +9,7 @@ kill -9, a requester killed, a source evicting what a peer reads — and every t
 baseline afterwards. Every wait is bounded.
 """
 
+import functools
 import json
 import os
 import signal
@@ -18,10 +19,10 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import fluxon
+import kv_pages
 from conftest import FLUXOND, Daemon, free_port
 
 FLUXONCTL = os.environ.get("FLUXONCTL", str(Path(FLUXOND).parent / "fluxonctl"))
@@ -110,27 +111,8 @@ def keys_of(tag, n):
     return [f"{tag}-{i}" for i in range(n)]
 
 
-def put_pages(client, keys, seed):
-    plan = client.local_fast_put_start(keys, VALUE_LEN)
-    buf = np.empty(len(keys) * VALUE_LEN, dtype=np.uint8)
-    for i in range(len(keys)):
-        buf[i * VALUE_LEN:(i + 1) * VALUE_LEN] = (seed + i) % 251
-    fluxon.copy_to_plan(plan, buf.ctypes.data, VALUE_LEN)
-    client.local_fast_put_commit(plan).wait(10)
-
-
-def get_pages(client, keys):
-    """Returns (transferable_len, bytes of the prefix)."""
-    h = client.get_start(keys)
-    t = h.result.transferable_len
-    if t == 0:
-        client.cancel_get_transfer(h)
-        return 0, None
-    plan = client.get_transfer(h)
-    out = np.zeros(t * VALUE_LEN, dtype=np.uint8)
-    fluxon.copy_from_plan(plan, out.ctypes.data, VALUE_LEN)
-    client.release_views(plan)
-    return t, out
+put_pages = functools.partial(kv_pages.put_pages, value_len=VALUE_LEN)
+get_pages = functools.partial(kv_pages.get_pages, value_len=VALUE_LEN)
 
 
 def expect_pages(data, n, seed):

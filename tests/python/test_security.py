@@ -4,6 +4,7 @@ refusal of a network-reachable node without them, and admin mutations that need 
 peer. A throw-away CA and certificates are made with the openssl CLI for each test module.
 """
 
+import functools
 import json
 import os
 import socket
@@ -13,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import fluxon
+import kv_pages
 from conftest import FLUXOND, free_port
 
 FLUXONCTL = os.environ.get("FLUXONCTL", str(Path(FLUXOND).parent / "fluxonctl"))
@@ -153,26 +154,8 @@ owner:
         return fluxon.KvClient(socket_path=self.sock(node))
 
 
-def put_pages(client, keys, seed):
-    plan = client.local_fast_put_start(keys, VALUE_LEN)
-    buf = np.empty(len(keys) * VALUE_LEN, dtype=np.uint8)
-    for i in range(len(keys)):
-        buf[i * VALUE_LEN:(i + 1) * VALUE_LEN] = (seed + i) % 251
-    fluxon.copy_to_plan(plan, buf.ctypes.data, VALUE_LEN)
-    client.local_fast_put_commit(plan).wait(10)
-
-
-def get_pages(client, keys):
-    h = client.get_start(keys)
-    t = h.result.transferable_len
-    if t == 0:
-        client.cancel_get_transfer(h)
-        return 0, None
-    plan = client.get_transfer(h)
-    out = np.zeros(t * VALUE_LEN, dtype=np.uint8)
-    fluxon.copy_from_plan(plan, out.ctypes.data, VALUE_LEN)
-    client.release_views(plan)
-    return t, out
+put_pages = functools.partial(kv_pages.put_pages, value_len=VALUE_LEN)
+get_pages = functools.partial(kv_pages.get_pages, value_len=VALUE_LEN)
 
 
 def test_tls_cluster_serves_members_and_refuses_every_port_without_a_valid_certificate(

@@ -203,57 +203,78 @@ class VerbsPeer final : public PeerHarness {
   std::unique_ptr<Transport> transport_;
 };
 
-struct EmulatedVerbsEnv {
-  static constexpr const char* kName = "emulated verbs";
-  EmulatedVerbsEnv() {
+// The emulated fabric the verbs environments share: transports attach to it by node name; how
+// their queue pairs are exchanged is the environment's.
+class EmulatedFabricEnv {
+ public:
+  EmulatedFabricEnv() {
     verbs::EmulatorOptions eo;
     eo.assert_on_violation = false;  // checked at the end of every test instead (CheckClean)
     fabric = std::make_shared<verbs::EmulatedFabric>(eo);
-    exchange = std::make_shared<verbs::InProcessVerbsExchange>();
   }
   absl::Status Available() { return absl::OkStatus(); }
-  std::unique_ptr<Transport> Make(const std::string& node) {
+  void CheckClean() {
+    EXPECT_EQ(fabric->violations(), 0u) << fabric->last_violation();
+    EXPECT_EQ(fabric->live_objects(), 0u) << "verbs objects leaked";
+  }
+  static constexpr uint64_t kMaxInflight = 32 * MiB;
+
+ protected:
+  std::unique_ptr<Transport> MakeOn(const std::string& node,
+                                    std::shared_ptr<verbs::VerbsExchange> exchange) {
     verbs::VerbsTransportOptions o;
     o.node_name = node;
     o.qps_per_peer = 2;
     o.max_wr_bytes = 1 * MiB;
     o.max_outstanding_wr_per_qp = 16;
     o.max_inflight_bytes_per_peer = kMaxInflight;
-    auto t = verbs::VerbsTransport::Create(o, fabric->AttachNode(node), exchange);
+    auto t = verbs::VerbsTransport::Create(o, fabric->AttachNode(node), std::move(exchange));
     if (!t.ok()) {
       ADD_FAILURE() << t.status();
       return nullptr;
     }
     return std::move(*t);
   }
-  absl::StatusOr<std::unique_ptr<Transport>> MakeInitiator() {
-    auto t = Make(absl::StrCat("initiator-", next_++));
+  absl::StatusOr<std::unique_ptr<Transport>> InitiatorOn(const std::string& node,
+                                                         VerbsPeer::Factory make) {
+    auto t = make(node);
     if (!t) return absl::InternalError("initiator");
     return t;
   }
-  std::unique_ptr<PeerHarness> StartPeer(uint64_t len, uint64_t generation) {
+  std::unique_ptr<PeerHarness> PeerOn(std::string node, uint64_t len, uint64_t generation,
+                                      VerbsPeer::Factory make) {
     auto fabric_ref = fabric;
     return std::make_unique<VerbsPeer>(
-        absl::StrCat("peer-", next_++), len, generation,
-        [this](const std::string& node) { return Make(node); },
-        [fabric_ref](const std::string& node, bool kill) {
+        std::move(node), len, generation, std::move(make),
+        [fabric_ref](const std::string& n, bool kill) {
           if (kill) {
-            fabric_ref->KillNode(node);
+            fabric_ref->KillNode(n);
           } else {
-            fabric_ref->ReviveNode(node);
+            fabric_ref->ReviveNode(n);
           }
         },
-        [fabric_ref](const std::string& node, bool stalled) {
-          fabric_ref->SetNodeStalled(node, stalled);
+        [fabric_ref](const std::string& n, bool stalled) {
+          fabric_ref->SetNodeStalled(n, stalled);
         });
   }
-  void CheckClean() {
-    EXPECT_EQ(fabric->violations(), 0u) << fabric->last_violation();
-    EXPECT_EQ(fabric->live_objects(), 0u) << "verbs objects leaked";
-  }
-  static constexpr uint64_t kMaxInflight = 32 * MiB;
+
   std::shared_ptr<verbs::EmulatedFabric> fabric;
-  std::shared_ptr<verbs::InProcessVerbsExchange> exchange;
+};
+
+struct EmulatedVerbsEnv : EmulatedFabricEnv {
+  static constexpr const char* kName = "emulated verbs";
+  std::unique_ptr<Transport> Make(const std::string& node) { return MakeOn(node, exchange); }
+  VerbsPeer::Factory Factory() {
+    return [this](const std::string& node) { return Make(node); };
+  }
+  absl::StatusOr<std::unique_ptr<Transport>> MakeInitiator() {
+    return InitiatorOn(absl::StrCat("initiator-", next_++), Factory());
+  }
+  std::unique_ptr<PeerHarness> StartPeer(uint64_t len, uint64_t generation) {
+    return PeerOn(absl::StrCat("peer-", next_++), len, generation, Factory());
+  }
+  std::shared_ptr<verbs::InProcessVerbsExchange> exchange =
+      std::make_shared<verbs::InProcessVerbsExchange>();
   int next_ = 0;
 };
 
@@ -261,13 +282,8 @@ struct EmulatedVerbsEnv {
 // The emulated fabric, with the queue-pair exchange over the gRPC peer service under mutual TLS:
 // every node (initiator and peers) serves its own PeerService on loopback, and its transport's
 // name is that service's address.
-struct GrpcVerbsEnv {
+struct GrpcVerbsEnv : EmulatedFabricEnv {
   static constexpr const char* kName = "emulated verbs, gRPC exchange";
-  GrpcVerbsEnv() {
-    verbs::EmulatorOptions eo;
-    eo.assert_on_violation = false;
-    fabric = std::make_shared<verbs::EmulatedFabric>(eo);
-  }
   absl::Status Available() {
     if (!pki.ok()) return absl::UnavailableError("openssl could not make the test certificates");
     return absl::OkStatus();
@@ -277,8 +293,8 @@ struct GrpcVerbsEnv {
     std::unique_ptr<grpc::Server> server;
   };
   // Starts a node's peer service; returns its address (the transport's name).
-  std::string StartNode(const std::string& leaf = "node") {
-    auto material = security::LoadTlsMaterial(pki.Config(leaf));
+  std::string StartNode() {
+    auto material = security::LoadTlsMaterial(pki.Config("node"));
     EXPECT_TRUE(material.ok()) << material.status();
     const GrpcSecurity sec = GrpcSecurity::MutualTls(*material);
     auto node = std::make_unique<Node>();
@@ -293,49 +309,21 @@ struct GrpcVerbsEnv {
     return name;
   }
   std::unique_ptr<Transport> Make(const std::string& node) {
-    verbs::VerbsTransportOptions o;
-    o.node_name = node;
-    o.qps_per_peer = 2;
-    o.max_wr_bytes = 1 * MiB;
-    o.max_outstanding_wr_per_qp = 16;
-    o.max_inflight_bytes_per_peer = kMaxInflight;
-    auto t = verbs::VerbsTransport::Create(o, fabric->AttachNode(node), nodes.at(node)->exchange);
-    if (!t.ok()) {
-      ADD_FAILURE() << t.status();
-      return nullptr;
-    }
-    return std::move(*t);
+    return MakeOn(node, nodes.at(node)->exchange);
+  }
+  VerbsPeer::Factory Factory() {
+    return [this](const std::string& node) { return Make(node); };
   }
   absl::StatusOr<std::unique_ptr<Transport>> MakeInitiator() {
-    auto t = Make(StartNode());
-    if (!t) return absl::InternalError("initiator");
-    return t;
+    return InitiatorOn(StartNode(), Factory());
   }
   std::unique_ptr<PeerHarness> StartPeer(uint64_t len, uint64_t generation) {
-    auto fabric_ref = fabric;
-    return std::make_unique<VerbsPeer>(
-        StartNode(), len, generation, [this](const std::string& node) { return Make(node); },
-        [fabric_ref](const std::string& node, bool kill) {
-          if (kill) {
-            fabric_ref->KillNode(node);
-          } else {
-            fabric_ref->ReviveNode(node);
-          }
-        },
-        [fabric_ref](const std::string& node, bool stalled) {
-          fabric_ref->SetNodeStalled(node, stalled);
-        });
-  }
-  void CheckClean() {
-    EXPECT_EQ(fabric->violations(), 0u) << fabric->last_violation();
-    EXPECT_EQ(fabric->live_objects(), 0u) << "verbs objects leaked";
+    return PeerOn(StartNode(), len, generation, Factory());
   }
   ~GrpcVerbsEnv() {
     for (auto& [name, node] : nodes) node->server->Shutdown();
   }
-  static constexpr uint64_t kMaxInflight = 32 * MiB;
   fluxon::testing::TestPki pki;
-  std::shared_ptr<verbs::EmulatedFabric> fabric;
   std::map<std::string, std::unique_ptr<Node>> nodes;
 };
 #endif
