@@ -28,8 +28,13 @@
 // 2. Probation (S3-FIFO's small queue, ARC's adaptive split, on chains). A chain that has not been
 //    accessed since its put is on probation; its first access (a restore of any of its pages)
 //    ends it. While the probation chains hold more than a target share of the resident weight,
-//    the oldest of them is the victim: the one-hit filter (a scan, a conversation that never comes
-//    back) that neither expert below is. The target adapts as ARC's p does, on the ghosts (see 4):
+//    one of them is the victim: the one-hit filter (a scan, a conversation that never comes back)
+//    that neither expert below is. Not simply the oldest: the one with the largest weight times
+//    age (requests since its put), the space-time it has held without being read, chosen again
+//    for every victim. Age alone would keep a long one-hit prompt (a scan of 48 pages, a
+//    conversation that returns only after more than the capacity) as long as a short first turn
+//    that comes back; weight times age takes the long one first, then any chain whose wait
+//    has grown as costly. The target adapts as ARC's p does, on the ghosts (see 4):
 //    a page evicted from probation that comes back raises it, one evicted from the rest lowers
 //    it, by kTargetStep of the resident weight times the ratio of the other ghost population to
 //    this one's. It starts at 1 (probation unlimited, no filtering): on cyclic traffic every
@@ -77,7 +82,11 @@
 //    the prediction index (a btree) only when its predicted time changes: a repeat (the read
 //    right after the probe) updates the recency only. A put re-keys its chain once, not per page;
 //    a tail eviction re-keys nothing unless the chain empties. The probation FIFO is the index of
-//    the chains without a period, which prediction needs anyway.
+//    the chains without a period, which prediction needs anyway; the filter also keeps one FIFO
+//    per weight class (the bit width of the weight, re-filed when a put or an eviction moves a
+//    chain across a power of 2) and compares the oldest chain of each non-empty class, so its
+//    choice is within a factor of 2 of the largest weight times age at a cost of one comparison
+//    per class.
 // Parameters: the learning rate 0.45 and the regret discount come from LeCaR, the target's rule
 // from ARC; kRepeatFraction and kRecentTicks are ReusePredictionPolicy's (a probe then a read is
 // one access; chains being served now are not victims). The mode lets the bench run each expert
@@ -85,6 +94,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -144,7 +154,10 @@ class AdaptiveChainPolicy {
     c->cohorts.push_back(id);
     c->weight += weight;
     total_weight_ += weight;
-    if (InProbation(c)) probation_weight_ += weight;
+    if (InProbation(c)) {
+      probation_weight_ += weight;
+      Reclass(c);
+    }
     if (refreshes) {
       c->last = now;
       c->last_request = requests_;
@@ -184,9 +197,12 @@ class AdaptiveChainPolicy {
     const uint64_t w = m->second.weight;
     members_.erase(m);
     const bool tail = pos + 1 == c->cohorts.size();
-    if (InProbation(c)) probation_weight_ -= w;
     c->weight -= w;
     total_weight_ -= w;
+    if (InProbation(c)) {
+      probation_weight_ -= w;
+      Reclass(c);
+    }
     if (tail) {
       c->cohorts.pop_back();
       c->tail_children = 0;  // branches off an erased cohort hang on nothing (T3)
@@ -302,6 +318,7 @@ class AdaptiveChainPolicy {
     double indexed_pred = 0;
     double indexed_period = 0;
     uint64_t indexed_last = 0;
+    int indexed_class = 0;   // on probation: its weight class (by_class_)
     Chain* newer = nullptr;  // recency list, every chain
     Chain* older = nullptr;
   };
@@ -450,6 +467,9 @@ class AdaptiveChainPolicy {
     } else {
       no_period_.insert({c->last, c->id, c});
       probation_weight_ += c->weight;
+      c->indexed_class = WeightClass(c->weight);
+      by_class_[c->indexed_class].insert({c->last, c->id, c});
+      class_mask_ |= uint64_t{1} << c->indexed_class;
     }
   }
   void Unindex(Chain* c) {
@@ -461,8 +481,27 @@ class AdaptiveChainPolicy {
     } else {
       no_period_.erase({c->indexed_last, c->id, c});
       probation_weight_ -= c->weight;
+      EraseFromClass(c);
     }
     c->indexed = false;
+  }
+
+  // Probation chains are also indexed by weight class (the bit width of the weight), each class
+  // by last access, so the filter finds its victim among the oldest chain of each class.
+  static int WeightClass(uint64_t w) { return std::min(63, static_cast<int>(std::bit_width(w))); }
+  void EraseFromClass(Chain* c) {
+    auto& b = by_class_[c->indexed_class];
+    b.erase({c->indexed_last, c->id, c});
+    if (b.empty()) class_mask_ &= ~(uint64_t{1} << c->indexed_class);
+  }
+  // A probation chain whose weight changed (a put continued it, an eviction took its tail).
+  void Reclass(Chain* c) {
+    const int k = WeightClass(c->weight);
+    if (k == c->indexed_class) return;
+    EraseFromClass(c);
+    c->indexed_class = k;
+    by_class_[k].insert({c->indexed_last, c->id, c});
+    class_mask_ |= uint64_t{1} << k;
   }
 
   // ReusePredictionPolicy's choice among the leaf chains.
@@ -530,13 +569,27 @@ class AdaptiveChainPolicy {
     }
   }
 
-  // The oldest chain on probation, while probation holds more than its target share.
+  // While probation holds more than its target share: the probation chain that has held the most
+  // weight for the longest without being read again (weight times requests since its put), taken
+  // among the oldest chain of each weight class (exact up to a factor of 2 in weight). Chosen
+  // again for every victim, so the filter levels that product instead of emptying one chain.
   Chain* FilterVictim() const {
-    if (no_period_.empty() ||
+    if (class_mask_ == 0 ||
         static_cast<double>(probation_weight_) <= target_ * static_cast<double>(total_weight_)) {
       return nullptr;
     }
-    return no_period_.begin()->chain;
+    Chain* best = nullptr;
+    double best_cost = -1;
+    for (uint64_t m = class_mask_; m != 0; m &= m - 1) {
+      Chain* c = by_class_[std::countr_zero(m)].begin()->chain;
+      const double cost =
+          static_cast<double>(c->weight) * static_cast<double>(requests_ - c->last_request + 1);
+      if (cost > best_cost) {
+        best_cost = cost;
+        best = c;
+      }
+    }
+    return best;
   }
 
   // A page admitted again while its ghost is kept: it was evicted, then missed. Returns whether
@@ -577,9 +630,11 @@ class AdaptiveChainPolicy {
   absl::flat_hash_map<uint64_t, Member> members_;
   Chain* lru_head_ = nullptr;  // most recently used
   Chain* lru_tail_ = nullptr;
-  absl::btree_set<PredKey> by_pred_;    // leaf chains with a period, by predicted next access
-  absl::btree_set<LastKey> no_period_;  // leaf chains on probation, by last access (FIFO)
-  double period_sum_ = 0;               // over the leaf chains with a period
+  absl::btree_set<PredKey> by_pred_;       // leaf chains with a period, by predicted next access
+  absl::btree_set<LastKey> no_period_;     // leaf chains on probation, by last access (FIFO)
+  absl::btree_set<LastKey> by_class_[64];  // the same, per weight class (the filter's index)
+  uint64_t class_mask_ = 0;                // the non-empty classes
+  double period_sum_ = 0;                  // over the leaf chains with a period
   uint64_t period_count_ = 0;
   uint64_t total_weight_ = 0;
   uint64_t probation_weight_ = 0;  // of the leaf chains on probation

@@ -199,6 +199,29 @@ TEST(AdaptiveChainPolicyTest, ProbationEndsAtTheFirstAccess) {
   EXPECT_EQ(probation(), 3u);
 }
 
+TEST(AdaptiveChainPolicyTest, TheFilterTakesTheLargestWeightTimesAgeFirst) {
+  // Of the probation chains, the filter takes from the one that has held the most weight for the
+  // longest without being read again (weight x requests since its put), not simply the oldest,
+  // and chooses again after every victim.
+  HotTier<AdaptiveChainPolicy> tier;
+  auto heavy_chain = [](uint64_t first, uint64_t n) {
+    std::vector<Cohort> out;
+    for (uint64_t i = 0; i < n; ++i) out.push_back(Make(first + i, 100));
+    return out;
+  };
+  // A chain that was read, evicted and put again: a main ghost hit lowers the target below 1.
+  tier.AdmitChain(Chain(100, 1));
+  tier.Touch({100});
+  ASSERT_EQ(Ids(tier.TakeVictims(1)), (std::vector<uint64_t>{100}));
+  tier.AdmitChain(Chain(100, 1));
+  ASSERT_LT(tier.InspectPolicy([](const auto& p) { return p.probation_target(); }), 1.0);
+  tier.AdmitChain(heavy_chain(1, 2));  // the oldest: 200 x 5 requests at the eviction below
+  for (uint64_t i = 0; i < 3; ++i) tier.AdmitChain(Chain(200 + i, 1));  // 1 x 2..4
+  tier.AdmitChain(heavy_chain(10, 12));                                 // the newest: 1200 x 1
+  // 21 and 20 (the heavy chain's tail) until it is down to the oldest one's 1000, then 2.
+  EXPECT_EQ(Ids(tier.TakeVictims(300)), (std::vector<uint64_t>{21, 20, 2}));
+}
+
 TEST(AdaptiveChainPolicyTest, AGhostHitSkipsProbation) {
   // A chain that was evicted and is put again (its first page a ghost) is no one-hit chain: it
   // goes straight to the main part, as a ghost hit goes to S3-FIFO's main queue.
@@ -266,8 +289,7 @@ TEST(AdaptiveChainPolicyTest, CyclicTraceIsNearBeladyAndNotBelowTheOldPolicy) {
   }
 }
 
-// At least the best of page LRU, S3-FIFO and ARC on every trace and capacity, but for the two
-// cells docs/perf.md records as missed, which are held to their measured distance.
+// At least the best of page LRU, S3-FIFO and ARC on every trace and capacity.
 TEST(AdaptiveChainPolicyTest, AtLeastTheBestPageLevelBaselineOnEveryTrace) {
   for (const Trace& trace :
        {ZipfMultiTurn(0.8), ZipfMultiTurn(1.1), ZipfMultiTurn(1.4), Mix(), Scan(), Diurnal()}) {
@@ -278,10 +300,7 @@ TEST(AdaptiveChainPolicyTest, AtLeastTheBestPageLevelBaselineOnEveryTrace) {
                                     Replay<S3FifoPolicy>(trace, cap).hit_rate(),
                                     Replay<ArcPolicy>(trace, cap).hit_rate()});
       SCOPED_TRACE(trace.name + " " + std::to_string(pct));
-      double slack = 0;  // the cells docs/perf.md records as missed, at their measured distance
-      if (pct == 10 && trace.name == "mix") slack = 0.65;   // 42.63 against ARC's 43.23
-      if (pct == 50 && trace.name == "scan") slack = 0.03;  // 72.81 against 72.84
-      EXPECT_GE(ours, best - slack);
+      EXPECT_GE(ours, best);
       EXPECT_LE(ours, ReplayBelady(trace, cap).hit_rate() + 1e-9);
     }
   }
@@ -300,7 +319,9 @@ TEST(AdaptiveChainPolicyTest, MultiTurnSessionsAreNotBelowTheOldPolicy) {
     const double ours = Replay<AdaptiveChainPolicy>(trace, cap).hit_rate();
     SCOPED_TRACE(pct);
     EXPECT_GE(ours, Replay<ReusePredictionPolicy>(trace, cap).hit_rate() - 1e-9);
-    if (pct >= 83) EXPECT_GE(ours, ReplayBelady(trace, cap).hit_rate() - 1e-9);
+    if (pct >= 83) {
+      EXPECT_GE(ours, ReplayBelady(trace, cap).hit_rate() - 1e-9);
+    }
   }
 }
 
