@@ -133,6 +133,61 @@ class Bench:
         self.host = None
         self.backend = None
 
+    # -- Mooncake's MooncakeDirectLinker on the same pool ---------------------------------------
+
+    def setup_mooncake(self, site, segment_gib):
+        """SGLang's MooncakeDirectLinker over a local mooncake_master (TCP transport, P2P
+        handshake), built by the same factory (backend "mooncake") on the same device pool."""
+        if site:
+            sys.path.insert(0, site)
+        import mooncake
+        master = os.path.join(os.path.dirname(mooncake.__file__), "mooncake_master")
+        port = 50091
+        self.mc_master = subprocess.Popen([master, f"--port={port}"], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL)
+        time.sleep(1.5)
+        assert self.mc_master.poll() is None, "mooncake_master exited"
+        # No SGLang server publishes its runtime context here: answer the few reads the linker
+        # and its pool assembler make (one rank, no unified memory, this model name).
+        import sglang.srt.mem_cache.hybrid_cache.linker_pool_assembler as lpa
+        import sglang.srt.mem_cache.storage.mooncake_store.mooncake_direct_linker as mdl
+
+        class _Ctx:
+            def __getattr__(self, name):
+                if name.endswith("_size"):
+                    return 1
+                if name.endswith("_rank"):
+                    return 0
+                if name == "model_path":
+                    return "fluxon-bench/llama-8b-shape"
+                return False
+
+        for mod in (mdl, lpa):
+            for fn in ("get_parallel", "get_model", "get_memory"):
+                if hasattr(mod, fn):
+                    setattr(mod, fn, lambda: _Ctx())
+        extra = {"master_server_address": f"127.0.0.1:{port}", "protocol": "tcp",
+                 "metadata_server": "P2PHANDSHAKE", "global_segment_size": f"{segment_gib}gb",
+                 "local_hostname": "127.0.0.1", "device_name": ""}
+        params = CacheInitParams(disable=False, req_to_token_pool=None,
+                                 token_to_kv_pool_allocator=self.alloc, page_size=PAGE)
+        server_args = SimpleNamespace(model_path="fluxon-bench/llama-8b-shape",
+                                      served_model_name=None, tp_size=1,
+                                      enable_linker_mla_dedup=False)
+        self.mc_linker = create_unified_cache_linker(
+            server_args, params, backend="mooncake", config=extra,
+            components={ComponentType.FULL}, forward_stream=self.forward_stream)
+
+    def close_mooncake(self):
+        if getattr(self, "mc_linker", None) is not None:
+            try:
+                self.mc_linker.close()
+            except Exception as e:  # noqa: BLE001
+                print(f"mooncake linker close: {e}")
+        if getattr(self, "mc_master", None) is not None:
+            self.mc_master.terminate()
+            self.mc_master.wait(timeout=20)
+
     # -- helpers ----------------------------------------------------------------------------
 
     def rows(self, slots):
@@ -164,32 +219,37 @@ class Bench:
 
     # -- linker -----------------------------------------------------------------------------
 
-    def linker_offload(self, keys, slots):
+    def linker_offload(self, keys, slots, linker=None):
+        linker = linker or self.linker
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        assert self.linker.offload([PoolTransfer(name=PoolName.KV, device_indices=slots,
-                                                 keys=list(keys))])
+        assert linker.offload([PoolTransfer(name=PoolName.KV, device_indices=slots,
+                                            keys=list(keys))])
         deadline = t0 + 60
-        while self.linker.num_completed_offloads() < 1:
+        while linker.num_completed_offloads() < 1:
             if time.perf_counter() > deadline:
                 raise RuntimeError("offload did not complete")
             time.sleep(20e-6)
         dt = time.perf_counter() - t0
-        assert self.linker.pop_completed_offload() is True, "offload failed"
+        assert linker.pop_completed_offload() is True, "offload failed"
         return dt
 
-    def linker_load(self, rid, keys, slots, layer_wise):
+    def linker_load(self, rid, keys, slots, layer_wise, linker=None):
         """Returns (lookup s, load s, per-layer ready times from load())."""
+        linker = linker or self.linker
+        # The pool's layer waits follow the counter of the linker that loads.
+        self.pool.register_layer_transfer_counter(linker.layer_done_counter)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        hits = self.linker.lookup(rid, [PoolTransfer(name=PoolName.KV, keys=list(keys))])
+        hits = linker.lookup(rid, [PoolTransfer(name=PoolName.KV, keys=list(keys))])
         t1 = self.last_load_t0 = time.perf_counter()
-        assert len(hits) == len(keys), f"lookup hit {len(hits)} of {len(keys)}"
-        assert self.linker.load(rid, [PoolTransfer(name=PoolName.KV, device_indices=slots,
-                                                   keys=list(keys))])
-        index = self.linker.start_layer_wise_loading()
+        hit = max(hits) if hits else 0  # every restorable prefix length: the longest
+        assert hit == len(keys), f"lookup hit {hits} of {len(keys)}"
+        assert linker.load(rid, [PoolTransfer(name=PoolName.KV, device_indices=slots,
+                                              keys=list(keys))])
+        index = linker.start_layer_wise_loading()
         assert index >= 0
-        counter = self.linker.layer_done_counter
+        counter = linker.layer_done_counter
         counter.set_consumer(index)
         ready = []
         if layer_wise:
@@ -199,7 +259,7 @@ class Bench:
         else:
             self.pool.get_key_buffer(LAYERS - 1)
         t2 = time.perf_counter()
-        ok = self.linker.finish_layer_wise_loading(index)
+        ok = linker.finish_layer_wise_loading(index)
         counter.set_consumer(-1)
         assert ok, "load failed"
         return t1 - t0, t2 - t1, ready
@@ -381,6 +441,10 @@ def main():
     ap.add_argument("--segment-gib", type=int, default=8)
     ap.add_argument("--csv", default="")
     ap.add_argument("--no-hicache", action="store_true")
+    ap.add_argument("--mooncake", action="store_true",
+                    help="also SGLang's MooncakeDirectLinker (mooncake-transfer-engine-cuda13)")
+    ap.add_argument("--mooncake-site", default="", help="where the mooncake package is installed")
+    ap.add_argument("--mooncake-segment-gib", type=int, default=24)
     args = ap.parse_args()
     sizes = [int(x) for x in args.pages.split(",")]
     tmp = tempfile.mkdtemp(prefix="fluxon-lbench-")
@@ -399,6 +463,9 @@ def run(args, sizes, sock, t_start):
     hc = not args.no_hicache
     if hc:
         b.setup_hicache(sock)
+    mc = args.mooncake
+    if mc:
+        b.setup_mooncake(args.mooncake_site, args.mooncake_segment_gib)
     client = fluxon.KvClient(socket_path=sock)
     pb = b.page_bytes
     R = {}  # (n, metric) -> list of seconds
@@ -421,6 +488,11 @@ def run(args, sizes, sock, t_start):
             b.poison(dst)
             b.hc_restore(keys("hl", n), dst)
             assert b.same(src, dst), f"HiCache restore of {n} pages differs"
+        if mc:
+            b.linker_offload(keys("ml", n), src, b.mc_linker)
+            b.poison(dst)
+            b.linker_load("mchk", keys("ml", n), dst, True, b.mc_linker)
+            assert b.same(src, dst), f"Mooncake linker restore of {n} pages differs"
     print(f"set-up and checks: {time.time() - t_start:.1f} s; device<->host leg of the HiCache "
           f"path: {b.copy_note if hc else '-'}", flush=True)
 
@@ -439,13 +511,20 @@ def run(args, sizes, sock, t_start):
             if hc:
                 jobs.append(("hc_off", lambda: b.hc_offload(hk, src)))
                 jobs.append(("hc_res", lambda: b.hc_restore(keys("hl", n), dst)))
+            if mc:
+                mk = keys(f"m{r:02d}", n)
+                jobs.append(("mc_off", lambda: b.linker_offload(mk, src, b.mc_linker)))
+                jobs.append(("mc_lw", lambda: b.linker_load(f"mlw{r}", keys("ml", n), dst, True,
+                                                            b.mc_linker)))
             if r % 2:
                 jobs.reverse()
             for name, fn in jobs:
                 v = fn()
                 if r == 0:
                     continue
-                if name in ("lw", "al"):
+                if name == "mc_lw":
+                    add(n, name, v[1])
+                elif name in ("lw", "al"):
                     lk, ld, ready = v
                     add(n, name, ld)
                     add(n, name + "_lookup", lk)
@@ -471,6 +550,8 @@ def run(args, sizes, sock, t_start):
         print(f"round {r} done at {time.time() - t_start:.1f} s", flush=True)
     prof = profile(b, sizes, keys, PAGE)
     b.linker.close()
+    if mc:
+        b.close_mooncake()
     if hc:
         b.backend.close()
         destroy = getattr(b.host, "destroy", None)
@@ -505,6 +586,17 @@ def run(args, sizes, sock, t_start):
             print(f"| {d} | {n} | {n * pb / 1e6:.1f} | {c:.1f} | {g:.1f} ({100 * g / c:.1f}%) | "
                   f"{ms(n, lk):.2f} | {hcol} | {hms} | {ratio} |")
             rows.append((d, n, c, g, ms(n, lk)))
+    if mc:
+        print("\n### Against SGLang's MooncakeDirectLinker (mooncake-transfer-engine-cuda13, local "
+              "mooncake_master, TCP transport; same pool, pages and rounds)\n")
+        print("| direction | pages | ceiling GB/s | FluxonLinker GB/s | FluxonLinker ms | "
+              "Mooncake GB/s | Mooncake ms | Fluxon / Mooncake |")
+        print("|---|---|---|---|---|---|---|---|")
+        for n in sizes:
+            for d, ck, lk, mk in (("offload D2H", "ceil_d2h", "off", "mc_off"),
+                                  ("restore H2D, layer-wise", "ceil_h2d", "lw", "mc_lw")):
+                print(f"| {d} | {n} | {gbs(n, ck):.1f} | {gbs(n, lk):.1f} | {ms(n, lk):.2f} | "
+                      f"{gbs(n, mk):.1f} | {ms(n, mk):.2f} | {ms(n, mk) / ms(n, lk):.2f}x |")
     print(f"\nlookup (get_start, not in the load times): " + ", ".join(
         f"{n} pages {ms(n, 'lw_lookup'):.2f} ms" for n in sizes))
     print(f"\n### Layer-wise restore, time per layer (budget {args.layer_budget_ms} ms/layer)\n")
