@@ -125,7 +125,10 @@ void MetricsExposer::Stop() {
   // Destroying the Exposer removes its /metrics handler, which civetweb does only once no
   // request is inside it, then stops civetweb and joins its threads: no Collect() runs after.
   // civetweb's accept loop sees the stop only when its poll of the listening socket returns
-  // (at most every 2 s); connections made meanwhile end that wait.
+  // (at most every 2 s); connections made meanwhile end that wait. Known civetweb behaviour: a
+  // connection it accepted but had not yet handed to a worker when the stop came stays open,
+  // unanswered, until the process exits (fluxond exits right after stopping its node).
+
   std::atomic<bool> stopped{false};
   std::thread waker;
   try {

@@ -552,7 +552,10 @@ TEST(MetricsExposer, NoCollectAfterStopWhileScrapersRun) {
   std::vector<std::thread> scrapers;
   for (int i = 0; i < 3; ++i) {
     scrapers.emplace_back([&] {
-      while (!done) HttpRequest(port, "/metrics");
+      // Bounded: civetweb may leave a connection it accepted just before the stop unanswered.
+      while (!done) {
+        HttpRequest(port, "/metrics", boost::beast::http::verb::get, std::chrono::seconds(2));
+      }
     });
   }
   while (counting->calls < 20) std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -11,6 +11,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -89,25 +90,49 @@ struct HttpReply {
   std::string error;  // non-empty when the request failed
 };
 
-// One HTTP/1.1 request to 127.0.0.1:port.
+// One HTTP/1.1 request to 127.0.0.1:port, bounded by `timeout` (then error "timed out"): a
+// server that accepted the connection and never answers cannot hang the test.
 inline HttpReply HttpRequest(int port, const std::string& target,
-                             boost::beast::http::verb verb = boost::beast::http::verb::get) {
+                             boost::beast::http::verb verb = boost::beast::http::verb::get,
+                             std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
   namespace asio = boost::asio;
   namespace http = boost::beast::http;
   HttpReply out;
-  boost::system::error_code ec;
   asio::io_context io;
   asio::ip::tcp::socket socket(io);
-  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
   http::request<http::empty_body> req(verb, target, 11);
   req.set(http::field::host, "127.0.0.1");
-  if (!ec) http::write(socket, req, ec);
   boost::beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   if (verb == http::verb::head) parser.skip(true);
-  if (!ec) http::read(socket, buffer, parser, ec);
-  if (ec) {
-    out.error = ec.message();
+  boost::system::error_code result = asio::error::would_block;
+  socket.async_connect(
+      {asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)},
+      [&](const boost::system::error_code& ec) {
+        if (ec) {
+          result = ec;
+          return;
+        }
+        http::async_write(socket, req, [&](const boost::system::error_code& wec, size_t) {
+          if (wec) {
+            result = wec;
+            return;
+          }
+          http::async_read(socket, buffer, parser,
+                           [&](const boost::system::error_code& rec, size_t) { result = rec; });
+        });
+      });
+  io.run_for(timeout);
+  if (result == asio::error::would_block) {
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    io.restart();
+    io.run();  // the aborted handlers
+    out.error = "timed out";
+    return out;
+  }
+  if (result) {
+    out.error = result.message();
     return out;
   }
   const auto& res = parser.get();
