@@ -135,9 +135,11 @@ absl::Status ClientHandshake(int fd, const std::string& secret, Clock::time_poin
   if (absl::Status s = SendExact(fd, &proof, sizeof(proof), deadline); !s.ok()) return s;
   Verdict verdict;
   if (absl::Status s = RecvExact(fd, &verdict, sizeof(verdict), deadline); !s.ok()) {
-    // A server that refuses may close before we read its verdict in full.
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the peer ended the data-plane handshake (wrong cluster secret?): ", s.message()));
+    // A refusing server writes its whole verdict before it closes (it has read all of our
+    // proof, so the close follows the data): a short verdict is a dead or broken peer, an outage
+    // to retry, not a refusal.
+    return absl::UnavailableError(
+        absl::StrCat("the peer ended the data-plane handshake before its verdict: ", s.message()));
   }
   if (verdict.magic != kVerdictMagic) {
     return absl::UnavailableError("the peer's handshake verdict is malformed");

@@ -91,6 +91,24 @@ TEST(TcpHandshake, ServerThatCannotProveTheSecretIsRefusedByTheClient) {
   EXPECT_EQ(client.code(), absl::StatusCode::kPermissionDenied) << client;
 }
 
+TEST(TcpHandshake, PeerThatDiesBeforeItsVerdictIsAnOutageNotARefusal) {
+  SocketPair p;
+  std::thread dying([&] {
+    uint8_t challenge[40] = {};
+    const uint32_t magic = tcp::kChallengeMagic;
+    std::memcpy(challenge, &magic, 4);
+    challenge[4] = tcp::kHandshakeVersion;
+    ASSERT_EQ(::send(p.fds[1], challenge, sizeof(challenge), 0), 40);
+    uint8_t proof[72];
+    ASSERT_EQ(::recv(p.fds[1], proof, sizeof(proof), MSG_WAITALL), 72);
+    ::shutdown(p.fds[1], SHUT_RDWR);  // gone before the verdict
+  });
+  const absl::Status s = tcp::ClientHandshake(p.fds[0], "the cluster secret, 16+ bytes",
+                                              Clock::now() + std::chrono::seconds(5));
+  dying.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
 TEST(TcpHandshake, SilentPeerEndsAtTheDeadline) {
   SocketPair p;
   const auto start = Clock::now();
