@@ -18,6 +18,8 @@
 // bounds even when the plan was consumed in between (the header check then discards them).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "kv_copy_kernel.h"
 
 namespace fluxon::kernels {
@@ -377,6 +379,47 @@ cudaError_t LaunchKvCopy(KvDirection direction, const KvCopyParams& params,
   const cudaError_t err = cudaLaunchKernel(
       kernel, dim3(launch.blocks), dim3(launch.threads_per_block), args, dynamic_smem, stream);
   if (err != cudaSuccess) cudaGetLastError();
+  return err;
+}
+
+namespace {
+
+// One thread per page: the page's token slots must be page_size consecutive slots starting at a
+// multiple of page_size; the page index is then first / page_size, otherwise -1 (which every copy
+// kernel refuses as out of range and reports through its error word).
+template <typename Slot>
+__global__ void PagesFromSlotsKernel(const Slot* __restrict__ slots, uint64_t num_pages,
+                                     uint32_t page_size, int64_t* __restrict__ pages) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t p = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < num_pages;
+       p += stride) {
+    const Slot* row = slots + p * page_size;
+    const int64_t first = static_cast<int64_t>(row[0]);
+    bool whole = first >= 0 && first % page_size == 0;
+    for (uint32_t j = 1; whole && j < page_size; ++j) {
+      whole = static_cast<int64_t>(row[j]) == first + j;
+    }
+    pages[p] = whole ? first / page_size : -1;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchPagesFromSlots(const void* slots, int slot_bytes, uint64_t num_pages,
+                                 uint32_t page_size, int64_t* pages, cudaStream_t stream) {
+  constexpr int kThreads = 128;
+  const int blocks =
+      static_cast<int>(std::min<uint64_t>(64, (num_pages + kThreads - 1) / kThreads));
+  if (slot_bytes == 8) {
+    PagesFromSlotsKernel<int64_t><<<blocks, kThreads, 0, stream>>>(
+        static_cast<const int64_t*>(slots), num_pages, page_size, pages);
+  } else if (slot_bytes == 4) {
+    PagesFromSlotsKernel<int32_t><<<blocks, kThreads, 0, stream>>>(
+        static_cast<const int32_t*>(slots), num_pages, page_size, pages);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  const cudaError_t err = cudaGetLastError();  // this launch's error, and the slot cleared
   return err;
 }
 

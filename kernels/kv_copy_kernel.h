@@ -56,4 +56,9 @@ uint64_t KvItemsPerPage(uint64_t chunk_bytes, uint32_t chunks_per_page, int vect
 cudaError_t LaunchKvCopy(KvDirection direction, const KvCopyParams& params,
                          const KvCopyLaunch& launch, cudaStream_t stream);
 
+// pages[p] = the page index of token slots [p * page_size, (p + 1) * page_size) when they are one
+// whole, aligned page, else -1; slots are int64 (slot_bytes 8) or int32 (4), in device memory.
+cudaError_t LaunchPagesFromSlots(const void* slots, int slot_bytes, uint64_t num_pages,
+                                 uint32_t page_size, int64_t* pages, cudaStream_t stream);
+
 }  // namespace fluxon::kernels

@@ -275,6 +275,27 @@ std::vector<size_t> SplitDescriptorsByBytes(std::span<const KvCopyDescriptor> de
   return bounds;
 }
 
+absl::Status PagesFromTokenSlots(const void* slots, int slot_bytes, uint64_t num_slots,
+                                 uint32_t page_size, int64_t* pages, cudaStream_t stream) {
+  if (slot_bytes != 4 && slot_bytes != 8) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("token slots must be int32 or int64, got %d-byte elements", slot_bytes));
+  }
+  if (page_size == 0 || num_slots == 0 || num_slots % page_size != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d token slots is not a whole number of %d-token pages", num_slots, page_size));
+  }
+  if (slots == nullptr || pages == nullptr ||
+      !Aligned(reinterpret_cast<uint64_t>(slots), slot_bytes) ||
+      !Aligned(reinterpret_cast<uint64_t>(pages), sizeof(int64_t))) {
+    return absl::InvalidArgumentError("token slots or page indices are null or misaligned");
+  }
+  const cudaError_t err = kernels::LaunchPagesFromSlots(slots, slot_bytes, num_slots / page_size,
+                                                        page_size, pages, stream);
+  if (err != cudaSuccess) return CudaError(err, "pages-from-slots kernel launch");
+  return absl::OkStatus();
+}
+
 // ---- KvDataPlane ----
 
 namespace {
@@ -362,118 +383,86 @@ class KvDataPlane::Impl {
   }
 
   absl::Status Staged(KvDirection direction, const KvTransferRequest& request, uint32_t layer_begin,
-                      uint32_t layer_count, cudaStream_t stream, int sm_budget) {
-    if (staging_ == nullptr) {
-      return absl::FailedPreconditionError(
-          "the staged copy-engine path is not configured (KvDataPlaneOptions::"
-          "staging_group_pages is 0)");
-    }
-    KvKernelConfig config;
-    config.sm_budget = sm_budget;
-    config.vectors_per_thread = 8;
+                      uint32_t layer_count, cudaStream_t stream, int sm_budget, int copy_streams) {
+    FLUXON_RETURN_IF_ERROR(CheckStaged(copy_streams));
+    const KvKernelConfig config = StagedKernelConfig(sm_budget);
     FLUXON_RETURN_IF_ERROR(ValidateKernelConfig(config, sm_count_));
-    FLUXON_ASSIGN_OR_RETURN(PlanView plan, CheckRequest(direction, request, layer_begin,
-                                                        layer_count, /*need_host_indices=*/true));
-    if (request.device_page_indices == nullptr ||
-        !Aligned(reinterpret_cast<uint64_t>(request.device_page_indices), sizeof(int64_t))) {
-      return absl::InvalidArgumentError(
-          "the staged path needs 8-byte aligned device_page_indices (the gather/scatter kernel "
-          "reads them) as well as host_page_indices");
-    }
-    const KvPageLayout& layout = options_.buffers.layout;
-    const uint64_t page_bytes = layer_count * layout.layer_bytes();  // selected layers of a page
-    const uint64_t value_offset = layer_begin * layout.layer_bytes();
-    const uint64_t slot_pages = staging_slot_bytes_ / page_bytes;
-    // At least four groups when the batch allows, so the copy engine and the kernel overlap.
-    const uint64_t group =
-        std::max<uint64_t>(1, std::min<uint64_t>(slot_pages, (plan.count + 3) / 4));
-    const uint32_t slots = options_.staging_slots;
-    const uint64_t items_per_page =
-        kernels::KvItemsPerPage(layout.chunk_bytes(), layer_count * layout.buffers_per_layer(),
-                                config.vectors_per_thread, false);
-    const bool write = direction == KvDirection::kDeviceToValues;
-    cudaMemcpyAttributes attrs = {};
-    attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-
+    FLUXON_ASSIGN_OR_RETURN(PlanView plan,
+                            CheckStagedRequest(direction, request, layer_begin, layer_count));
     MutexLock lock(&mu_);
     FLUXON_RETURN_IF_ERROR(EnsureStreams());
-    cudaStream_t copy = streams_[0];
-    cudaError_t err = cudaSuccess;
-    if (!write) {
-      err = cudaEventRecord(fork_event_, stream);
-      if (err == cudaSuccess) err = cudaStreamWaitEvent(copy, fork_event_, 0);
-      if (err != cudaSuccess) return CudaError(err, "staged fork");
+    if (direction == KvDirection::kValuesToDevice) {
+      FLUXON_RETURN_IF_ERROR(ForkCopyStreams(stream, copy_streams));
     }
-    std::vector<void*> dsts;
-    std::vector<const void*> srcs;
-    std::vector<size_t> sizes;
-    for (uint64_t g = 0, begin = 0; begin < plan.count; ++g, begin += group) {
-      const uint64_t n = std::min<uint64_t>(group, plan.count - begin);
-      // Slots rotate across calls too, so the next call's first group does not wait for this
-      // call's last one; every first touch of a slot waits for its last use (free event).
-      const uint32_t slot = static_cast<uint32_t>((next_slot_ + g) % slots);
-      uint8_t* slot_base = staging_ + slot * staging_slot_bytes_;
-      // One descriptor per page, merged when the values are adjacent in host memory too.
-      dsts.clear();
-      srcs.clear();
-      sizes.clear();
-      for (uint64_t i = 0; i < n; ++i) {
-        const uint64_t host = plan.value_ptrs[begin + i] + value_offset;
-        const uint64_t dev = reinterpret_cast<uint64_t>(slot_base) + i * page_bytes;
-        const uint64_t dst = write ? host : dev;
-        const uint64_t src = write ? dev : host;
-        if (!sizes.empty() && reinterpret_cast<uint64_t>(dsts.back()) + sizes.back() == dst &&
-            reinterpret_cast<uint64_t>(srcs.back()) + sizes.back() == src) {
-          sizes.back() += page_bytes;
+    return StagedLocked(direction, plan, request, layer_begin, layer_count, stream, config,
+                        copy_streams);
+  }
+
+  absl::Status RestoreLayers(std::span<const KvTransferRequest> requests, uint32_t layer_begin,
+                             std::span<const cudaEvent_t> layer_done, cudaStream_t stream,
+                             const KvLayerWiseOptions& options, bool continues) {
+    const KvPageLayout& layout = options_.buffers.layout;
+    if (requests.empty()) return absl::InvalidArgumentError("no restore requests");
+    if (layer_done.empty() || layer_begin >= layout.num_layers ||
+        layer_done.size() > layout.num_layers - layer_begin) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "layers [%d, %d) are outside the layout's %d layers", layer_begin,
+          static_cast<uint64_t>(layer_begin) + layer_done.size(), layout.num_layers));
+    }
+    for (cudaEvent_t e : layer_done) {
+      if (e == nullptr) return absl::InvalidArgumentError("a layer event is null");
+    }
+    const bool staged = options.path == KvLayerPath::kStaged;
+    if (!staged && options.path != KvLayerPath::kKernel) {
+      return absl::InvalidArgumentError("unknown layer-wise restore path");
+    }
+    KvKernelConfig config;
+    config.sm_budget = options.sm_budget;
+    if (staged) {
+      FLUXON_RETURN_IF_ERROR(CheckStaged(options.copy_streams));
+      config = StagedKernelConfig(options.sm_budget);
+    }
+    FLUXON_RETURN_IF_ERROR(ValidateKernelConfig(config, sm_count_));
+    const uint32_t layer_count = static_cast<uint32_t>(layer_done.size());
+    // Every request is checked before anything is enqueued: a bad one enqueues nothing.
+    std::vector<PlanView> plans;
+    plans.reserve(requests.size());
+    for (const KvTransferRequest& request : requests) {
+      FLUXON_ASSIGN_OR_RETURN(
+          PlanView plan,
+          staged
+              ? CheckStagedRequest(KvDirection::kValuesToDevice, request, layer_begin, layer_count)
+              : CheckRequest(KvDirection::kValuesToDevice, request, layer_begin, layer_count,
+                             /*need_host_indices=*/false));
+      plans.push_back(plan);
+    }
+    const uint64_t items_per_page = kernels::KvItemsPerPage(
+        layout.chunk_bytes(), layout.buffers_per_layer(), config.vectors_per_thread, false);
+    MutexLock lock(&mu_);
+    if (staged) {
+      FLUXON_RETURN_IF_ERROR(EnsureStreams());
+      if (!continues) FLUXON_RETURN_IF_ERROR(ForkCopyStreams(stream, options.copy_streams));
+    }
+    for (uint32_t i = 0; i < layer_count; ++i) {
+      const uint32_t layer = layer_begin + i;
+      for (size_t r = 0; r < requests.size(); ++r) {
+        if (staged) {
+          FLUXON_RETURN_IF_ERROR(StagedLocked(KvDirection::kValuesToDevice, plans[r], requests[r],
+                                              layer, 1, stream, config, options.copy_streams));
         } else {
-          dsts.push_back(reinterpret_cast<void*>(dst));
-          srcs.push_back(reinterpret_cast<const void*>(src));
-          sizes.push_back(page_bytes);
+          kernels::KvCopyParams params;
+          params.plan = reinterpret_cast<const void*>(requests[r].plan_ptr);
+          params.page_indices = requests[r].device_page_indices;
+          params.num_pages = plans[r].count;
+          params.layer_begin = layer;
+          params.layer_count = 1;
+          FLUXON_RETURN_IF_ERROR(
+              LaunchPrepared(KvDirection::kValuesToDevice, params, items_per_page, stream, config));
         }
       }
-      kernels::KvCopyParams params;
-      params.plan = nullptr;
-      params.staging_base = reinterpret_cast<uint64_t>(slot_base);
-      params.staging_stride = page_bytes;
-      params.page_indices = request.device_page_indices + begin;
-      params.num_pages = n;
-      params.layer_begin = layer_begin;
-      params.layer_count = layer_count;
-      if (write) {
-        err = cudaStreamWaitEvent(stream, staged_free_[slot], 0);
-        if (err != cudaSuccess) return CudaError(err, "cudaStreamWaitEvent (staging slot)");
-        // Gather: KV buffers -> staging slot, as a device-to-device "write".
-        FLUXON_RETURN_IF_ERROR(
-            LaunchPrepared(KvDirection::kDeviceToValues, params, items_per_page, stream, config));
-        err = cudaEventRecord(staged_ready_[slot], stream);
-        if (err == cudaSuccess) err = cudaStreamWaitEvent(copy, staged_ready_[slot], 0);
-        if (err == cudaSuccess) {
-          err = CopyBatch(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs, copy);
-        }
-        if (err == cudaSuccess) err = cudaEventRecord(staged_free_[slot], copy);
-        if (err != cudaSuccess) return CudaError(err, "staged copy (write)");
-      } else {
-        err = cudaStreamWaitEvent(copy, staged_free_[slot], 0);
-        if (err == cudaSuccess) {
-          err = CopyBatch(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attrs, copy);
-        }
-        if (err == cudaSuccess) err = cudaEventRecord(staged_ready_[slot], copy);
-        if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, staged_ready_[slot], 0);
-        if (err != cudaSuccess) return CudaError(err, "staged copy (restore)");
-        // Scatter: staging slot -> KV buffers.
-        FLUXON_RETURN_IF_ERROR(
-            LaunchPrepared(KvDirection::kValuesToDevice, params, items_per_page, stream, config));
-        err = cudaEventRecord(staged_free_[slot], stream);
-        if (err != cudaSuccess) return CudaError(err, "cudaEventRecord (staging slot)");
-      }
+      const cudaError_t err = cudaEventRecord(layer_done[i], stream);
+      if (err != cudaSuccess) return CudaError(err, "cudaEventRecord (layer done)");
     }
-    const uint64_t groups = (plan.count + group - 1) / group;
-    if (write) {
-      // The copy stream is in order: its last copy finishing means every copy finished.
-      err = cudaStreamWaitEvent(stream, staged_free_[(next_slot_ + groups - 1) % slots], 0);
-      if (err != cudaSuccess) return CudaError(err, "cudaStreamWaitEvent (staged join)");
-    }
-    next_slot_ = static_cast<uint32_t>((next_slot_ + groups) % slots);
     return absl::OkStatus();
   }
 
@@ -549,6 +538,168 @@ class KvDataPlane::Impl {
   const KvDataPlaneOptions& options() const { return options_; }
 
  private:
+  absl::Status CheckStaged(int copy_streams) const {
+    if (staging_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "the staged copy-engine path is not configured (KvDataPlaneOptions::"
+          "staging_group_pages is 0)");
+    }
+    if (copy_streams < 1 || copy_streams > kMaxStagedCopyStreams) {
+      return absl::InvalidArgumentError(absl::StrFormat("staged copy_streams %d is outside [1, %d]",
+                                                        copy_streams, kMaxStagedCopyStreams));
+    }
+    return absl::OkStatus();
+  }
+
+  static KvKernelConfig StagedKernelConfig(int sm_budget) {
+    KvKernelConfig config;
+    config.sm_budget = sm_budget;
+    config.vectors_per_thread = 8;
+    return config;
+  }
+
+  // The staged path's request checks: device indices always (the gather/scatter kernel reads
+  // them), host indices only when given.
+  absl::StatusOr<PlanView> CheckStagedRequest(KvDirection direction,
+                                              const KvTransferRequest& request,
+                                              uint32_t layer_begin, uint32_t layer_count) {
+    if (request.device_page_indices == nullptr ||
+        !Aligned(reinterpret_cast<uint64_t>(request.device_page_indices), sizeof(int64_t))) {
+      return absl::InvalidArgumentError(
+          "the staged path needs 8-byte aligned device_page_indices (the gather/scatter kernel "
+          "reads them)");
+    }
+    return CheckRequest(direction, request, layer_begin, layer_count,
+                        /*need_host_indices=*/false);
+  }
+
+  // Makes the first `copy_streams` copy streams wait for everything enqueued on `stream` so far
+  // (a restore's copies overwrite the staging slots and destination pages only after that).
+  absl::Status ForkCopyStreams(cudaStream_t stream, int copy_streams)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    cudaError_t err = cudaEventRecord(fork_event_, stream);
+    for (int r = 0; r < copy_streams && err == cudaSuccess; ++r) {
+      err = cudaStreamWaitEvent(streams_[r], fork_event_, 0);
+    }
+    return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "staged fork");
+  }
+
+  // One staged transfer, checks done and copy streams forked (restore). Groups of pages rotate
+  // over the staging slots; within a group the descriptors are split into up to `copy_streams`
+  // contiguous parts, part r on copy stream r. Events: a write's gather records ready[slot] on
+  // `stream` and each part records free[slot][r] on its copy stream; a restore's parts record
+  // ready[slot][r] and the scatter records free[slot] on `stream`. The first touch of a slot
+  // waits for its previous use's free event(s).
+  absl::Status StagedLocked(KvDirection direction, const PlanView& plan,
+                            const KvTransferRequest& request, uint32_t layer_begin,
+                            uint32_t layer_count, cudaStream_t stream, const KvKernelConfig& config,
+                            int copy_streams) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const KvPageLayout& layout = options_.buffers.layout;
+    const uint64_t page_bytes = layer_count * layout.layer_bytes();  // selected layers of a page
+    const uint64_t value_offset = layer_begin * layout.layer_bytes();
+    const uint64_t slot_pages = staging_slot_bytes_ / page_bytes;
+    // At least four groups when the batch allows, so the copy engine and the kernel overlap;
+    // two for one layer (a layer-wise restore also overlaps a layer's scatter with the next
+    // layer's copy, and fewer groups cost less host time per layer: measured on the H200).
+    const uint64_t min_groups = layer_count == 1 ? 2 : 4;
+    const uint64_t group = std::max<uint64_t>(
+        1, std::min<uint64_t>(slot_pages, (plan.count + min_groups - 1) / min_groups));
+    const uint32_t slots = options_.staging_slots;
+    const uint64_t items_per_page =
+        kernels::KvItemsPerPage(layout.chunk_bytes(), layer_count * layout.buffers_per_layer(),
+                                config.vectors_per_thread, false);
+    const bool write = direction == KvDirection::kDeviceToValues;
+    cudaMemcpyAttributes attrs = {};
+    attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    constexpr int K = kMaxStagedCopyStreams;
+    int streams_used = 0;
+    cudaError_t err = cudaSuccess;
+    std::vector<void*>& dsts = staged_dsts_;
+    std::vector<const void*>& srcs = staged_srcs_;
+    std::vector<size_t>& sizes = staged_sizes_;
+    for (uint64_t g = 0, begin = 0; begin < plan.count; ++g, begin += group) {
+      const uint64_t n = std::min<uint64_t>(group, plan.count - begin);
+      // Slots rotate across calls too, so the next call's first group does not wait for this
+      // call's last one.
+      const uint32_t slot = static_cast<uint32_t>((next_slot_ + g) % slots);
+      uint8_t* slot_base = staging_ + slot * staging_slot_bytes_;
+      // One descriptor per page, merged when the values are adjacent in host memory too.
+      dsts.clear();
+      srcs.clear();
+      sizes.clear();
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t host = plan.value_ptrs[begin + i] + value_offset;
+        const uint64_t dev = reinterpret_cast<uint64_t>(slot_base) + i * page_bytes;
+        const uint64_t dst = write ? host : dev;
+        const uint64_t src = write ? dev : host;
+        if (!sizes.empty() && reinterpret_cast<uint64_t>(dsts.back()) + sizes.back() == dst &&
+            reinterpret_cast<uint64_t>(srcs.back()) + sizes.back() == src) {
+          sizes.back() += page_bytes;
+        } else {
+          dsts.push_back(reinterpret_cast<void*>(dst));
+          srcs.push_back(reinterpret_cast<const void*>(src));
+          sizes.push_back(page_bytes);
+        }
+      }
+      const int parts = static_cast<int>(std::min<size_t>(copy_streams, sizes.size()));
+      streams_used = std::max(streams_used, parts);
+      auto part_begin = [&](int r) { return sizes.size() * r / parts; };
+      auto copy_part = [&](int r) {
+        const size_t b = part_begin(r);
+        return CopyBatch(dsts.data() + b, srcs.data() + b, sizes.data() + b, part_begin(r + 1) - b,
+                         &attrs, streams_[r]);
+      };
+      kernels::KvCopyParams params;
+      params.plan = nullptr;
+      params.staging_base = reinterpret_cast<uint64_t>(slot_base);
+      params.staging_stride = page_bytes;
+      params.page_indices = request.device_page_indices + begin;
+      params.num_pages = n;
+      params.layer_begin = layer_begin;
+      params.layer_count = layer_count;
+      if (write) {
+        for (int r = 0; r < K && err == cudaSuccess; ++r) {
+          err = cudaStreamWaitEvent(stream, staged_free_[slot * K + r], 0);
+        }
+        if (err != cudaSuccess) return CudaError(err, "cudaStreamWaitEvent (staging slot)");
+        // Gather: KV buffers -> staging slot, as a device-to-device "write".
+        FLUXON_RETURN_IF_ERROR(
+            LaunchPrepared(KvDirection::kDeviceToValues, params, items_per_page, stream, config));
+        err = cudaEventRecord(staged_ready_[slot * K], stream);
+        for (int r = 0; r < parts && err == cudaSuccess; ++r) {
+          err = cudaStreamWaitEvent(streams_[r], staged_ready_[slot * K], 0);
+          if (err == cudaSuccess) err = copy_part(r);
+          if (err == cudaSuccess) err = cudaEventRecord(staged_free_[slot * K + r], streams_[r]);
+        }
+        if (err != cudaSuccess) return CudaError(err, "staged copy (write)");
+      } else {
+        for (int r = 0; r < parts && err == cudaSuccess; ++r) {
+          err = cudaStreamWaitEvent(streams_[r], staged_free_[slot * K], 0);
+          if (err == cudaSuccess) err = copy_part(r);
+          if (err == cudaSuccess) err = cudaEventRecord(staged_ready_[slot * K + r], streams_[r]);
+          if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, staged_ready_[slot * K + r], 0);
+        }
+        if (err != cudaSuccess) return CudaError(err, "staged copy (restore)");
+        // Scatter: staging slot -> KV buffers.
+        FLUXON_RETURN_IF_ERROR(
+            LaunchPrepared(KvDirection::kValuesToDevice, params, items_per_page, stream, config));
+        err = cudaEventRecord(staged_free_[slot * K], stream);
+        if (err != cudaSuccess) return CudaError(err, "cudaEventRecord (staging slot)");
+      }
+    }
+    if (write) {
+      // A copy stream is in order: its last copy finishing means all of its copies finished.
+      for (int r = 0; r < streams_used && err == cudaSuccess; ++r) {
+        err = cudaEventRecord(join_events_[r], streams_[r]);
+        if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, join_events_[r], 0);
+      }
+      if (err != cudaSuccess) return CudaError(err, "staged join");
+    }
+    const uint64_t groups = (plan.count + group - 1) / group;
+    next_slot_ = static_cast<uint32_t>((next_slot_ + groups) % slots);
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<PlanView> CheckRequest(KvDirection direction, const KvTransferRequest& request,
                                         uint32_t layer_begin, uint32_t layer_count,
                                         bool need_host_indices) {
@@ -606,7 +757,7 @@ class KvDataPlane::Impl {
       if (err != cudaSuccess) return CudaError(err, "cudaEventCreate");
       join_events_.push_back(e);
     }
-    for (uint32_t i = 0; i < options_.staging_slots; ++i) {
+    for (uint32_t i = 0; i < options_.staging_slots * kMaxStagedCopyStreams; ++i) {
       cudaEvent_t ready = nullptr;
       cudaEvent_t free_slot = nullptr;
       err = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
@@ -629,9 +780,14 @@ class KvDataPlane::Impl {
   cudaEvent_t fork_event_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint8_t* const staging_;  // device staging buffer of the staged path (null: not configured)
   const uint64_t staging_slot_bytes_;
-  std::vector<cudaEvent_t> staged_ready_ ABSL_GUARDED_BY(mu_);  // slot filled
-  std::vector<cudaEvent_t> staged_free_ ABSL_GUARDED_BY(mu_);   // slot drained, reusable
-  uint32_t next_slot_ ABSL_GUARDED_BY(mu_) = 0;                 // first slot of the next call
+  // [slot][copy stream]: slot filled (ready) and drained, reusable (free); see StagedLocked.
+  std::vector<cudaEvent_t> staged_ready_ ABSL_GUARDED_BY(mu_);
+  std::vector<cudaEvent_t> staged_free_ ABSL_GUARDED_BY(mu_);
+  // Descriptor scratch of StagedLocked, kept to avoid an allocation per group.
+  std::vector<void*> staged_dsts_ ABSL_GUARDED_BY(mu_);
+  std::vector<const void*> staged_srcs_ ABSL_GUARDED_BY(mu_);
+  std::vector<size_t> staged_sizes_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_slot_ ABSL_GUARDED_BY(mu_) = 0;  // first slot of the next call
 };
 
 absl::StatusOr<std::unique_ptr<KvDataPlane>> KvDataPlane::Create(KvDataPlaneOptions options) {
@@ -726,13 +882,21 @@ absl::Status KvDataPlane::CopyWithCopyEngine(KvDirection direction,
 
 absl::Status KvDataPlane::CopyStaged(KvDirection direction, const KvTransferRequest& request,
                                      std::optional<uint32_t> layer, cudaStream_t stream,
-                                     int sm_budget) {
+                                     int sm_budget, int copy_streams) {
   if (direction != KvDirection::kDeviceToValues && direction != KvDirection::kValuesToDevice) {
     return absl::InvalidArgumentError("unknown KV copy direction");
   }
   const uint32_t begin = layer.value_or(0);
   const uint32_t count = layer.has_value() ? 1 : layout().num_layers;
-  return impl_->Staged(direction, request, begin, count, stream, sm_budget);
+  return impl_->Staged(direction, request, begin, count, stream, sm_budget, copy_streams);
+}
+
+absl::Status KvDataPlane::RestoreLayers(std::span<const KvTransferRequest> requests,
+                                        uint32_t layer_begin,
+                                        std::span<const cudaEvent_t> layer_done,
+                                        cudaStream_t stream, const KvLayerWiseOptions& options,
+                                        bool continues) {
+  return impl_->RestoreLayers(requests, layer_begin, layer_done, stream, options, continues);
 }
 
 absl::Status KvDataPlane::TakeDeviceErrors() { return impl_->TakeDeviceErrors(); }

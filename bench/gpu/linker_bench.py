@@ -93,7 +93,7 @@ def med(xs):
 
 
 class Bench:
-    def __init__(self, sock, max_pages, sm_budget):
+    def __init__(self, sock, max_pages, sm_budget, extra_config=None):
         self.sock = sock
         self.max_pages = max_pages
         size = (2 * max_pages + 4) * PAGE
@@ -109,14 +109,12 @@ class Bench:
                                       served_model_name=None, tp_size=1,
                                       enable_linker_mla_dedup=False)
         self.forward_stream = torch.cuda.Stream()
-        extra = {"socket": sock, "namespace": NS, "tp_rank": 0, "tp_size": 1}
+        self.params, self.server_args = params, server_args
+        self.base_extra = {"socket": sock, "namespace": NS, "tp_rank": 0, "tp_size": 1,
+                           **(extra_config or {})}
         if sm_budget:
-            extra["sm_budget"] = sm_budget
-        config = {"linker": "FluxonLinker", "linker_module_path": "fluxon.sglang_linker",
-                  "linker_extra_config": extra}
-        self.linker = create_unified_cache_linker(
-            server_args, params, backend="dynamic", config=config,
-            components={ComponentType.FULL}, forward_stream=self.forward_stream)
+            self.base_extra["sm_budget"] = sm_budget
+        self.linker = self.make_linker()
         self.pool.register_layer_transfer_counter(self.linker.layer_done_counter)
         self.page_bytes = self.linker.view.value_len
         for b in list(self.pool.k_buffer) + list(self.pool.v_buffer):
@@ -132,6 +130,14 @@ class Bench:
         self.h_pin.copy_(self.d_buf.cpu())
         self.host = None
         self.backend = None
+
+    def make_linker(self, **overrides):
+        """A FluxonLinker from SGLang's factory (backend "dynamic") on this pool."""
+        config = {"linker": "FluxonLinker", "linker_module_path": "fluxon.sglang_linker",
+                  "linker_extra_config": {**self.base_extra, **overrides}}
+        return create_unified_cache_linker(
+            self.server_args, self.params, backend="dynamic", config=config,
+            components={ComponentType.FULL}, forward_stream=self.forward_stream)
 
     # -- Mooncake's MooncakeDirectLinker on the same pool ---------------------------------------
 
@@ -166,6 +172,18 @@ class Bench:
             for fn in ("get_parallel", "get_model", "get_memory"):
                 if hasattr(mod, fn):
                     setattr(mod, fn, lambda: _Ctx())
+
+        # SGLang 0.5.23's strategy registry builds a direct-linker pool group only for hybrid
+        # models (DeepSeek-V4, Mamba, Mamba+SWA, DSA) and refuses a plain FULL MHA pool. Build the
+        # group the way those strategies build their FULL component: SGLang's own
+        # _mha_device_pool_entry over the pool's K and V buffers, one layer per layer.
+        def plain_full_group(*, kvcache, page_size, params, components):
+            entry = lpa._mha_device_pool_entry(PoolName.KV, kvcache,
+                                               {i: i for i in range(len(kvcache.k_buffer))},
+                                               page_size)
+            return lpa.DevicePoolGroup([entry], len(kvcache.k_buffer), page_size)
+
+        mdl.resolve_hybrid_device_pool_group = plain_full_group
         extra = {"master_server_address": f"127.0.0.1:{port}", "protocol": "tcp",
                  "metadata_server": "P2PHANDSHAKE", "global_segment_size": f"{segment_gib}gb",
                  "local_hostname": "127.0.0.1", "device_name": ""}
@@ -393,9 +411,8 @@ def profile(b, sizes, keys, page):
         return orig_run_load(*a)
 
     lk._run_load = run_load
-    ops.host_pages = timed("host_pages", ops.host_pages)
     ops.device_pages = timed("device_pages", ops.device_pages)
-    ops.restore_layer = timed("restore_launches(36)", ops.restore_layer)
+    ops.restore_layers = timed("restore_launches", ops.restore_layers)
     ops.write = timed("write_launch", ops.write)
     lk._open_get = timed("open_get", lk._open_get)
     lk._put_chunk = timed("put_chunk(all)", lk._put_chunk)
@@ -409,23 +426,23 @@ def profile(b, sizes, keys, page):
                 marks.clear()
                 _, load_s, ready = b.linker_load(f"pf{r}", keys("ld", n), dst, True)
                 t_load0 = b.last_load_t0
-                for k in ("host_pages", "device_pages", "restore_launches(36)", "open_get"):
+                for k in ("device_pages", "restore_launches", "open_get"):
                     d.setdefault("load." + k, []).append(cur.get(k, 0.0))
                 d.setdefault("load.queue_to_thread", []).append(
                     marks.get("load_thread_start", t_load0) - t_load0)
                 d.setdefault("load.launches_done", []).append(
-                    cur.get("restore_launches(36)@end", t_load0) - t_load0)
+                    cur.get("restore_launches@end", t_load0) - t_load0)
                 d.setdefault("load.first_layer_ready", []).append(ready[0])
                 d.setdefault("load.total", []).append(load_s)
                 cur.clear()
                 ks = keys(f"p{r}", n)
                 off_s = b.linker_offload(ks, src)
-                for k in ("host_pages", "write_launch", "put_chunk(all)"):
+                for k in ("device_pages", "write_launch", "put_chunk(all)"):
                     d.setdefault("offload." + k, []).append(cur.get(k, 0.0))
                 d.setdefault("offload.total", []).append(off_s)
                 fluxon.KvClient(socket_path=b.sock).delete_prefix(f"{NS}:p{r}")
     finally:
-        for name in ("host_pages", "device_pages", "restore_layer", "write"):
+        for name in ("device_pages", "restore_layers", "write"):
             ops.__dict__.pop(name, None)
         for name in ("_run_load", "_open_get", "_put_chunk"):
             lk.__dict__.pop(name, None)
@@ -441,6 +458,9 @@ def main():
     ap.add_argument("--segment-gib", type=int, default=8)
     ap.add_argument("--csv", default="")
     ap.add_argument("--no-hicache", action="store_true")
+    ap.add_argument("--variants", default="",
+                    help="more FluxonLinkers measured in the same rounds: "
+                         "'name:key=value,key=value;name2:...' (linker_extra_config overrides)")
     ap.add_argument("--mooncake", action="store_true",
                     help="also SGLang's MooncakeDirectLinker (mooncake-transfer-engine-cuda13)")
     ap.add_argument("--mooncake-site", default="", help="where the mooncake package is installed")
@@ -460,6 +480,14 @@ def main():
 
 def run(args, sizes, sock, t_start):
     b = Bench(sock, max(sizes), args.sm_budget)
+    variants = {}
+    for spec in filter(None, args.variants.split(";")):
+        name, _, kv = spec.partition(":")
+        over = {}
+        for item in filter(None, kv.split(",")):
+            k, _, v = item.partition("=")
+            over[k] = int(v) if v.lstrip("-").isdigit() else v
+        variants[name] = b.make_linker(**over)
     hc = not args.no_hicache
     if hc:
         b.setup_hicache(sock)
@@ -488,6 +516,10 @@ def run(args, sizes, sock, t_start):
             b.poison(dst)
             b.hc_restore(keys("hl", n), dst)
             assert b.same(src, dst), f"HiCache restore of {n} pages differs"
+        for vname, vl in variants.items():
+            b.poison(dst)
+            b.linker_load(f"vchk{vname}", keys("ld", n), dst, True, vl)
+            assert b.same(src, dst), f"variant {vname}: restore of {n} pages differs"
         if mc:
             b.linker_offload(keys("ml", n), src, b.mc_linker)
             b.poison(dst)
@@ -511,6 +543,11 @@ def run(args, sizes, sock, t_start):
             if hc:
                 jobs.append(("hc_off", lambda: b.hc_offload(hk, src)))
                 jobs.append(("hc_res", lambda: b.hc_restore(keys("hl", n), dst)))
+            for vname, vl in variants.items():
+                vk = keys(f"o{r:02d}{vname}", n)
+                jobs.append((f"v_{vname}_off", lambda vk=vk, vl=vl: b.linker_offload(vk, src, vl)))
+                jobs.append((f"v_{vname}_lw", lambda vname=vname, vl=vl: b.linker_load(
+                    f"vlw{vname}{r}", keys("ld", n), dst, True, vl)))
             if mc:
                 mk = keys(f"m{r:02d}", n)
                 jobs.append(("mc_off", lambda: b.linker_offload(mk, src, b.mc_linker)))
@@ -522,7 +559,7 @@ def run(args, sizes, sock, t_start):
                 v = fn()
                 if r == 0:
                     continue
-                if name == "mc_lw":
+                if name == "mc_lw" or (name.startswith("v_") and name.endswith("_lw")):
                     add(n, name, v[1])
                 elif name in ("lw", "al"):
                     lk, ld, ready = v
@@ -550,6 +587,8 @@ def run(args, sizes, sock, t_start):
         print(f"round {r} done at {time.time() - t_start:.1f} s", flush=True)
     prof = profile(b, sizes, keys, PAGE)
     b.linker.close()
+    for vl in variants.values():
+        vl.close()
     if mc:
         b.close_mooncake()
     if hc:
@@ -597,6 +636,18 @@ def run(args, sizes, sock, t_start):
                                   ("restore H2D, layer-wise", "ceil_h2d", "lw", "mc_lw")):
                 print(f"| {d} | {n} | {gbs(n, ck):.1f} | {gbs(n, lk):.1f} | {ms(n, lk):.2f} | "
                       f"{gbs(n, mk):.1f} | {ms(n, mk):.2f} | {ms(n, mk) / ms(n, lk):.2f}x |")
+    if variants:
+        print("\n### FluxonLinker variants (linker_extra_config overrides; same rounds)\n")
+        print("| variant | pages | offload GB/s (% ceiling) | layer-wise restore GB/s (% ceiling) |")
+        print("|---|---|---|---|")
+        print_rows = [("default", "off", "lw")] + [
+            (v, f"v_{v}_off", f"v_{v}_lw") for v in variants]
+        for vname, ok_, lk_ in print_rows:
+            for n in sizes:
+                co, ch = gbs(n, "ceil_d2h"), gbs(n, "ceil_h2d")
+                go, gl = gbs(n, ok_), gbs(n, lk_)
+                print(f"| {vname} | {n} | {go:.1f} ({100 * go / co:.1f}%) | "
+                      f"{gl:.1f} ({100 * gl / ch:.1f}%) |")
     print(f"\nlookup (get_start, not in the load times): " + ", ".join(
         f"{n} pages {ms(n, 'lw_lookup'):.2f} ms" for n in sizes))
     print(f"\n### Layer-wise restore, time per layer (budget {args.layer_budget_ms} ms/layer)\n")

@@ -77,6 +77,23 @@ struct KvCopyEngineOptions {
   bool prefer_overlap_with_compute = false;  // cudaMemcpyFlagPreferOverlapWithCompute
 };
 
+// Copy streams a staged group's descriptors can be spread over.
+inline constexpr int kMaxStagedCopyStreams = 8;
+
+// How a layer-wise restore (KvDataPlane::RestoreLayers) moves each layer.
+enum class KvLayerPath : uint8_t {
+  kKernel = 0,  // the one-layer restore kernel (SM loads over PCIe; lowest latency)
+  kStaged = 1,  // copy engines into the staging buffer + a scatter kernel (highest throughput)
+};
+
+struct KvLayerWiseOptions {
+  KvLayerPath path = KvLayerPath::kKernel;
+  int sm_budget = 4;  // blocks of the restore (kernel) or scatter (staged) kernel
+  // Staged: copy streams per group, 1..kMaxStagedCopyStreams. One is fastest on the H200 (one
+  // engine per direction streams the large descriptors back to back; docs/perf.md).
+  int copy_streams = 1;
+};
+
 // One transfer. The kernel path reads device_page_indices; the copy-engine path needs the indices
 // on the host. host_page_indices, when given on the kernel path, must equal the device ones and
 // are range-checked on the host (cheap); otherwise the kernel checks the range.
@@ -120,6 +137,14 @@ absl::StatusOr<std::vector<KvCopyDescriptor>> BuildCopyDescriptors(
 std::vector<size_t> SplitDescriptorsByBytes(std::span<const KvCopyDescriptor> descriptors,
                                             int parts);
 
+// Page indices of token slots on the device, without a host round trip: pages[p] is the page of
+// slots [p * page_size, (p + 1) * page_size) (device memory, int64 or int32 as slot_bytes 8 or
+// 4) when they are page_size consecutive slots starting at a multiple of page_size, else -1,
+// which every KV copy refuses as out of range (page skipped, error bit set). Enqueued on
+// `stream`; num_slots must be a positive multiple of page_size.
+absl::Status PagesFromTokenSlots(const void* slots, int slot_bytes, uint64_t num_slots,
+                                 uint32_t page_size, int64_t* pages, cudaStream_t stream);
+
 struct KvDataPlaneOptions {
   KvDeviceBuffers buffers;
   // Staged copy-engine path (CopyStaged): a device staging buffer of staging_slots slots of
@@ -158,15 +183,30 @@ class KvDataPlane {
                                   std::optional<uint32_t> layer, cudaStream_t stream,
                                   const KvCopyEngineOptions& options = {});
 
-  // Staged copy-engine path: the PCIe transfer runs on a copy engine as one large descriptor per
-  // page (per page and layer for a layer restore) through the device staging buffer, and a short
-  // gather (write) or scatter (restore) kernel of at most sm_budget blocks moves the chunks
+  // Staged copy-engine path: the PCIe transfer runs on the copy engines as one large descriptor
+  // per page (per page and layer for a layer restore) through the device staging buffer, and a
+  // short gather (write) or scatter (restore) kernel of at most sm_budget blocks moves the chunks
   // between the staging buffer and the KV buffers at device-memory speed, pipelined by groups of
-  // staging_group_pages pages. SMs are busy only for the gather/scatter. Needs
-  // host_page_indices (checked on the host: a skipped page would otherwise leave stale staging
-  // bytes in a value) and staging configured at Create.
+  // staging_group_pages pages; each group's descriptors are spread over `copy_streams` copy
+  // streams (1..kMaxStagedCopyStreams), so more than one copy engine works at a time. SMs are
+  // busy only for the gather/scatter. Needs device_page_indices and staging configured at
+  // Create. host_page_indices are optional: when given they are range-checked on the host; when
+  // not, the kernel's range check is the only one and a skipped page leaves stale staging bytes
+  // in its value, so a writer must call TakeDeviceErrors before it publishes the values.
   absl::Status CopyStaged(KvDirection direction, const KvTransferRequest& request,
-                          std::optional<uint32_t> layer, cudaStream_t stream, int sm_budget = 8);
+                          std::optional<uint32_t> layer, cudaStream_t stream, int sm_budget = 8,
+                          int copy_streams = 1);
+
+  // Layer-wise restore of several get plans: for each layer of [layer_begin, layer_begin +
+  // layer_done.size()), every request's copies of that layer, then layer_done[i] is recorded on
+  // `stream` (so event i completes only after layer layer_begin + i landed for every request).
+  // `continues`: this call follows the previous RestoreLayers of the same load on the same
+  // stream, with nothing enqueued on `stream` in between that the copies must wait for; the
+  // staged path's copy streams then do not wait for `stream` again, so the copy engines do not
+  // idle between calls. The first call of a load passes false.
+  absl::Status RestoreLayers(std::span<const KvTransferRequest> requests, uint32_t layer_begin,
+                             std::span<const cudaEvent_t> layer_done, cudaStream_t stream,
+                             const KvLayerWiseOptions& options, bool continues);
 
   // Reads and clears the kernels' sticky error bits. Call after the streams used finished.
   absl::Status TakeDeviceErrors();

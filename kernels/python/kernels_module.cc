@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -125,6 +126,69 @@ KvKernelConfig MakeConfig(int sm_budget, int threads_per_block, int vectors_per_
                         bulk_copy};
 }
 
+// CUDA events owned here (one per layer of a layer-wise restore): recorded by RestoreLayers,
+// waited for by the thread that completes the layer counter, with the GIL released.
+class PyLayerEvents {
+ public:
+  explicit PyLayerEvents(uint32_t count) {
+    if (count == 0) throw py::value_error("LayerEvents needs at least one event");
+    events_.reserve(count);
+    for (uint32_t i = 0; i < count; ++i) {
+      cudaEvent_t e = nullptr;
+      const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+      if (err != cudaSuccess) {
+        Destroy();
+        throw std::runtime_error(std::string("cudaEventCreate failed: ") + cudaGetErrorString(err));
+      }
+      events_.push_back(e);
+    }
+  }
+  ~PyLayerEvents() { Destroy(); }
+  PyLayerEvents(const PyLayerEvents&) = delete;
+  PyLayerEvents& operator=(const PyLayerEvents&) = delete;
+
+  size_t size() const { return events_.size(); }
+  std::span<const cudaEvent_t> Slice(uint32_t begin, uint32_t count) const {
+    if (begin > events_.size() || count > events_.size() - begin) {
+      throw py::value_error("event range is outside the LayerEvents");
+    }
+    return std::span<const cudaEvent_t>(events_).subspan(begin, count);
+  }
+  cudaEvent_t at(uint32_t i) const {
+    if (i >= events_.size()) throw py::index_error("no such layer event");
+    return events_[i];
+  }
+  // True once event i completed (or was never recorded); raises on a device error.
+  bool Query(uint32_t i) const {
+    const cudaError_t err = cudaEventQuery(at(i));
+    if (err == cudaSuccess) return true;
+    if (err == cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    Raise(absl::InternalError(std::string("cudaEventQuery failed: ") + cudaGetErrorString(err)));
+  }
+  void Synchronize(uint32_t i) const {
+    cudaEvent_t e = at(i);
+    cudaError_t err;
+    {
+      py::gil_scoped_release release;
+      err = cudaEventSynchronize(e);
+    }
+    if (err != cudaSuccess) {
+      Raise(absl::InternalError(std::string("cudaEventSynchronize failed: ") +
+                                cudaGetErrorString(err)));
+    }
+  }
+
+ private:
+  void Destroy() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    events_.clear();
+  }
+  std::vector<cudaEvent_t> events_;
+};
+
 class PyDataPlane {
  public:
   PyDataPlane(const KvPageLayout& layout, std::vector<uint64_t> k_ptrs,
@@ -188,18 +252,59 @@ class PyDataPlane {
   }
 
   void Staged(const std::string& direction, uint64_t plan_ptr, uint64_t page_indices_ptr,
-              const std::vector<int64_t>& host_page_indices, uint64_t stream,
-              std::optional<uint32_t> layer_id, int sm_budget) {
+              const std::optional<std::vector<int64_t>>& host_page_indices, uint64_t stream,
+              std::optional<uint32_t> layer_id, int sm_budget, int copy_streams,
+              std::optional<uint64_t> num_pages) {
     KvTransferRequest request;
     request.plan_ptr = plan_ptr;
     request.device_page_indices = reinterpret_cast<const int64_t*>(page_indices_ptr);
-    request.num_pages = host_page_indices.size();
-    request.host_page_indices = host_page_indices;
+    if (host_page_indices.has_value()) {
+      request.host_page_indices = *host_page_indices;
+      request.num_pages = host_page_indices->size();
+      if (num_pages.has_value() && *num_pages != request.num_pages) {
+        throw py::value_error("num_pages differs from len(host_page_indices)");
+      }
+    } else if (num_pages.has_value()) {
+      request.num_pages = *num_pages;
+    } else {
+      throw py::value_error("copy_staged needs host_page_indices or num_pages");
+    }
     const KvDirection dir = ParseDirection(direction);
     absl::Status status;
     {
       py::gil_scoped_release release;
-      status = plane_->CopyStaged(dir, request, layer_id, StreamOf(stream), sm_budget);
+      status =
+          plane_->CopyStaged(dir, request, layer_id, StreamOf(stream), sm_budget, copy_streams);
+    }
+    Check(status);
+  }
+
+  // requests: (plan_ptr, device page indices pointer, number of pages) per get plan.
+  void RestoreLayers(const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& requests,
+                     uint32_t layer_begin, const PyLayerEvents& events, uint32_t event_begin,
+                     uint32_t layer_count, uint64_t stream, const std::string& path, int sm_budget,
+                     int copy_streams, bool continues) {
+    KvLayerWiseOptions options;
+    if (path == "kernel") {
+      options.path = KvLayerPath::kKernel;
+    } else if (path == "staged") {
+      options.path = KvLayerPath::kStaged;
+    } else {
+      throw py::value_error("path must be 'kernel' or 'staged', got '" + path + "'");
+    }
+    options.sm_budget = sm_budget;
+    options.copy_streams = copy_streams;
+    std::vector<KvTransferRequest> reqs(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      reqs[i].plan_ptr = std::get<0>(requests[i]);
+      reqs[i].device_page_indices = reinterpret_cast<const int64_t*>(std::get<1>(requests[i]));
+      reqs[i].num_pages = std::get<2>(requests[i]);
+    }
+    const std::span<const cudaEvent_t> done = events.Slice(event_begin, layer_count);
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = plane_->RestoreLayers(reqs, layer_begin, done, StreamOf(stream), options, continues);
     }
     Check(status);
   }
@@ -283,6 +388,26 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
                                static_cast<uint64_t>(a.registry().arena_bytes()));
       });
 
+  m.def(
+      "pages_from_slots",
+      [](uint64_t slots_ptr, int slot_bytes, uint64_t num_slots, uint32_t page_size,
+         uint64_t pages_ptr, uint64_t stream) {
+        Check(PagesFromTokenSlots(reinterpret_cast<const void*>(slots_ptr), slot_bytes, num_slots,
+                                  page_size, reinterpret_cast<int64_t*>(pages_ptr),
+                                  StreamOf(stream)));
+      },
+      py::arg("slots_ptr"), py::arg("slot_bytes"), py::arg("num_slots"), py::arg("page_size"),
+      py::arg("pages_ptr"), py::arg("stream") = 0,
+      "Page index (or -1 for a slot row that is not one whole, aligned page) of every page_size "
+      "token slots, computed on the device on `stream` (see PagesFromTokenSlots).");
+
+  py::class_<PyLayerEvents>(m, "LayerEvents")
+      .def(py::init<uint32_t>(), py::arg("count"))
+      .def("__len__", &PyLayerEvents::size)
+      .def("query", &PyLayerEvents::Query, py::arg("index"))
+      .def("synchronize", &PyLayerEvents::Synchronize, py::arg("index"),
+           "Waits (GIL released) until event `index` completed.");
+
   py::class_<PyDataPlane>(m, "DataPlane")
       .def(py::init<const KvPageLayout&, std::vector<uint64_t>, std::vector<uint64_t>, uint64_t,
                     const PyPlanArena*, const PyRegistration*, uint32_t, uint32_t>(),
@@ -331,9 +456,21 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
            py::arg("merge_adjacent") = true, py::arg("sort_by_host_address") = false,
            py::arg("prefer_overlap_with_compute") = false)
       .def("copy_staged", &PyDataPlane::Staged, py::arg("direction"), py::arg("plan_ptr"),
-           py::arg("page_indices_ptr"), py::arg("host_page_indices"), py::arg("stream") = 0,
-           py::arg("layer_id") = py::none(), py::arg("sm_budget") = 8,
-           "Staged copy-engine path (see KvDataPlane::CopyStaged); needs staging_group_pages.")
+           py::arg("page_indices_ptr"), py::arg("host_page_indices") = py::none(),
+           py::arg("stream") = 0, py::arg("layer_id") = py::none(), py::arg("sm_budget") = 8,
+           py::arg("copy_streams") = 1, py::arg("num_pages") = py::none(),
+           "Staged copy-engine path (see KvDataPlane::CopyStaged); needs staging_group_pages. "
+           "Without host_page_indices give num_pages (the kernel then range-checks the pages: "
+           "call take_device_errors before publishing written values).")
+      .def("restore_layers", &PyDataPlane::RestoreLayers, py::arg("requests"),
+           py::arg("layer_begin"), py::arg("events"), py::arg("event_begin"),
+           py::arg("layer_count"), py::arg("stream") = 0, py::arg("path") = "kernel",
+           py::arg("sm_budget") = KvLayerWiseOptions{}.sm_budget,
+           py::arg("copy_streams") = KvLayerWiseOptions{}.copy_streams,
+           py::arg("continues") = false,
+           "Layer-wise restore (KvDataPlane::RestoreLayers) of [(plan_ptr, page_indices_ptr, "
+           "num_pages)]: layers layer_begin.. for layer_count layers, events[event_begin + i] "
+           "recorded after layer layer_begin + i.")
       .def("take_device_errors", &PyDataPlane::TakeDeviceErrors,
            "Raise if a kernel reported an error since the last call (call after the stream "
            "finished).");

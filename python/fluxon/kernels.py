@@ -25,6 +25,8 @@ except ImportError:  # pragma: no cover - a build tree or a packed folder on sys
 
 KvLayout = _native.KvLayout
 DataPlane = _native.DataPlane
+LayerEvents = _native.LayerEvents
+pages_from_slots = _native.pages_from_slots
 HostRegistration = _native.HostRegistration
 register_host_mappings = _native.register_host_mappings
 TestSegment = _native.TestSegment
@@ -33,6 +35,8 @@ TestPlanArena = _native.TestPlanArena
 __all__ = [
     "KvLayout",
     "DataPlane",
+    "LayerEvents",
+    "pages_from_slots",
     "HostRegistration",
     "register_host_mappings",
     "TestSegment",

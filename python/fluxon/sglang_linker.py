@@ -23,13 +23,19 @@ MLA: its KV rows).
   consumes it; a handle no load claims is cancelled at the next lookup of the same request, after
   ``lookup_hold_s`` seconds, or by reset/close. No handle is left to the owner's TTL.
 * **Layer-wise load**: ``start_layer_wise_loading`` hands the queued loads to the load thread,
-  which waits (on the GPU) for the scheduler's stream, launches the restore of every layer on its
-  stream with a CUDA event after each layer, then completes ``layer_done_counter`` for layer ``l``
-  once event ``l`` has completed. The forward only waits on the counter (no CUDA sync on its
-  thread). Views are released after the last layer's copies finished.
-* **Offload**: the offload thread makes its stream wait on ``record_offload_ready()``'s events,
-  reserves a put plan (pages already stored are skipped: ``KeyConflictError``), runs the write
-  kernel, waits for it, commits (``parent_key``: the page before, when known) and only then
+  which turns the token slots into page indices on the GPU (after the scheduler stream's
+  ``ready`` event; no host round trip), opens the get plans and enqueues the layers a few at a
+  time on its own stream, with a CUDA event after each layer: batches of ``staged_min_pages``
+  pages or more go through the staged path (copy engines into a staging buffer, then a scatter
+  kernel; ~95 % of PCIe), smaller ones through the one-layer restore kernel (lowest latency).
+  ``layer_done_counter`` is completed for layer ``l`` once event ``l`` has fired and no kernel
+  reported an error. The forward only waits on the counter (no CUDA sync on its thread). Views
+  are released after the last layer's copies finished.
+* **Offload**: the offload thread computes the page indices on its stream after
+  ``record_offload_ready()``'s events, reserves a put plan (pages already stored are skipped:
+  ``KeyConflictError``), runs the write (staged path from ``staged_min_pages`` pages, else the
+  write kernel), waits for it, checks the kernels' error word (a slot row that is not a whole
+  page aborts the put), commits (``parent_key``: the page before, when known) and only then
   reports the result.
 * **Failures** never raise into SGLang's scheduler thread: an unreachable owner gives no hit and
   failed offloads, the client reconnects on a later call, and a failed load is reported by
@@ -155,14 +161,21 @@ class LinkerConfig:
     model: Optional[str] = None
     tp_rank: Optional[int] = None
     tp_size: Optional[int] = None
-    # Offloads of at least staged_min_pages pages go through the staged path (copy engines into a
-    # device staging buffer of staging_pages pages x 2 slots, plus a short gather kernel: ~97 % of
-    # PCIe against the direct kernel's ~90 %); 0 staging pages: always the direct write kernel.
+    # Transfers of at least staged_min_pages pages (an offload, or a load batch) go through the
+    # staged path: copy engines into a device staging buffer of staging_pages pages x 2 slots per
+    # direction (2 x 2 x staging_pages x page bytes of GPU memory), each group's descriptors on
+    # copy_streams copy streams (1 measured best), plus a short gather/scatter kernel (copy
+    # engines reach ~97 % of PCIe, SM loads ~90 %). Smaller ones use the one-pass kernels (lowest
+    # latency). staging_pages 0: always the kernels. layer_path "kernel" or "staged" forces the
+    # load path ("auto": by size).
     staging_pages: int = 4
     staged_min_pages: int = 16
+    copy_streams: int = 1
+    layer_path: str = "auto"
 
     KEYS = ("socket", "namespace", "reconnect_interval_s", "lookup_hold_s", "sm_budget", "model",
-            "tp_rank", "tp_size", "staging_pages", "staged_min_pages")
+            "tp_rank", "tp_size", "staging_pages", "staged_min_pages", "copy_streams",
+            "layer_path")
 
     @classmethod
     def from_extra(cls, extra) -> "LinkerConfig":
@@ -209,11 +222,23 @@ class LinkerConfig:
         if staging > 64:
             raise InvalidArgumentError(f"linker_extra_config 'staging_pages' must be <= 64, got "
                                        f"{staging}")
+        copy_streams = num("copy_streams", 1, 1, True)
+        if copy_streams > 8:
+            raise InvalidArgumentError(f"linker_extra_config 'copy_streams' must be <= 8, got "
+                                       f"{copy_streams}")
+        layer_path = extra.get("layer_path", "auto")
+        if layer_path not in ("auto", "kernel", "staged"):
+            raise InvalidArgumentError(f"linker_extra_config 'layer_path' must be 'auto', "
+                                       f"'kernel' or 'staged', got {layer_path!r}")
+        if layer_path == "staged" and staging == 0:
+            raise InvalidArgumentError("linker_extra_config 'layer_path' 'staged' needs "
+                                       "'staging_pages' > 0")
         return cls(socket=sock, namespace=ns,
                    reconnect_interval_s=float(num("reconnect_interval_s", 1.0, 0)),
                    lookup_hold_s=float(num("lookup_hold_s", 10.0, 0)), sm_budget=sm, model=model,
                    tp_rank=tp_rank, tp_size=tp_size, staging_pages=staging,
-                   staged_min_pages=num("staged_min_pages", 16, 1, True))
+                   staged_min_pages=num("staged_min_pages", 16, 1, True),
+                   copy_streams=copy_streams, layer_path=layer_path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -374,42 +399,39 @@ def _release_registration(mappings: tuple) -> None:
             entry[0].close()
 
 
-class _Pages(list):
-    """Page indices (a list, checked on the host) that also carry the same indices as a device
-    tensor made on the linker's stream (``.device``), so no host-to-device copy is needed."""
-
-    __slots__ = ("device",)
-
-
 class CudaOps:
-    """Streams, events and kernel launches of one linker (everything that needs torch)."""
+    """Streams, events and kernel launches of one linker (everything that needs torch).
 
-    def __init__(self, view: PoolView, sm_budget: int, staging_pages: int = 0,
-                 staged_min_pages: int = 16):
-        import numpy
+    Loads and offloads run on two streams of ours, so a load never queues behind an offload.
+    Nothing here waits on the host for the scheduler's stream: token slots become page indices on
+    the device (a slot row that is not one whole, aligned page becomes page -1, which the kernels
+    refuse and report through the plane's error word), so a load's copies are enqueued as soon as
+    its plan is open."""
+
+    def __init__(self, view: PoolView, config: "LinkerConfig"):
         import torch
         from fluxon import kernels as fk
-        self.np = numpy
         self.torch = torch
         self.fk = fk
         self.view = view
+        self.config = config
         self.device = view.k_buffers[0].device
-        self.stream = torch.cuda.Stream(device=self.device)  # loads and offloads: ours
-        self.sm_budget = sm_budget
-        self.staging_pages = staging_pages
-        self.staged_min_pages = staged_min_pages
+        self.load_stream = torch.cuda.Stream(device=self.device)
+        self.offload_stream = torch.cuda.Stream(device=self.device)
+        self.events = fk.LayerEvents(view.num_layers)  # one load batch at a time (load thread)
         self.layout = fk.KvLayout(view.attention, view.num_layers, view.page_size, view.row_bytes)
         self._k = [int(b.data_ptr()) for b in view.k_buffers]
         self._v = [int(b.data_ptr()) for b in view.v_buffers]
-        ps = view.page_size
-        self._offsets = numpy.arange(ps, dtype=numpy.int64)
 
-    def plane(self, registration, staged: bool = False):
-        """A data plane (its own sticky error word) checking values against `registration`;
-        `staged`: with the staging buffer of the staged write path (offloads)."""
-        staging = self.staging_pages if staged else 0
+    def bind_thread(self) -> None:
+        """CUDA's current device is per thread: the linker's threads use the pool's."""
+        self.torch.cuda.set_device(self.device)
+
+    def plane(self, registration):
+        """A data plane (its own sticky error word, staging buffer and copy streams) checking
+        values against `registration`."""
         return self.fk.DataPlane(self.layout, self._k, self._v, self.view.device_pages, None,
-                                 registration, staging_group_pages=staging)
+                                 registration, staging_group_pages=self.config.staging_pages)
 
     def record_ready(self):
         ev = self.torch.cuda.Event()
@@ -419,68 +441,73 @@ class CudaOps:
     def offload_ready(self, linker) -> list:
         return linker.record_offload_ready()
 
-    def host_pages(self, slots, wait_events) -> List[int]:
-        """Waits on the GPU (our stream) for `wait_events`, copies the token slots out and turns
-        them into page indices (vectorized pages_from_token_slots, in numpy: a handful of
-        microseconds). The result also carries the page indices on the device (``.device``),
-        computed from the slots on our stream."""
-        torch, np = self.torch, self.np
+    def device_pages(self, slots, wait_events, offload: bool):
+        """Page indices of `slots` (whole, aligned pages), computed on our stream after it waited
+        (on the GPU) for `wait_events`; -1 for a slot row that is not a whole page."""
+        torch = self.torch
         ps, n = self.view.page_size, int(slots.numel())
         if n == 0 or n % ps:
             raise InvalidArgumentError(f"{n} token slots is not a whole number of {ps}-token "
                                        f"pages")
-        with torch.cuda.stream(self.stream):
+        stream = self.offload_stream if offload else self.load_stream
+        with torch.cuda.stream(stream):
             for ev in wait_events:
-                self.stream.wait_event(ev)
+                stream.wait_event(ev)
             if slots.is_cuda:
-                slots.record_stream(self.stream)
-                # Out of place: .to() of an int64 tensor is the tensor itself (the slots).
-                dev = torch.div(slots.reshape(-1, ps)[:, 0], ps, rounding_mode="floor").to(
-                    torch.int64)
+                slots.record_stream(stream)
             else:
-                dev = None
-            rows = slots.to("cpu", dtype=torch.int64).numpy().reshape(-1, ps)
-        first = rows[:, 0]
-        if (first % ps != 0).any() or (first < 0).any() or \
-                not (rows == first[:, None] + self._offsets).all():
-            raise InvalidArgumentError("token slots are not whole, page-aligned pages")
-        pages = first // ps
-        if int(pages.max()) >= self.view.device_pages:
-            raise InvalidArgumentError(f"page {int(pages.max())} is outside the pool "
-                                       f"({self.view.device_pages} pages)")
-        out = _Pages(pages.tolist())
-        out.device = dev
-        return out
+                slots = slots.to(self.device)
+            if slots.dtype not in (torch.int64, torch.int32):
+                slots = slots.to(torch.int64)
+            if not slots.is_contiguous():
+                slots = slots.contiguous()
+            pages = torch.empty(n // ps, dtype=torch.int64, device=self.device)
+            self.fk.pages_from_slots(int(slots.data_ptr()), slots.element_size(), n, ps,
+                                     int(pages.data_ptr()), int(stream.cuda_stream))
+            return pages
 
-    def device_pages(self, pages: List[int]):
-        dev = getattr(pages, "device", None)
-        if dev is not None:
-            return dev
+    def select(self, pages_dev, idx: List[int]):
         torch = self.torch
-        with torch.cuda.stream(self.stream):
-            return torch.tensor(pages, dtype=torch.int64, device=self.device)
+        with torch.cuda.stream(self.offload_stream):
+            return pages_dev[torch.tensor(idx, dtype=torch.int64, device=self.device)]
 
-    def restore_layer(self, plane, plan: int, pages_dev, pages: List[int], layer: int) -> None:
-        # The host-side index check once per load (layer 0); the kernel checks every layer.
-        plane.restore_pages(plan, pages_dev.data_ptr(), len(pages), int(self.stream.cuda_stream),
-                            layer_id=layer, host_page_indices=pages if layer == 0 else None,
-                            sm_budget=self.sm_budget)
+    def layer_path(self, pages: int) -> str:
+        cfg = self.config
+        if cfg.layer_path != "auto":
+            return cfg.layer_path
+        return "staged" if cfg.staging_pages and pages >= cfg.staged_min_pages else "kernel"
 
-    def write(self, plane, plan: int, pages_dev, pages: List[int]) -> None:
-        if self.staging_pages and len(pages) >= self.staged_min_pages:
-            plane.copy_staged("write", plan, pages_dev.data_ptr(), list(pages),
-                              int(self.stream.cuda_stream), sm_budget=self.sm_budget)
+    def restore_layers(self, plane, work, begin: int, count: int, path: str,
+                       continues: bool) -> None:
+        """Enqueues layers [begin, begin + count) of every (plan, pages_dev, n) in `work`, event
+        `layer` recorded after each layer."""
+        plane.restore_layers([(plan, int(pages.data_ptr()), n) for plan, pages, n in work],
+                             begin, self.events, begin, count,
+                             int(self.load_stream.cuda_stream), path=path,
+                             sm_budget=self.config.sm_budget,
+                             copy_streams=self.config.copy_streams, continues=continues)
+
+    def layer_done(self, layer: int) -> bool:
+        return self.events.query(layer)
+
+    def wait_layer(self, layer: int) -> None:
+        self.events.synchronize(layer)
+
+    def write(self, plane, plan: int, pages_dev, n: int) -> None:
+        cfg = self.config
+        stream = int(self.offload_stream.cuda_stream)
+        if cfg.staging_pages and n >= cfg.staged_min_pages:
+            plane.copy_staged("write", plan, int(pages_dev.data_ptr()), None, stream,
+                              sm_budget=cfg.sm_budget, copy_streams=cfg.copy_streams,
+                              num_pages=n)
             return
-        plane.write_pages(plan, pages_dev.data_ptr(), len(pages), int(self.stream.cuda_stream),
-                          host_page_indices=pages, sm_budget=self.sm_budget)
+        plane.write_pages(plan, int(pages_dev.data_ptr()), n, stream, sm_budget=cfg.sm_budget)
 
-    def record(self):
-        ev = self.torch.cuda.Event()
-        ev.record(self.stream)
-        return ev
+    def finish_offload(self) -> None:
+        self.offload_stream.synchronize()
 
-    def drain(self) -> None:
-        self.stream.synchronize()
+    def drain(self, offload: bool) -> None:
+        (self.offload_stream if offload else self.load_stream).synchronize()
 
     def mappings(self, client) -> Tuple[tuple, tuple]:
         segs = tuple((s["segment_label"], int(s["write_ptr"]), int(s["len"]))
@@ -527,7 +554,7 @@ class _Conn:
                 _acquire_registration(arena)
                 self.maps.append(arena)
                 self.load_plane = ops.plane(seg_reg)
-                self.offload_plane = ops.plane(seg_reg, staged=True)
+                self.offload_plane = ops.plane(seg_reg)
             except BaseException:
                 self.release()
                 raise
@@ -541,6 +568,7 @@ class _Conn:
 
 _MAX_PARENTS = 1 << 16
 _MAX_PUT_ROUNDS = 4
+_LAUNCH_LAYERS = 4  # layers enqueued per restore call of a layer-wise load
 
 
 class FluxonLinker(_LinkerBase):
@@ -565,9 +593,7 @@ class FluxonLinker(_LinkerBase):
         self.keys = KeyScheme.build(self.config.namespace, self.ident, "page",
                                     self.view.geometry_parts())
         self.is_writer = self.ident.is_writer
-        self._ops = _ops if _ops is not None else CudaOps(
-            self.view, self.config.sm_budget, self.config.staging_pages,
-            self.config.staged_min_pages)
+        self._ops = _ops if _ops is not None else CudaOps(self.view, self.config)
         self._client_factory = _client_factory or (lambda s: fluxon.KvClient(socket_path=s))
         self._lock = threading.RLock()
         self._conn: Optional[_Conn] = None
@@ -830,7 +856,13 @@ class FluxonLinker(_LinkerBase):
                                        f"longer stored")
         return conn.client.get_transfer(h)
 
+    def _bind_thread(self) -> None:
+        bind = getattr(self._ops, "bind_thread", None)
+        if bind is not None:
+            bind()
+
     def _load_loop(self) -> None:
+        self._bind_thread()
         while True:
             task = self._load_q.get()
             try:
@@ -851,22 +883,26 @@ class FluxonLinker(_LinkerBase):
                 raise fluxon.OwnerUnavailableError(f"no owner at {self.config.socket}")
             work = []
             for ld in loads:
-                pages = ops.host_pages(ld.slots, [ready])
+                pages_dev = ops.device_pages(ld.slots, [ready], offload=False)
                 plan = self._open_get(conn, ld)
                 plans.append((conn, plan))
-                work.append((plan, ops.device_pages(pages), pages))
-            events = []
+                work.append((plan, pages_dev, len(ld.keys)))
+            path = ops.layer_path(sum(w[2] for w in work))
+            plane = conn.load_plane
+            layers, done = self.num_layers, 0
             launched = True
-            for layer in range(self.num_layers):
-                for plan, pages_dev, pages in work:
-                    ops.restore_layer(conn.load_plane, plan, pages_dev, pages, layer)
-                events.append(ops.record())
-            for layer, ev in enumerate(events):
-                ev.synchronize()  # this layer's copies finished (load thread, not the forward)
-                if layer == len(events) - 1 and conn.load_plane is not None:
-                    conn.load_plane.take_device_errors()
-                self.layer_done_counter.complete(index, layer)
-            self.stats["load_pages"] += sum(len(w[2]) for w in work)
+            # Enqueued a few layers at a time, so the first layers can be reported (and used by
+            # the forward) while later ones are still being enqueued.
+            for begin in range(0, layers, _LAUNCH_LAYERS):
+                count = min(_LAUNCH_LAYERS, layers - begin)
+                ops.restore_layers(plane, work, begin, count, path, continues=begin > 0)
+                while done < begin + count and ops.layer_done(done):
+                    self._layer_landed(plane, index, done)
+                    done += 1
+            for layer in range(done, layers):
+                ops.wait_layer(layer)  # this layer's copies finished (load thread, not forward)
+                self._layer_landed(plane, index, layer)
+            self.stats["load_pages"] += sum(w[2] for w in work)
         except BaseException as e:  # noqa: BLE001 - reported through the counter, below
             error = e
         else:
@@ -877,7 +913,7 @@ class FluxonLinker(_LinkerBase):
             # writes the slots any more.
             if launched:
                 try:
-                    ops.drain()  # nothing may still read a plan we release
+                    ops.drain(offload=False)  # nothing may still read a plan we release
                 except BaseException as e:  # noqa: BLE001
                     logger.exception("fluxon: linker load stream failed")
                     error = error or e
@@ -896,6 +932,13 @@ class FluxonLinker(_LinkerBase):
             else:
                 logger.error("fluxon: linker layer-wise load failed: %s: %s",
                              type(error).__name__, error)
+
+    def _layer_landed(self, plane, index: int, layer: int) -> None:
+        """Completes `layer` on the counter once its event fired, unless a kernel reported an
+        error (a page index that was not a whole page, a plan that changed): then raises."""
+        if plane is not None:
+            plane.take_device_errors()
+        self.layer_done_counter.complete(index, layer)
 
     # -- offload ----------------------------------------------------------------------------
 
@@ -921,6 +964,7 @@ class FluxonLinker(_LinkerBase):
         return True
 
     def _offload_loop(self) -> None:
+        self._bind_thread()
         while True:
             task = self._offload_q.get()
             try:
@@ -942,7 +986,7 @@ class FluxonLinker(_LinkerBase):
         if conn is None:
             return False
         try:
-            pages = ops.host_pages(slots, events)
+            pages_dev = ops.device_pages(slots, events, offload=True)
         except InvalidArgumentError as e:
             logger.error("fluxon: offload: %s", e)
             return False
@@ -953,15 +997,16 @@ class FluxonLinker(_LinkerBase):
         try:
             for start in range(0, len(todo), fluxon.MAX_BATCH_KEYS):
                 chunk = todo[start:start + fluxon.MAX_BATCH_KEYS]
-                self._put_chunk(conn, keys, pages, chunk, parent if start == 0 else None)
+                self._put_chunk(conn, keys, pages_dev, chunk, parent if start == 0 else None)
         except FluxonError as e:
             self._failed(conn, "offload", e)
             return False
         self.stats["offload_pages"] += len(keys)
         return True
 
-    def _put_chunk(self, conn: _Conn, keys, pages, idx: List[int], parent) -> None:
-        """Stores keys[idx] not stored yet; raises FluxonError when some could not be stored."""
+    def _put_chunk(self, conn: _Conn, keys, pages_dev, idx: List[int], parent) -> None:
+        """Stores keys[idx] not stored yet; raises FluxonError when some could not be stored.
+        The put plan is reserved while the GPU may still be finishing the forward's writes."""
         ops = self._ops
         for _ in range(_MAX_PUT_ROUNDS):
             if not idx:
@@ -977,14 +1022,14 @@ class FluxonLinker(_LinkerBase):
                 continue
             try:
                 # All of them (the usual case): the indices already on the device serve.
-                sub = pages if len(idx) == len(pages) else [pages[i] for i in idx]
-                ops.write(conn.offload_plane, plan, ops.device_pages(sub), sub)
-                ops.record().synchronize()  # the write kernel finished
+                sub = pages_dev if len(idx) == len(keys) else ops.select(pages_dev, idx)
+                ops.write(conn.offload_plane, plan, sub, len(idx))
+                ops.finish_offload()  # the write finished
                 if conn.offload_plane is not None:
-                    conn.offload_plane.take_device_errors()
+                    conn.offload_plane.take_device_errors()  # e.g. a slot row not a whole page
             except BaseException:
                 try:
-                    ops.drain()
+                    ops.drain(offload=True)
                 finally:
                     conn.client.put_abort(plan)
                 raise

@@ -300,6 +300,63 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
     checks.run(group, "staged restore", staged_restore)
 
 
+    # Staged with several copy streams and without host indices (the kernel checks the range).
+    def staged_multi_stream():
+        poison_values()
+        put = env.arena.issue_put(values)
+        kv_src.plane.copy_staged("write", put, src_idx_d.data_ptr(), None, stream.cuda_stream,
+                                 sm_budget=sm_budget, copy_streams=3, num_pages=batch)
+        stream.synchronize()
+        kv_src.take_device_errors()
+        env.arena.consume_put(put)
+        ok = values_equal(ref)
+        dst.poison()
+        get = env.arena.issue_get(values)
+        kv_dst.plane.copy_staged("restore", get, dst_idx_d.data_ptr(), None, stream.cuda_stream,
+                                 sm_budget=sm_budget, copy_streams=4, num_pages=batch)
+        stream.synchronize()
+        kv_dst.take_device_errors()
+        env.arena.consume_get(get)
+        ok &= layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
+        return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), ""
+    checks.run(group, "staged, copy streams, no host indices", staged_multi_stream)
+
+    # RestoreLayers, as the SGLang linker drives it: the batch split into two get plans, layers
+    # enqueued in chunks (continues=True after the first), an event per layer; each layer's
+    # bytes are checked once its event fired while later layers may still be poisoned.
+    def restore_layer_calls(path):
+        def check():
+            dst.poison()
+            half = max(1, batch // 2)
+            parts = [(values[:half], dst_idx_d[:half]), (values[half:], dst_idx_d[half:])]
+            parts = [p for p in parts if p[0]]
+            gets = [(env.arena.issue_get(v), idx) for v, idx in parts]
+            reqs = [(g, int(idx.data_ptr()), len(v)) for (g, idx), (v, _) in zip(gets, parts)]
+            events = fk.LayerEvents(layers)
+            side = torch.cuda.Stream()
+            side.wait_stream(stream)
+            chunk = 3
+            for begin in range(0, layers, chunk):
+                count = min(chunk, layers - begin)
+                kv_dst.plane.restore_layers(reqs, begin, events, begin, count, side.cuda_stream,
+                                            path=path, sm_budget=sm_budget, copy_streams=3,
+                                            continues=begin > 0)
+            events.synchronize(0)
+            ok = layer_pages_match(dst, src, dst_idx, src_idx, [0])
+            for layer in range(layers):
+                events.synchronize(layer)
+            ok &= all(events.query(layer) for layer in range(layers))
+            side.synchronize()
+            kv_dst.take_device_errors()
+            for g, _ in gets:
+                env.arena.consume_get(g)
+            ok &= layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
+            return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), f"{len(reqs)} plans"
+        return check
+    checks.run(group, "restore_layers (kernel)", restore_layer_calls("kernel"))
+    checks.run(group, "restore_layers (staged)", restore_layer_calls("staged"))
+
+
 def run_errors(env: Env, checks: Checks):
     group = "errors"
     pool = Pool("mha", 2, 16, 256, torch.bfloat16)
@@ -335,6 +392,36 @@ def run_errors(env: Env, checks: Checks):
         lambda: kv.copy_engine("restore", get, [0, 5, 7, 256]), ValueError, "page index 256"))
     checks.run(group, "staged path not configured", lambda: expect_raises(
         lambda: kv.copy_staged("restore", get, idx), RuntimeError, "not configured"))
+    def pages_from_slots():
+        page = 16
+        rows = [torch.arange(p * page, (p + 1) * page) for p in (3, 0, 7, 2)]
+        rows[2] = rows[2].clone()
+        rows[2][5] += 1  # not consecutive
+        rows[3] = rows[3] + 1  # not aligned
+        ok = True
+        for dtype in (torch.int64, torch.int32):
+            slots = torch.cat(rows).to(dtype).cuda()
+            out = torch.full((4,), 99, dtype=torch.int64, device="cuda")
+            fk.pages_from_slots(slots.data_ptr(), slots.element_size(), slots.numel(), page,
+                                out.data_ptr(), s.cuda_stream)
+            s.synchronize()
+            ok &= out.tolist() == [3, 0, -1, -1]
+        return ok, ""
+    checks.run(group, "pages_from_slots (whole, broken, unaligned rows)", pages_from_slots)
+    checks.run(group, "pages_from_slots partial page", lambda: expect_raises(
+        lambda: fk.pages_from_slots(idx.data_ptr(), 8, 20, 16, idx.data_ptr(), 0), ValueError,
+        "not a whole number"))
+    ev = fk.LayerEvents(2)
+    req = [(get, idx.data_ptr(), 4)]
+    checks.run(group, "restore_layers past the last layer", lambda: expect_raises(
+        lambda: kv.plane.restore_layers(req, 1, ev, 0, 2), ValueError, "outside the layout"))
+    checks.run(group, "restore_layers event range", lambda: expect_raises(
+        lambda: kv.plane.restore_layers(req, 0, ev, 1, 2), ValueError, "outside the LayerEvents"))
+    checks.run(group, "restore_layers staged not configured", lambda: expect_raises(
+        lambda: kv.plane.restore_layers(req, 0, ev, 0, 2, path="staged"), RuntimeError,
+        "not configured"))
+    checks.run(group, "restore_layers unknown path", lambda: expect_raises(
+        lambda: kv.plane.restore_layers(req, 0, ev, 0, 2, path="dma"), ValueError, "path must"))
     env.arena.consume_put(put)
     checks.run(group, "consumed plan", lambda: expect_raises(
         lambda: kv.write(put, idx), RuntimeError, "already consumed"))

@@ -118,22 +118,40 @@ class FakeOps:
     def offload_ready(self, linker):
         return [Event()]
 
-    def host_pages(self, s, events):
+    def bind_thread(self):
+        pass
+
+    def device_pages(self, s, events, offload):
         return pages_from_token_slots(list(s), PAGE, 16)
 
-    def device_pages(self, pages):
-        return list(pages)
+    def select(self, pages, idx):
+        return [pages[i] for i in idx]
 
-    def restore_layer(self, plane, plan, pages_dev, pages, layer):
+    def layer_path(self, pages):
+        return "kernel"
+
+    def restore_layers(self, plane, work, begin, count, path, continues):
+        for layer in range(begin, begin + count):
+            for plan, pages, n in work:
+                self.restore_layer(plane, plan, pages, layer)
+
+    def restore_layer(self, plane, plan, pages, layer):
         self.restores.append((layer, plan, tuple(pages)))
 
-    def write(self, plane, plan, pages_dev, pages):
-        self.writes.append((plan, tuple(pages)))
+    def layer_done(self, layer):
+        return True
 
-    def record(self):
-        return Event()
+    def wait_layer(self, layer):
+        pass
 
-    def drain(self):
+    def write(self, plane, plan, pages_dev, n):
+        assert len(pages_dev) == n
+        self.writes.append((plan, tuple(pages_dev)))
+
+    def finish_offload(self):
+        pass
+
+    def drain(self, offload):
         pass
 
 
@@ -560,10 +578,10 @@ def test_fake_owner_load_failure_releases_views_and_reports(tmp_path):
     fc = FakeClient(stored=hashes(3))
 
     class FailingOps(FakeOps):
-        def restore_layer(self, plane, plan, pages_dev, pages, layer):
+        def restore_layer(self, plane, plan, pages, layer):
             if layer == 1:
                 raise RuntimeError("kernel launch failed")
-            super().restore_layer(plane, plan, pages_dev, pages, layer)
+            super().restore_layer(plane, plan, pages, layer)
 
     lk = make(ops=FailingOps(), client_factory=lambda s: fc)
     fc.stored = {lk.storage_key(h) for h in hashes(3)}
