@@ -422,6 +422,10 @@ class CudaOps:
         self.layout = fk.KvLayout(view.attention, view.num_layers, view.page_size, view.row_bytes)
         self._k = [int(b.data_ptr()) for b in view.k_buffers]
         self._v = [int(b.data_ptr()) for b in view.v_buffers]
+        # Page-index buffers, one per direction; each direction runs one transfer at a time
+        # (its thread waits for the copies before the next one).
+        self._pages_buf = {d: torch.empty(view.device_pages, dtype=torch.int64,
+                                          device=self.device) for d in (False, True)}
 
     def bind_thread(self) -> None:
         """CUDA's current device is per thread: the linker's threads use the pool's."""
@@ -441,30 +445,34 @@ class CudaOps:
     def offload_ready(self, linker) -> list:
         return linker.record_offload_ready()
 
-    def device_pages(self, slots, wait_events, offload: bool):
+    def device_pages(self, slots, wait_events, offload: bool, offset: int = 0):
         """Page indices of `slots` (whole, aligned pages), computed on our stream after it waited
-        (on the GPU) for `wait_events`; -1 for a slot row that is not a whole page."""
+        (on the GPU) for `wait_events`; -1 for a slot row that is not a whole page. The result is
+        a view of this direction's index buffer at `offset` pages (a load batch gives each load
+        its own range), valid until the next transfer of that direction."""
         torch = self.torch
         ps, n = self.view.page_size, int(slots.numel())
         if n == 0 or n % ps:
             raise InvalidArgumentError(f"{n} token slots is not a whole number of {ps}-token "
                                        f"pages")
         stream = self.offload_stream if offload else self.load_stream
-        with torch.cuda.stream(stream):
-            for ev in wait_events:
-                stream.wait_event(ev)
-            if slots.is_cuda:
-                slots.record_stream(stream)
-            else:
-                slots = slots.to(self.device)
-            if slots.dtype not in (torch.int64, torch.int32):
-                slots = slots.to(torch.int64)
-            if not slots.is_contiguous():
-                slots = slots.contiguous()
-            pages = torch.empty(n // ps, dtype=torch.int64, device=self.device)
-            self.fk.pages_from_slots(int(slots.data_ptr()), slots.element_size(), n, ps,
-                                     int(pages.data_ptr()), int(stream.cuda_stream))
-            return pages
+        for ev in wait_events:
+            stream.wait_event(ev)
+        if not slots.is_cuda or slots.dtype not in (torch.int64, torch.int32) or \
+                not slots.is_contiguous():
+            with torch.cuda.stream(stream):
+                slots = slots.to(self.device, torch.int64).contiguous()
+        else:
+            slots.record_stream(stream)  # the caller's tensor, read on our stream
+        buf = self._pages_buf[offload]
+        if offset + n // ps <= buf.numel():
+            pages = buf[offset:offset + n // ps]
+        else:  # more pages than the pool holds: only a batch repeating slots gets here
+            with torch.cuda.stream(stream):
+                pages = torch.empty(n // ps, dtype=torch.int64, device=self.device)
+        self.fk.pages_from_slots(int(slots.data_ptr()), slots.element_size(), n, ps,
+                                 int(pages.data_ptr()), int(stream.cuda_stream))
+        return pages
 
     def select(self, pages_dev, idx: List[int]):
         torch = self.torch
@@ -882,8 +890,10 @@ class FluxonLinker(_LinkerBase):
             if conn is None:
                 raise fluxon.OwnerUnavailableError(f"no owner at {self.config.socket}")
             work = []
+            offset = 0
             for ld in loads:
-                pages_dev = ops.device_pages(ld.slots, [ready], offload=False)
+                pages_dev = ops.device_pages(ld.slots, [ready], offload=False, offset=offset)
+                offset += len(ld.keys)
                 plan = self._open_get(conn, ld)
                 plans.append((conn, plan))
                 work.append((plan, pages_dev, len(ld.keys)))

@@ -121,7 +121,7 @@ class FakeOps:
     def bind_thread(self):
         pass
 
-    def device_pages(self, s, events, offload):
+    def device_pages(self, s, events, offload, offset=0):
         return pages_from_token_slots(list(s), PAGE, 16)
 
     def select(self, pages, idx):
