@@ -264,10 +264,15 @@ def test_our_config_defaults_and_refusals(monkeypatch):
                 {"sm_budget": 0}, {"sm_budget": True}, {"lookup_hold_s": -1},
                 {"tp_rank": 1}, {"tp_rank": -1, "tp_size": 2}, {"model": 3}, [],
                 {"staging_pages": -1}, {"staging_pages": 65}, {"staging_pages": 1.5},
-                {"staged_min_pages": 0}):
+                {"staged_min_pages": 0}, {"copy_streams": 0}, {"copy_streams": 9},
+                {"layer_path": "dma"}, {"layer_path": 1},
+                {"layer_path": "staged", "staging_pages": 0}):
         with pytest.raises(fluxon.InvalidArgumentError):
             LinkerConfig.from_extra(bad)
     assert (c.staging_pages, c.staged_min_pages) == (4, 16)
+    assert (c.copy_streams, c.layer_path) == (1, "auto")
+    forced = LinkerConfig.from_extra({"layer_path": "kernel", "copy_streams": 8})
+    assert (forced.copy_streams, forced.layer_path) == (8, "kernel")
     off = LinkerConfig.from_extra({"staging_pages": 0, "staged_min_pages": 1})
     assert (off.staging_pages, off.staged_min_pages) == (0, 1)
 
@@ -666,3 +671,18 @@ def test_token_slots_must_be_whole_pages():
     for bad in ([], [1, 2, 3, 4], [4, 5, 6, 8], list(slots([16])), [4, 5, 6]):
         with pytest.raises(fluxon.InvalidArgumentError):
             pages_from_token_slots(bad, PAGE, 16)
+
+
+def test_layer_path_by_batch_size():
+    """Loads of staged_min_pages pages or more take the staged copy-engine path; smaller ones the
+    one-layer kernel; layer_path forces either; no staging buffer means the kernel."""
+    from fluxon.sglang_linker import CudaOps
+
+    def path(extra, pages):
+        return CudaOps.layer_path(SimpleNamespace(config=LinkerConfig.from_extra(extra)), pages)
+
+    assert path({}, 15) == "kernel" and path({}, 16) == "staged" and path({}, 128) == "staged"
+    assert path({"staged_min_pages": 4}, 4) == "staged"
+    assert path({"staging_pages": 0}, 128) == "kernel"
+    assert path({"layer_path": "kernel"}, 128) == "kernel"
+    assert path({"layer_path": "staged"}, 1) == "staged"
