@@ -584,12 +584,22 @@ class KvDataPlane::Impl {
     return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "staged fork");
   }
 
+  // Makes `s` wait until staging slot `slot` is free: every free event its last use recorded (a
+  // write's parts on their copy streams, or a restore's scatter), whatever that use's direction.
+  cudaError_t WaitSlotFree(cudaStream_t s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    cudaError_t err = cudaSuccess;
+    for (int r = 0; r < slot_free_events_[slot] && err == cudaSuccess; ++r) {
+      err = cudaStreamWaitEvent(s, staged_free_[slot * kMaxStagedCopyStreams + r], 0);
+    }
+    return err;
+  }
+
   // One staged transfer, checks done and copy streams forked (restore). Groups of pages rotate
   // over the staging slots; within a group the descriptors are split into up to `copy_streams`
   // contiguous parts, part r on copy stream r. Events: a write's gather records ready[slot] on
   // `stream` and each part records free[slot][r] on its copy stream; a restore's parts record
   // ready[slot][r] and the scatter records free[slot] on `stream`. The first touch of a slot
-  // waits for its previous use's free event(s).
+  // waits for its previous use's free event(s), of either direction (WaitSlotFree).
   absl::Status StagedLocked(KvDirection direction, const PlanView& plan,
                             const KvTransferRequest& request, uint32_t layer_begin,
                             uint32_t layer_count, cudaStream_t stream, const KvKernelConfig& config,
@@ -658,9 +668,7 @@ class KvDataPlane::Impl {
       params.layer_begin = layer_begin;
       params.layer_count = layer_count;
       if (write) {
-        for (int r = 0; r < K && err == cudaSuccess; ++r) {
-          err = cudaStreamWaitEvent(stream, staged_free_[slot * K + r], 0);
-        }
+        err = WaitSlotFree(stream, slot);
         if (err != cudaSuccess) return CudaError(err, "cudaStreamWaitEvent (staging slot)");
         // Gather: KV buffers -> staging slot, as a device-to-device "write".
         FLUXON_RETURN_IF_ERROR(
@@ -672,9 +680,10 @@ class KvDataPlane::Impl {
           if (err == cudaSuccess) err = cudaEventRecord(staged_free_[slot * K + r], streams_[r]);
         }
         if (err != cudaSuccess) return CudaError(err, "staged copy (write)");
+        slot_free_events_[slot] = parts;
       } else {
         for (int r = 0; r < parts && err == cudaSuccess; ++r) {
-          err = cudaStreamWaitEvent(streams_[r], staged_free_[slot * K], 0);
+          err = WaitSlotFree(streams_[r], slot);
           if (err == cudaSuccess) err = copy_part(r);
           if (err == cudaSuccess) err = cudaEventRecord(staged_ready_[slot * K + r], streams_[r]);
           if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, staged_ready_[slot * K + r], 0);
@@ -685,6 +694,7 @@ class KvDataPlane::Impl {
             LaunchPrepared(KvDirection::kValuesToDevice, params, items_per_page, stream, config));
         err = cudaEventRecord(staged_free_[slot * K], stream);
         if (err != cudaSuccess) return CudaError(err, "cudaEventRecord (staging slot)");
+        slot_free_events_[slot] = 1;
       }
     }
     if (write) {
@@ -766,6 +776,7 @@ class KvDataPlane::Impl {
       staged_ready_.push_back(ready);
       staged_free_.push_back(free_slot);
     }
+    slot_free_events_.assign(options_.staging_slots, 0);
     return absl::OkStatus();
   }
 
@@ -788,6 +799,8 @@ class KvDataPlane::Impl {
   std::vector<const void*> staged_srcs_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> staged_sizes_ ABSL_GUARDED_BY(mu_);
   uint32_t next_slot_ ABSL_GUARDED_BY(mu_) = 0;  // first slot of the next call
+  // Free events staged_free_[slot][0, n) that the last use of each slot recorded.
+  std::vector<int> slot_free_events_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<KvDataPlane>> KvDataPlane::Create(KvDataPlaneOptions options) {

@@ -198,7 +198,7 @@ class LinkerConfig:
             return v
 
         sock = extra.get("socket", os.environ.get("FLUXON_SOCKET", fluxon.DEFAULT_SOCKET_PATH))
-        ns = extra.get("namespace", "sglang")
+        ns = extra.get("namespace", cls.namespace)
         for name, v in (("socket", sock), ("namespace", ns)):
             if not isinstance(v, str) or not v:
                 raise InvalidArgumentError(f"linker_extra_config {name!r} must be a non-empty "
@@ -215,18 +215,18 @@ class LinkerConfig:
         if tp_rank is not None:
             num("tp_rank", 0, 0, True)
             num("tp_size", 1, 1, True)
-        sm = num("sm_budget", 4, 1, True)
+        sm = num("sm_budget", cls.sm_budget, 1, True)
         if sm > 132:
             raise InvalidArgumentError(f"linker_extra_config 'sm_budget' must be <= 132, got {sm}")
-        staging = num("staging_pages", 4, 0, True)
+        staging = num("staging_pages", cls.staging_pages, 0, True)
         if staging > 64:
             raise InvalidArgumentError(f"linker_extra_config 'staging_pages' must be <= 64, got "
                                        f"{staging}")
-        copy_streams = num("copy_streams", 1, 1, True)
+        copy_streams = num("copy_streams", cls.copy_streams, 1, True)
         if copy_streams > 8:
             raise InvalidArgumentError(f"linker_extra_config 'copy_streams' must be <= 8, got "
                                        f"{copy_streams}")
-        layer_path = extra.get("layer_path", "auto")
+        layer_path = extra.get("layer_path", cls.layer_path)
         if layer_path not in ("auto", "kernel", "staged"):
             raise InvalidArgumentError(f"linker_extra_config 'layer_path' must be 'auto', "
                                        f"'kernel' or 'staged', got {layer_path!r}")
@@ -234,10 +234,12 @@ class LinkerConfig:
             raise InvalidArgumentError("linker_extra_config 'layer_path' 'staged' needs "
                                        "'staging_pages' > 0")
         return cls(socket=sock, namespace=ns,
-                   reconnect_interval_s=float(num("reconnect_interval_s", 1.0, 0)),
-                   lookup_hold_s=float(num("lookup_hold_s", 10.0, 0)), sm_budget=sm, model=model,
+                   reconnect_interval_s=float(
+                       num("reconnect_interval_s", cls.reconnect_interval_s, 0)),
+                   lookup_hold_s=float(num("lookup_hold_s", cls.lookup_hold_s, 0)), sm_budget=sm,
+                   model=model,
                    tp_rank=tp_rank, tp_size=tp_size, staging_pages=staging,
-                   staged_min_pages=num("staged_min_pages", 16, 1, True),
+                   staged_min_pages=num("staged_min_pages", cls.staged_min_pages, 1, True),
                    copy_streams=copy_streams, layer_path=layer_path)
 
 
@@ -479,11 +481,16 @@ class CudaOps:
         with torch.cuda.stream(self.offload_stream):
             return pages_dev[torch.tensor(idx, dtype=torch.int64, device=self.device)]
 
+    def _staged(self, pages: int) -> bool:
+        """Whether a transfer of `pages` pages takes the staged copy-engine path (both ways)."""
+        cfg = self.config
+        return bool(cfg.staging_pages) and pages >= cfg.staged_min_pages
+
     def layer_path(self, pages: int) -> str:
         cfg = self.config
         if cfg.layer_path != "auto":
             return cfg.layer_path
-        return "staged" if cfg.staging_pages and pages >= cfg.staged_min_pages else "kernel"
+        return "staged" if self._staged(pages) else "kernel"
 
     def restore_layers(self, plane, work, begin: int, count: int, path: str,
                        continues: bool) -> None:
@@ -504,7 +511,7 @@ class CudaOps:
     def write(self, plane, plan: int, pages_dev, n: int) -> None:
         cfg = self.config
         stream = int(self.offload_stream.cuda_stream)
-        if cfg.staging_pages and n >= cfg.staged_min_pages:
+        if self._staged(n):
             plane.copy_staged("write", plan, int(pages_dev.data_ptr()), None, stream,
                               sm_budget=cfg.sm_budget, copy_streams=cfg.copy_streams,
                               num_pages=n)

@@ -679,7 +679,9 @@ def test_layer_path_by_batch_size():
     from fluxon.sglang_linker import CudaOps
 
     def path(extra, pages):
-        return CudaOps.layer_path(SimpleNamespace(config=LinkerConfig.from_extra(extra)), pages)
+        ops = CudaOps.__new__(CudaOps)  # the path choice needs only the config, not CUDA
+        ops.config = LinkerConfig.from_extra(extra)
+        return ops.layer_path(pages)
 
     assert path({}, 15) == "kernel" and path({}, 16) == "staged" and path({}, 128) == "staged"
     assert path({"staged_min_pages": 4}, 4) == "staged"
