@@ -75,7 +75,7 @@ class GrpcVerbsExchange::Service final : public v1::PeerService::Service {
     MutexLock lock(&mu_);
     VerbsAcceptor* a = FindLocked(r->node_name());
     if (a == nullptr) return NotServed(r->node_name());
-    a->ReleaseQp(r->qp_num());
+    a->ReleaseQp(r->qp_num(), r->initiator_qp_num());
     return grpc::Status::OK;
   }
 
@@ -145,10 +145,12 @@ absl::StatusOr<std::pair<QpAddress, RegionInfo>> GrpcVerbsExchange::Connect(
   return std::make_pair(*responder, region);
 }
 
-void GrpcVerbsExchange::Disconnect(const std::string& peer, uint32_t remote_qp_num) {
+void GrpcVerbsExchange::Disconnect(const std::string& peer, uint32_t remote_qp_num,
+                                   uint32_t local_qp_num) {
   v1::ReleaseQpRequest req;
   req.set_node_name(peer);
   req.set_qp_num(remote_qp_num);
+  req.set_initiator_qp_num(local_qp_num);
   v1::ReleaseQpReply reply;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);

@@ -46,7 +46,7 @@ class GrpcVerbsExchange final : public transport::verbs::VerbsExchange {
   void Withdraw(const std::string& name, transport::verbs::VerbsAcceptor* acceptor) override;
   absl::StatusOr<std::pair<transport::verbs::QpAddress, transport::verbs::RegionInfo>> Connect(
       const std::string& peer, const transport::verbs::QpAddress& initiator) override;
-  void Disconnect(const std::string& peer, uint32_t remote_qp_num) override;
+  void Disconnect(const std::string& peer, uint32_t remote_qp_num, uint32_t local_qp_num) override;
 
   class Service;
 

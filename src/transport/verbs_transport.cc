@@ -32,10 +32,11 @@ absl::StatusOr<std::pair<QpAddress, RegionInfo>> InProcessVerbsExchange::Connect
     return absl::UnavailableError(absl::StrCat("peer ", peer, " not published"));
   return it->second->AcceptQp(initiator);
 }
-void InProcessVerbsExchange::Disconnect(const std::string& peer, uint32_t remote_qp_num) {
+void InProcessVerbsExchange::Disconnect(const std::string& peer, uint32_t remote_qp_num,
+                                        uint32_t local_qp_num) {
   MutexLock lock(&mu_);
   auto it = acceptors_.find(peer);
-  if (it != acceptors_.end()) it->second->ReleaseQp(remote_qp_num);
+  if (it != acceptors_.end()) it->second->ReleaseQp(remote_qp_num, local_qp_num);
 }
 
 // ----- Peer -------------------------------------------------------------------------------------
@@ -105,7 +106,7 @@ class VerbsTransport::Peer {
       s = api.ModifyQpToRtr(*qp, remote->first);
       if (s.ok()) s = api.ModifyQpToRts(*qp, mine->psn);
       if (!s.ok()) {
-        t_->exchange_->Disconnect(address_, remote->first.qp_num);
+        t_->exchange_->Disconnect(address_, remote->first.qp_num, mine->qp_num);
         return cleanup(s);
       }
       MutexLock lock(&mu_);
@@ -175,7 +176,7 @@ class VerbsTransport::Peer {
     }
     std::vector<std::shared_ptr<VBatch>> finish;
     std::vector<std::pair<std::shared_ptr<VBatch>, absl::Status>> aborts;
-    std::vector<uint32_t> disconnect;
+    std::vector<std::pair<uint32_t, uint32_t>> disconnect;  // (remote, local) queue pairs
     bool peer_dead = false;
     bool need_reconnect = false;
     {
@@ -184,7 +185,7 @@ class VerbsTransport::Peer {
       for (QpSlot& slot : slots_) {
         if (slot.qp != 0 && slot.broken && slot.posted.empty()) {  // drained: tear it down
           (void)t_->api_->DestroyQp(slot.qp);
-          disconnect.push_back(slot.remote_qp_num);
+          disconnect.emplace_back(slot.remote_qp_num, slot.qp_num);
           slot = QpSlot{};
         }
       }
@@ -204,7 +205,7 @@ class VerbsTransport::Peer {
     // Aborts first: a batch's last unit must not complete it before its abort status is set.
     for (auto& [b, s] : aborts) b->state->Abort(s);
     for (auto& f : finish) f->state->FinishUnit();
-    for (uint32_t q : disconnect) t_->exchange_->Disconnect(address_, q);
+    for (auto [remote, local] : disconnect) t_->exchange_->Disconnect(address_, remote, local);
     if (need_reconnect) {
       absl::StatusOr<RegionInfo> s = EnsureConnected(0);
       if (!s.ok()) {
@@ -218,18 +219,18 @@ class VerbsTransport::Peer {
   }
 
   void Close() {
-    std::vector<uint32_t> disconnect;
+    std::vector<std::pair<uint32_t, uint32_t>> disconnect;  // (remote, local) queue pairs
     {
       MutexLock lock(&mu_);
       for (QpSlot& slot : slots_) {
         if (slot.qp == 0) continue;
         (void)t_->api_->ModifyQpToError(slot.qp);
         (void)t_->api_->DestroyQp(slot.qp);
-        disconnect.push_back(slot.remote_qp_num);
+        disconnect.emplace_back(slot.remote_qp_num, slot.qp_num);
         slot = QpSlot{};
       }
     }
-    for (uint32_t q : disconnect) t_->exchange_->Disconnect(address_, q);
+    for (auto [remote, local] : disconnect) t_->exchange_->Disconnect(address_, remote, local);
     (void)t_->api_->DestroyCq(cq_);
   }
 
@@ -433,9 +434,9 @@ VerbsTransport::~VerbsTransport() {
   }
   {
     MutexLock lock(&mr_mu_);
-    for (auto& [num, qp] : serving_qps_) {
-      (void)api_->ModifyQpToError(qp);
-      (void)api_->DestroyQp(qp);
+    for (auto& [num, serving] : serving_qps_) {
+      (void)api_->ModifyQpToError(serving.qp);
+      (void)api_->DestroyQp(serving.qp);
     }
     serving_qps_.clear();
     if (mr_.mr != 0) (void)api_->DeregisterMr(mr_.mr);
@@ -466,9 +467,9 @@ absl::Status VerbsTransport::UnregisterRegion() {
     return absl::DeadlineExceededError("batches did not complete within 30 s");
   }
   MutexLock lock(&mr_mu_);
-  for (auto& [num, qp] : serving_qps_) {  // peers' QPs to us fail from now on
-    (void)api_->ModifyQpToError(qp);
-    (void)api_->DestroyQp(qp);
+  for (auto& [num, serving] : serving_qps_) {  // peers' QPs to us fail from now on
+    (void)api_->ModifyQpToError(serving.qp);
+    (void)api_->DestroyQp(serving.qp);
   }
   serving_qps_.clear();
   if (mr_.mr != 0) (void)api_->DeregisterMr(mr_.mr);
@@ -492,18 +493,23 @@ absl::StatusOr<std::pair<QpAddress, RegionInfo>> VerbsTransport::AcceptQp(
     (void)api_->DestroyQp(*qp);
     return s.ok() ? mine.status() : s;
   }
-  serving_qps_[mine->qp_num] = *qp;
+  serving_qps_[mine->qp_num] = ServingQp{*qp, initiator.qp_num};
   const RegionView v = region_.view();
   return std::make_pair(
       *mine, RegionInfo{v.generation, reinterpret_cast<uint64_t>(v.base), v.len, mr_.rkey});
 }
 
-void VerbsTransport::ReleaseQp(uint32_t qp_num) {
+void VerbsTransport::ReleaseQp(uint32_t qp_num, uint32_t initiator_qp_num) {
   MutexLock lock(&mr_mu_);
   auto it = serving_qps_.find(qp_num);
   if (it == serving_qps_.end()) return;
-  (void)api_->ModifyQpToError(it->second);
-  (void)api_->DestroyQp(it->second);
+  if (it->second.initiator_qp_num != initiator_qp_num) {
+    spdlog::warn("verbs: release of queue pair {} refused: it serves queue pair {}, not {}", qp_num,
+                 it->second.initiator_qp_num, initiator_qp_num);
+    return;
+  }
+  (void)api_->ModifyQpToError(it->second.qp);
+  (void)api_->DestroyQp(it->second.qp);
   serving_qps_.erase(it);
 }
 

@@ -62,7 +62,10 @@ class VerbsAcceptor {
  public:
   virtual ~VerbsAcceptor() = default;
   virtual absl::StatusOr<std::pair<QpAddress, RegionInfo>> AcceptQp(const QpAddress& initiator) = 0;
-  virtual void ReleaseQp(uint32_t qp_num) = 0;
+  // Releases serving queue pair `qp_num` only when it was made for the initiator's queue pair
+  // `initiator_qp_num` (a stale or buggy peer cannot tear down another peer's queue pair by
+  // naming its number); otherwise nothing happens.
+  virtual void ReleaseQp(uint32_t qp_num, uint32_t initiator_qp_num) = 0;
 };
 
 class VerbsExchange {
@@ -73,7 +76,9 @@ class VerbsExchange {
   // NotFound/Unavailable when `peer` is not published.
   virtual absl::StatusOr<std::pair<QpAddress, RegionInfo>> Connect(const std::string& peer,
                                                                    const QpAddress& initiator) = 0;
-  virtual void Disconnect(const std::string& peer, uint32_t remote_qp_num) = 0;
+  // Asks `peer` to release its queue pair `remote_qp_num`, connected to our `local_qp_num`.
+  virtual void Disconnect(const std::string& peer, uint32_t remote_qp_num,
+                          uint32_t local_qp_num) = 0;
 };
 
 // Transports of one process (tests, emulator). Calls into an acceptor under its own mutex, so an
@@ -84,7 +89,7 @@ class InProcessVerbsExchange final : public VerbsExchange {
   void Withdraw(const std::string& name, VerbsAcceptor* acceptor) override;
   absl::StatusOr<std::pair<QpAddress, RegionInfo>> Connect(const std::string& peer,
                                                            const QpAddress& initiator) override;
-  void Disconnect(const std::string& peer, uint32_t remote_qp_num) override;
+  void Disconnect(const std::string& peer, uint32_t remote_qp_num, uint32_t local_qp_num) override;
 
  private:
   Mutex mu_;
@@ -123,7 +128,7 @@ class VerbsTransport final : public Transport, private VerbsAcceptor {
   VerbsTransport(VerbsTransportOptions options, std::unique_ptr<VerbsApi> api,
                  std::shared_ptr<VerbsExchange> exchange);
   absl::StatusOr<std::pair<QpAddress, RegionInfo>> AcceptQp(const QpAddress& initiator) override;
-  void ReleaseQp(uint32_t qp_num) override;
+  void ReleaseQp(uint32_t qp_num, uint32_t initiator_qp_num) override;
   Peer* GetPeer(const std::string& address);
   void PollLoop();
 
@@ -138,7 +143,11 @@ class VerbsTransport final : public Transport, private VerbsAcceptor {
 
   mutable Mutex mr_mu_;
   MrInfo mr_ ABSL_GUARDED_BY(mr_mu_);
-  absl::flat_hash_map<uint32_t, Handle> serving_qps_ ABSL_GUARDED_BY(mr_mu_);
+  struct ServingQp {
+    Handle qp = 0;
+    uint32_t initiator_qp_num = 0;  // the peer's queue pair it is connected to
+  };
+  absl::flat_hash_map<uint32_t, ServingQp> serving_qps_ ABSL_GUARDED_BY(mr_mu_);
 
   mutable Mutex peers_mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(peers_mu_);

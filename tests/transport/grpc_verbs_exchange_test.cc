@@ -82,6 +82,28 @@ TEST(GrpcVerbsExchange, MembersConnectPeersWithoutAClusterCertificateLearnNothin
   const uint64_t qps_for_member = server->stats().serving_connections;
   EXPECT_GT(qps_for_member, 0u);
 
+  // An authenticated caller that names serving queue pairs by number, but not the initiator's
+  // queue pair each serves (a stale or buggy peer), releases none of them: the member still reads.
+  {
+    auto stub = v1::PeerService::NewStub(Security(pki, "node").Channel(server_node->name));
+    for (uint32_t qp = 0; qp < 4096; ++qp) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+      v1::ReleaseQpRequest req;
+      req.set_node_name(server_node->name);
+      req.set_qp_num(qp);
+      req.set_initiator_qp_num(0xFFFFFFFFu);
+      v1::ReleaseQpReply reply;
+      ASSERT_TRUE(stub->ReleaseQp(&ctx, req, &reply).ok());
+    }
+    EXPECT_EQ(server->stats().serving_connections, qps_for_member);
+    local[0] = 0;
+    auto again = member->Submit({server_node->name, 5}, OpKind::kRead, {&d, 1}, absl::Seconds(5));
+    ASSERT_TRUE(again.ok());
+    ASSERT_TRUE(again->Wait().status.ok()) << again->Wait().status;
+    EXPECT_EQ(local[0], 0x3c);
+  }
+
   // A peer whose certificate another CA signed: the TLS handshake fails, so ConnectQp never
   // reaches the acceptor and no queue pair is made for it.
   auto rogue_node = StartPeerService(Security(pki, "rogue"));
