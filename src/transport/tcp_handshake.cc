@@ -100,9 +100,10 @@ absl::Status RandomNonce(uint8_t* out) {
   return absl::OkStatus();
 }
 
-// HMAC-SHA256(secret, label | first | second).
-void Mac(const std::string& secret, const char* label, const uint8_t* first, const uint8_t* second,
-         uint8_t* out) {
+// HMAC-SHA256(secret, label | first | second); false when OpenSSL failed (out is then unset, so
+// a caller fails the handshake instead of comparing against it).
+[[nodiscard]] bool Mac(const std::string& secret, const char* label, const uint8_t* first,
+                       const uint8_t* second, uint8_t* out) {
   uint8_t msg[sizeof(kServerLabel) + 2 * kNonceBytes];
   static_assert(sizeof(kClientLabel) == sizeof(kServerLabel));
   std::memcpy(msg, label, sizeof(kServerLabel));
@@ -111,10 +112,14 @@ void Mac(const std::string& secret, const char* label, const uint8_t* first, con
   unsigned int len = 0;
   // An empty key is valid for HMAC; pass a non-null pointer either way.
   static const uint8_t kNoKey = 0;
-  HMAC(EVP_sha256(),
-       secret.empty() ? static_cast<const void*>(&kNoKey) : static_cast<const void*>(secret.data()),
-       static_cast<int>(secret.size()), msg, sizeof(msg), out, &len);
+  return HMAC(EVP_sha256(),
+              secret.empty() ? static_cast<const void*>(&kNoKey)
+                             : static_cast<const void*>(secret.data()),
+              static_cast<int>(secret.size()), msg, sizeof(msg), out, &len) != nullptr &&
+         len == kMacBytes;
 }
+
+absl::Status MacFailed() { return absl::InternalError("HMAC-SHA256 failed in the handshake"); }
 
 bool MacEquals(const uint8_t* a, const uint8_t* b) { return CRYPTO_memcmp(a, b, kMacBytes) == 0; }
 
@@ -131,7 +136,9 @@ absl::Status ClientHandshake(int fd, const std::string& secret, Clock::time_poin
   }
   Proof proof;
   if (absl::Status s = RandomNonce(proof.client_nonce); !s.ok()) return s;
-  Mac(secret, kClientLabel, challenge.server_nonce, proof.client_nonce, proof.mac);
+  if (!Mac(secret, kClientLabel, challenge.server_nonce, proof.client_nonce, proof.mac)) {
+    return MacFailed();
+  }
   if (absl::Status s = SendExact(fd, &proof, sizeof(proof), deadline); !s.ok()) return s;
   Verdict verdict;
   if (absl::Status s = RecvExact(fd, &verdict, sizeof(verdict), deadline); !s.ok()) {
@@ -149,7 +156,9 @@ absl::Status ClientHandshake(int fd, const std::string& secret, Clock::time_poin
         "the peer refused our data-plane handshake: the cluster secrets differ");
   }
   uint8_t expected[kMacBytes];
-  Mac(secret, kServerLabel, proof.client_nonce, challenge.server_nonce, expected);
+  if (!Mac(secret, kServerLabel, proof.client_nonce, challenge.server_nonce, expected)) {
+    return MacFailed();
+  }
   if (!MacEquals(expected, verdict.mac)) {
     return absl::PermissionDeniedError(
         "the peer could not prove it holds the cluster secret: refusing to use it");
@@ -168,14 +177,18 @@ absl::Status ServerHandshake(int fd, const std::string& secret, Clock::time_poin
         "not a data-plane handshake (magic 0x%08x, version %d)", proof.magic, proof.version));
   }
   uint8_t expected[kMacBytes];
-  Mac(secret, kClientLabel, challenge.server_nonce, proof.client_nonce, expected);
+  if (!Mac(secret, kClientLabel, challenge.server_nonce, proof.client_nonce, expected)) {
+    return MacFailed();
+  }
   Verdict verdict;
   if (!MacEquals(expected, proof.mac)) {
     (void)SendExact(fd, &verdict, sizeof(verdict), deadline);  // accepted = 0, no MAC
     return absl::PermissionDeniedError("the peer's cluster secret proof does not verify");
   }
   verdict.accepted = 1;
-  Mac(secret, kServerLabel, proof.client_nonce, challenge.server_nonce, verdict.mac);
+  if (!Mac(secret, kServerLabel, proof.client_nonce, challenge.server_nonce, verdict.mac)) {
+    return MacFailed();
+  }
   return SendExact(fd, &verdict, sizeof(verdict), deadline);
 }
 
