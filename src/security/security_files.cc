@@ -9,7 +9,6 @@
 
 #include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
@@ -31,14 +30,25 @@ using BioPtr = std::unique_ptr<BIO, BioFree>;
 using X509Ptr = std::unique_ptr<X509, X509Free>;
 using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
 
+// Certificates, keys and secrets are small; a path naming something else (a device, a log) is
+// refused instead of read without end.
+constexpr size_t kMaxSecurityFileBytes = 1 << 20;
+
 absl::StatusOr<std::string> ReadFile(const std::string& key, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrFormat("%s: cannot read %s", key, path));
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string text(kMaxSecurityFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) return absl::NotFoundError(absl::StrFormat("%s: cannot read %s", key, path));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxSecurityFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %s is over %d bytes: not a certificate, key or secret file", key, path,
+                        kMaxSecurityFileBytes));
+  }
+  return text;
 }
 
 BioPtr MemBio(const std::string& text) {
