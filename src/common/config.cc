@@ -594,7 +594,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLim
   FLUXON_ASSIGN_OR_RETURN(c.role, ParseRole(role));
   int64_t node_id = 0;
   FLUXON_RETURN_IF_ERROR(top.Int("node_id", &node_id));
-  if (node_id < 0 || node_id > 0xFFFFFFFFll) return top.Bad("node_id", "must be in [0, 2^32)");
+  // node_id is part of every value identity (put_id's high 20 bits, owner/put_path.h).
+  if (node_id < 0 || node_id >= (int64_t{1} << 20)) {
+    return top.Bad("node_id", "must be in [0, 2^20) (1048576)");
+  }
   c.node_id = static_cast<uint32_t>(node_id);
   FLUXON_RETURN_IF_ERROR(top.Str("log_level", &c.log_level));
   static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error", "off"};
@@ -700,9 +703,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLim
           return f.Bad("point", "may hold only letters, digits, '.', '_' and '-'");
         }
       }
-      static const std::set<std::string> kActions = {"delay", "drop", "duplicate", "fail"};
+      static const std::set<std::string> kActions = {"delay", "drop", "duplicate", "fail",
+                                                     "refuse"};
       if (!kActions.contains(fc.action)) {
-        return f.Bad("action", "must be one of delay, drop, duplicate, fail");
+        return f.Bad("action", "must be one of delay, drop, duplicate, fail, refuse");
       }
       int64_t count = -1;
       FLUXON_RETURN_IF_ERROR(f.BoundedMs("delay_ms", 0, &fc.delay));

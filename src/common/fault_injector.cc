@@ -16,17 +16,19 @@ const char* FaultActionName(FaultAction a) {
       return "duplicate";
     case FaultAction::kFail:
       return "fail";
+    case FaultAction::kRefuse:
+      return "refuse";
   }
   return "unknown";
 }
 
 absl::StatusOr<FaultAction> ParseFaultAction(absl::string_view name) {
-  for (FaultAction a :
-       {FaultAction::kDelay, FaultAction::kDrop, FaultAction::kDuplicate, FaultAction::kFail}) {
+  for (FaultAction a : {FaultAction::kDelay, FaultAction::kDrop, FaultAction::kDuplicate,
+                        FaultAction::kFail, FaultAction::kRefuse}) {
     if (name == FaultActionName(a)) return a;
   }
-  return absl::InvalidArgumentError(
-      absl::StrFormat("fault action '%s' is not one of delay, drop, duplicate, fail", name));
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "fault action '%s' is not one of delay, drop, duplicate, fail, refuse", name));
 }
 
 void FaultInjector::Set(FaultRule rule) {

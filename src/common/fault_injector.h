@@ -20,7 +20,9 @@
 
 namespace fluxon {
 
-enum class FaultAction { kDelay, kDrop, kDuplicate, kFail };
+// kFail: not delivered (Unavailable, uncertain); kRefuse: not applied and answered with a
+// definite error (Internal) — what a server-side failure or an oversized message looks like.
+enum class FaultAction { kDelay, kDrop, kDuplicate, kFail, kRefuse };
 
 struct FaultRule {
   std::string point;

@@ -78,6 +78,11 @@ class NodeHealthProbe {
       return absl::UnavailableError(
           absl::StrFormat("admin Status on %s: %s", target_, s.error_message()));
     }
+    // An owner the master does not know (expired, re-registering) serves only local hits:
+    // not healthy until it is registered again.
+    if (reply.registration_generation() != 0 && !reply.master_registered()) {
+      return absl::UnavailableError("not registered with the master (re-registering)");
+    }
     return absl::OkStatus();
   }
 

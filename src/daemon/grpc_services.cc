@@ -43,6 +43,8 @@ class AdminServiceImpl final : public v1::AdminService::Service {
       out->set_grant_capacity(s.grant_capacity);
       out->set_keys(o->Stats()["keys"]);
       out->set_clients(node_->client_sessions());
+      out->set_master_registered(o->registered_with_master());
+      out->set_registration_generation(o->registration_generation());
     }
     return grpc::Status::OK;
   }
@@ -205,6 +207,7 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
   if (node->master() != nullptr) {
     impl->master_service = MakeMasterGrpcService(node->master());
     grpc::ServerBuilder b;
+    ApplyServerLimits(&b);
     int port = 0;
     b.AddListeningPort(config.master->listen_address, node->grpc_security().ServerCredentials(),
                        &port);
@@ -218,6 +221,7 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
   }
   impl->admin_service = std::make_unique<AdminServiceImpl>(node, admin_master);
   grpc::ServerBuilder b;
+  ApplyServerLimits(&b);
   int port = 0;
   b.AddListeningPort(config.admin.listen_address, node->grpc_security().ServerCredentials(), &port);
   b.RegisterService(impl->admin_service.get());

@@ -81,6 +81,11 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
     const Segment& seg = node->owner_->memory().segment();
     FLUXON_RETURN_IF_ERROR(
         node->data_plane_->RegisterRegion(seg.generation(), seg.base(), seg.total_bytes()));
+    // A new registration generation (the master expired this owner) is served from then on:
+    // reads naming the old one, whose routes the master dropped, are refused.
+    transport::Transport* plane = node->data_plane_.get();
+    node->owner_->SetGenerationListener(
+        [plane](uint64_t generation) { return plane->SetRegionGeneration(generation); });
     spdlog::info("data plane ({}) serving the segment on {}", node->data_plane_->name(),
                  node->data_plane_->endpoint());
   }

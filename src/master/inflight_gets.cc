@@ -14,20 +14,30 @@ const v1::BatchGetStartReply* InflightGets::FindReply(uint32_t requester_node,
 
 void InflightGets::StoreReply(uint32_t requester_node, uint64_t request_id,
                               v1::BatchGetStartReply reply, Clock::time_point now) {
+  size_t live = 0;
+  for (const v1::GetStartResult& r : reply.results()) live += r.outcome() == v1::GET_STARTED;
+  if (live == 0) return;  // nothing started: a retry may compute its answer anew
   // A retry can arrive up to the TTL after the first attempt (and its gets live that long).
   const Clock::time_point expires = now + ttl_ + ttl_;
-  replies_[{requester_node, request_id}] = StoredReply{std::move(reply), expires};
+  replies_[{requester_node, request_id}] = StoredReply{std::move(reply), expires, live};
   reply_order_.emplace_back(expires, std::make_pair(requester_node, request_id));
+  while (replies_.size() > kMaxStoredReplies && !reply_order_.empty()) {
+    replies_.erase(reply_order_.front().second);
+    reply_order_.pop_front();
+  }
+  // reply_order_ may hold entries of answers already gone with their gets: bound it too.
+  while (reply_order_.size() > 2 * kMaxStoredReplies) reply_order_.pop_front();
 }
 
 uint64_t InflightGets::Start(std::string key, uint32_t requester_node,
-                             uint64_t requester_generation, const RouteLocation& source,
-                             uint64_t target_offset, uint64_t len, Clock::time_point now) {
+                             uint64_t requester_generation, uint64_t request_id,
+                             const RouteLocation& source, uint64_t target_offset, uint64_t len,
+                             Clock::time_point now) {
   const uint64_t id = next_get_id_++;
   ++pins_[PinKey{key, source.node_id, source.generation, source.put_id}];
   by_requester_key_[{key, requester_node}] = id;
   gets_.emplace(id, Get{id, std::move(key), requester_node, requester_generation, source,
-                        target_offset, len, now + ttl_});
+                        target_offset, len, request_id, now + ttl_});
   return id;
 }
 
@@ -38,6 +48,8 @@ void InflightGets::Erase(absl::flat_hash_map<uint64_t, Get>::iterator it) {
   if (pin != pins_.end() && --pin->second == 0) pins_.erase(pin);
   auto by = by_requester_key_.find({g.key, g.requester_node});
   if (by != by_requester_key_.end() && by->second == g.get_id) by_requester_key_.erase(by);
+  auto reply = replies_.find({g.requester_node, g.request_id});
+  if (reply != replies_.end() && --reply->second.live_gets == 0) replies_.erase(reply);
   gets_.erase(it);
 }
 
@@ -68,13 +80,25 @@ size_t InflightGets::ExpireDue(Clock::time_point now) {
   return due.size();
 }
 
-size_t InflightGets::DropRequester(uint32_t node, uint64_t generation) {
+template <typename Pred>
+size_t InflightGets::DropIf(Pred pred) {
   std::vector<uint64_t> gone;
   for (const auto& [id, g] : gets_) {
-    if (g.requester_node == node && g.requester_generation == generation) gone.push_back(id);
+    if (pred(g)) gone.push_back(id);
   }
   for (uint64_t id : gone) Erase(gets_.find(id));
   return gone.size();
+}
+
+size_t InflightGets::DropRequester(uint32_t node, uint64_t generation) {
+  return DropIf([&](const Get& g) {
+    return g.requester_node == node && g.requester_generation == generation;
+  });
+}
+
+size_t InflightGets::DropSource(uint32_t node, uint64_t generation) {
+  return DropIf(
+      [&](const Get& g) { return g.source.node_id == node && g.source.generation == generation; });
 }
 
 size_t InflightGets::RequestedBy(uint32_t node) const {

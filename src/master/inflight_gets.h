@@ -14,7 +14,10 @@
 //   requester cannot pin forever. (The requester bounds its read by the TTL measured from before
 //   its BatchGetStart, so its read always ends inside the pin.)
 // - T1: a BatchGetStart retried with the same (requester, request_id) gets the stored answer and
-//   changes nothing; the answer is kept as long as the gets it started can be in flight.
+//   changes nothing; the answer is kept while a get it started is in flight (it goes with its
+//   last get, or its TTL), and only answers that started a get are kept. At most
+//   kMaxStoredReplies answers are kept (oldest forgotten first): a retry of a forgotten request
+//   meets G7's dedup (GET_BUSY) for keys still in flight, never a second pinned get.
 // - get_ids are non-zero and never reused (a 64-bit counter).
 // - All state is guarded by one mutex, held by the caller for a whole batch (lookup + pin, or pin
 //   check + route removal, must be atomic against each other). Work under it is O(batch).
@@ -45,8 +48,10 @@ class InflightGets {
     RouteLocation source;
     uint64_t target_offset = 0;
     uint64_t len = 0;
+    uint64_t request_id = 0;  // the BatchGetStart that started it
     Clock::time_point expires;
   };
+  static constexpr size_t kMaxStoredReplies = 65'536;
 
   explicit InflightGets(std::chrono::milliseconds ttl) : ttl_(ttl) {}
   std::chrono::milliseconds ttl() const { return ttl_; }
@@ -61,8 +66,8 @@ class InflightGets {
   }
   // Records a get and pins its source; returns the get_id.
   uint64_t Start(std::string key, uint32_t requester_node, uint64_t requester_generation,
-                 const RouteLocation& source, uint64_t target_offset, uint64_t len,
-                 Clock::time_point now);
+                 uint64_t request_id, const RouteLocation& source, uint64_t target_offset,
+                 uint64_t len, Clock::time_point now);
   const Get* Find(uint64_t get_id) const {
     auto it = gets_.find(get_id);
     return it == gets_.end() ? nullptr : &it->second;
@@ -75,6 +80,9 @@ class InflightGets {
   size_t ExpireDue(Clock::time_point now);
   // Ends every get requested by (node, generation): that owner is gone.
   size_t DropRequester(uint32_t node, uint64_t generation);
+  // Ends every get reading from (node, generation): that memory is gone (or may be reused).
+  size_t DropSource(uint32_t node, uint64_t generation);
+  size_t stored_replies() const { return replies_.size(); }
 
   size_t size() const { return gets_.size(); }
   size_t RequestedBy(uint32_t node) const;
@@ -102,7 +110,10 @@ class InflightGets {
   struct StoredReply {
     v1::BatchGetStartReply reply;
     Clock::time_point expires;
+    size_t live_gets = 0;  // gets it started still in flight
   };
+  template <typename Pred>
+  size_t DropIf(Pred pred);
   absl::flat_hash_map<std::pair<uint32_t, uint64_t>, StoredReply> replies_;
   std::deque<std::pair<Clock::time_point, std::pair<uint32_t, uint64_t>>> reply_order_;
 };

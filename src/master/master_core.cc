@@ -1,5 +1,6 @@
 #include "master/master_core.h"
 
+#include <random>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -9,6 +10,25 @@
 #include "spdlog/spdlog.h"
 
 namespace fluxon {
+
+namespace {
+uint64_t NewEpoch() {
+  std::random_device rd;
+  uint64_t e = 0;
+  while (e == 0) e = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return e;
+}
+}  // namespace
+
+MasterCore::MasterCore(MasterOptions options)
+    : options_(options), epoch_(NewEpoch()), inflight_(options.inflight_get_ttl) {
+  spdlog::info("master epoch {:#x}", epoch_);
+}
+
+size_t MasterCore::DropGetsOf(uint32_t node, uint64_t generation) {
+  MutexLock lock(&gets_mu_);
+  return inflight_.DropRequester(node, generation) + inflight_.DropSource(node, generation);
+}
 
 absl::Status MasterCore::CheckGeneration(uint32_t node_id, uint64_t generation) {
   MutexLock lock(&owners_mu_);
@@ -31,7 +51,7 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
   if (r.generation() == 0) return absl::InvalidArgumentError("owner generation must be non-zero");
   uint64_t old_generation = 0;
   v1::RegisterOwnerReply reply;
-  reply.set_master_epoch(1);
+  reply.set_master_epoch(epoch_);
   reply.set_inflight_get_ttl_ms(static_cast<uint64_t>(options_.inflight_get_ttl.count()));
   reply.set_owner_lease_ms(static_cast<uint64_t>(options_.owner_lease.count()));
   {
@@ -78,10 +98,7 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     spdlog::info("owner node {} registered (role {}, generation {})", r.node_id(), r.role(),
                  r.generation());
   }
-  if (old_generation != 0) {
-    MutexLock lock(&gets_mu_);
-    inflight_.DropRequester(r.node_id(), old_generation);
-  }
+  if (old_generation != 0) DropGetsOf(r.node_id(), old_generation);
   return reply;
 }
 
@@ -98,10 +115,7 @@ absl::StatusOr<v1::UnregisterOwnerReply> MasterCore::UnregisterOwner(
   }
   v1::UnregisterOwnerReply reply;
   reply.set_dropped_routes(routes_.DropNode(r.node_id(), r.generation()));
-  {
-    MutexLock lock(&gets_mu_);
-    inflight_.DropRequester(r.node_id(), r.generation());
-  }
+  DropGetsOf(r.node_id(), r.generation());
   spdlog::info("owner node {} (generation {}) unregistered; dropped {} routes", r.node_id(),
                r.generation(), reply.dropped_routes());
   return reply;
@@ -130,6 +144,7 @@ void FillRoute(const std::string& key, const Route& r, v1::Route* out) {
 absl::StatusOr<v1::PublishBatchReply> MasterCore::PublishBatch(const v1::PublishBatchRequest& r) {
   if (absl::Status s = CheckGeneration(r.node_id(), r.generation()); !s.ok()) return s;
   v1::PublishBatchReply reply;
+  reply.set_master_epoch(epoch_);
   counters_.publish_batches.fetch_add(1, std::memory_order_relaxed);
   for (const v1::RouteItem& item : r.items()) {
     const RouteLocation loc{r.node_id(), r.generation(), item.put_id() ? item.put_id() : r.put_id(),
@@ -156,6 +171,7 @@ absl::StatusOr<v1::LookupReply> MasterCore::Lookup(const v1::LookupRequest& r) {
   counters_.lookup_batches.fetch_add(1, std::memory_order_relaxed);
   counters_.lookup_keys.fetch_add(r.keys_size(), std::memory_order_relaxed);
   v1::LookupReply reply;
+  reply.set_master_epoch(epoch_);
   for (const std::string& key : r.keys()) {
     std::optional<Route> route = routes_.Lookup(key);
     reply.add_found(route.has_value());
@@ -168,6 +184,7 @@ absl::StatusOr<v1::LookupReply> MasterCore::Lookup(const v1::LookupRequest& r) {
 absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveRoutesRequest& r) {
   if (absl::Status s = CheckGeneration(r.node_id(), r.generation()); !s.ok()) return s;
   v1::RemoveRoutesReply reply;
+  reply.set_master_epoch(epoch_);
   // Under gets_mu_: a location is either pinned by a get that BatchGetStart handed it to, or
   // removed before any such get starts (never both).
   MutexLock lock(&gets_mu_);
@@ -213,7 +230,8 @@ absl::StatusOr<v1::ListOwnersReply> MasterCore::ListOwners(const v1::ListOwnersR
 }
 
 absl::StatusOr<v1::ListKeysReply> MasterCore::ListKeys(const v1::ListKeysRequest& r) {
-  const uint32_t limit = r.limit() == 0 ? 100 : r.limit();
+  // Bounded: one answer stays far below the gRPC message limit (kMaxKeyBytes x 10,000 keys).
+  const uint32_t limit = r.limit() == 0 ? 100 : std::min<uint32_t>(r.limit(), 10'000);
   v1::ListKeysReply reply;
   for (const auto& [key, route] : routes_.ListByPrefix(r.prefix(), limit)) {
     FillRoute(key, route, reply.add_routes());
@@ -254,6 +272,7 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
     return *seen;  // T1: the same request again changes nothing
   }
   v1::BatchGetStartReply reply;
+  reply.set_master_epoch(epoch_);
   reply.set_inflight_get_ttl_ms(static_cast<uint64_t>(options_.inflight_get_ttl.count()));
   for (const v1::GetStartItem& item : r.items()) {
     v1::GetStartResult* out = reply.add_results();
@@ -297,7 +316,8 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
     }
     out->set_outcome(v1::GET_STARTED);
     out->set_get_id(inflight_.Start(item.key(), r.requester_node_id(), r.requester_generation(),
-                                    *source, item.target_offset(), item.len(), now));
+                                    r.request_id(), *source, item.target_offset(), item.len(),
+                                    now));
     v1::RouteLocation* src = out->mutable_source();
     src->set_node_id(source->node_id);
     src->set_generation(source->generation);
@@ -317,6 +337,7 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
   FLUXON_RETURN_IF_ERROR(CheckGeneration(r.requester_node_id(), r.requester_generation()));
   counters_.get_done_calls.fetch_add(1, std::memory_order_relaxed);
   v1::BatchGetDoneReply reply;
+  reply.set_master_epoch(epoch_);
   MutexLock lock(&gets_mu_);
   for (const v1::GetDoneItem& item : r.items()) {
     const RouteLocation target{r.requester_node_id(), r.requester_generation(), item.put_id(),
@@ -335,6 +356,15 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
         if (l.node_id == target.node_id && l.generation == target.generation) mine = &l;
       }
     }
+    // The pinned source must still be a location of this version: a get whose source went
+    // away (its owner expired or restarted) was ended with it, and this is the second check.
+    bool source_live = false;
+    if (ours && route && route->put_id() == item.put_id()) {
+      for (const RouteLocation& l : route->locations) {
+        source_live |= l.node_id == get->source.node_id && l.generation == get->source.generation &&
+                       l.put_id == get->source.put_id && l.offset == get->source.offset;
+      }
+    }
     v1::RemoteGetDoneOutcome outcome;
     bool added = false;
     if (mine != nullptr) {
@@ -345,7 +375,7 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
       }
     } else if (!ours) {
       outcome = v1::GET_DONE_UNKNOWN;  // expired, revoked, or not this requester's get
-    } else if (!route || route->put_id() != item.put_id()) {
+    } else if (!route || route->put_id() != item.put_id() || !source_live) {
       outcome = v1::GET_DONE_STALE;
     } else {
       added = routes_.AddCopy(item.key(), target);
@@ -377,6 +407,11 @@ absl::StatusOr<v1::BatchGetRevokeReply> MasterCore::BatchGetRevoke(
     reply.add_revoked(true);  // idempotent: nothing is in flight for it now
   }
   return reply;
+}
+
+size_t MasterCore::stored_get_replies() const {
+  MutexLock lock(&gets_mu_);
+  return inflight_.stored_replies();
 }
 
 size_t MasterCore::inflight_gets() const {
@@ -416,11 +451,7 @@ void MasterCore::ExpireDue(Clock::time_point now) {
   }
   for (const auto& [node, generation] : expired) {
     const uint64_t dropped = routes_.DropNode(node, generation);
-    size_t gets = 0;
-    {
-      MutexLock lock(&gets_mu_);
-      gets = inflight_.DropRequester(node, generation);
-    }
+    const size_t gets = DropGetsOf(node, generation);
     counters_.owners_expired.fetch_add(1, std::memory_order_relaxed);
     spdlog::warn(
         "owner node {} generation {} expired (not heard for {} ms lease + {} ms grace): dropped "

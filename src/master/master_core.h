@@ -21,6 +21,10 @@
 //   lookup that hands it to a reader and the pin that protects the read. A source is a live
 //   owner with a data plane that is not the requester. BatchGetDone adds the requester's target
 //   as a location of the same put_id (key/version/owner CAS) or says why not; Revoke ends gets.
+// - When an owner's routes are dropped (new generation, unregister, expiry), the gets reading
+//   from it end with them: BatchGetDone of such a get answers GET_DONE_UNKNOWN, so a requester
+//   never publishes bytes read from memory its source may have reused since. Done also checks
+//   that the pinned source location is still a location of the route.
 // - Lock order: owners_mu_ is never held while gets_mu_ is taken (snapshots are taken first).
 #pragma once
 
@@ -99,8 +103,7 @@ struct MasterOptions {
 
 class MasterCore final : public MasterApi {
  public:
-  explicit MasterCore(MasterOptions options = {})
-      : options_(options), inflight_(options.inflight_get_ttl) {}
+  explicit MasterCore(MasterOptions options = {});
   ~MasterCore() override;
 
   absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(const v1::RegisterOwnerRequest& r) override;
@@ -122,7 +125,12 @@ class MasterCore final : public MasterApi {
   void StartMaintenance(std::chrono::milliseconds interval);
 
   size_t route_count() const { return routes_.size(); }
+  // This instance's epoch (random, non-zero, fixed for the process's life): every answer to an
+  // owner carries it, so an owner notices a restarted master and republishes its routes.
+  uint64_t epoch() const { return epoch_; }
   size_t inflight_gets() const;
+  // BatchGetStart answers kept for retries (T1): only while a get they started is in flight.
+  size_t stored_get_replies() const;
   const MasterCounters& counters() const { return counters_; }
 
  private:
@@ -141,7 +149,12 @@ class MasterCore final : public MasterApi {
   // Live owners with a data plane, by node.
   std::map<uint32_t, Peer> LivePeers() const;
 
+  // Ends every in-flight get requested by, or reading from, (node, generation): its memory or
+  // its reader is gone, so no Done may publish a copy read from it (and its pins end).
+  size_t DropGetsOf(uint32_t node, uint64_t generation);
+
   const MasterOptions options_;
+  const uint64_t epoch_;
   mutable Mutex owners_mu_;
   std::map<uint32_t, OwnerRec> owners_ ABSL_GUARDED_BY(owners_mu_);
   // Expired (node, generation)s, refused from then on; bounded (oldest forgotten first).

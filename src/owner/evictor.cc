@@ -83,12 +83,7 @@ void Evictor::RunRound() {
 uint64_t Evictor::EvictSome(uint64_t bytes) {
   counters_->eviction_rounds.fetch_add(1, std::memory_order_relaxed);
   std::vector<Cohort> victims = hot_->TakeVictims(bytes);
-  const std::vector<Removal> removals = RemoveCohorts(victims);
-  if (removals.empty()) {
-    // Stopping with route removals unresolved: the cohorts stay (their slots were not freed).
-    for (Cohort& c : victims) hot_->Readmit(std::move(c));
-    return 0;
-  }
+  const std::vector<Removal> removals = RemoveCohorts(victims, kEvictRemoveAttempts);
   uint64_t evicted = 0;
   for (size_t i = 0; i < victims.size(); ++i) {
     Cohort& cohort = victims[i];
@@ -139,25 +134,43 @@ absl::StatusOr<DeleteOutcome> Evictor::DeletePrefix(const std::string& prefix) {
   std::vector<Cohort> cohorts;
   cohorts.reserve(by_cohort.size());
   for (auto& [id, cohort] : by_cohort) cohorts.push_back(std::move(cohort));
-  const std::vector<Removal> removals = RemoveCohorts(cohorts);
-  if (removals.empty() && !cohorts.empty()) return absl::UnavailableError("owner is stopping");
+  const std::vector<Removal> removals = RemoveCohorts(cohorts, kDeleteRemoveAttempts);
   DeleteOutcome out;
   out.skipped_in_use = uncommitted;
   for (size_t i = 0; i < cohorts.size(); ++i) {
     if (removals[i].result == RemoveResult::kInUse) out.skipped_in_use += cohorts[i].keys.size();
     out.skipped_in_use += removals[i].pinned_keys.size();
+    out.unconfirmed += removals[i].unconfirmed;
     if (removals[i].result == RemoveResult::kRemoved && removals[i].pinned_keys.empty()) {
       hot_->ForgetIfAllUnder(cohorts[i].id, prefix);
     }
     out.deleted += removals[i].pages;
   }
   counters_->deleted_pages.fetch_add(out.deleted, std::memory_order_relaxed);
-  spdlog::info("deleted {} values under prefix '{}' ({} in use, kept)", out.deleted, prefix,
-               out.skipped_in_use);
+  if (out.unconfirmed > 0) {
+    spdlog::warn(
+        "delete of prefix '{}': {} values kept because the master did not confirm their route "
+        "removal (they stay readable and routed; delete again later)",
+        prefix, out.unconfirmed);
+  }
+  spdlog::info("deleted {} values under prefix '{}' ({} kept: in use or unconfirmed)", out.deleted,
+               prefix, out.skipped_in_use);
   return out;
 }
 
-std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& cohorts) {
+bool Evictor::DropUnrouted(const std::string& key, uint64_t put_id) {
+  if (keys_->MarkEvicting(key, put_id) != KeyIndex::MarkResult::kMarked) return false;
+  HolderRef last = keys_->EraseEvicting(key, put_id);
+  if (!last) return false;
+  const absl::Status released = pool_->ReleaseRoute(last->slot);
+  FLUXON_DCHECK(released.ok(), "a committed slot's route was not live");
+  if (!released.ok()) spdlog::error("releasing the route of {}: {}", key, released.ToString());
+  last.reset();  // the last reference: the slot returns to Free
+  return true;
+}
+
+std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& cohorts,
+                                                     int attempts) {
   std::vector<Removal> out(cohorts.size());
   // (cohort index, key) of every member marked Evicting.
   std::vector<std::pair<size_t, std::string>> marked;
@@ -185,30 +198,32 @@ std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& 
     }
   }
   // S2: the routes go first; the slots are released only after the master removed them.
-  std::vector<bool> pinned(marked.size(), false);
+  std::vector<RouteVerdict> verdicts(marked.size(), RouteVerdict::kUnconfirmed);
   for (size_t begin = 0; begin < marked.size(); begin += kRouteRemoveBatch) {
     v1::RemoveRoutesRequest req;
-    req.set_node_id(identity_->node_id);
-    req.set_generation(identity_->generation);
+    req.set_node_id(registration_->identity().node_id);
+    req.set_generation(registration_->generation());
     for (size_t m = begin; m < std::min(marked.size(), begin + kRouteRemoveBatch); ++m) {
       v1::RouteItem* item = req.add_items();
       item->set_key(marked[m].second);
       item->set_put_id(cohorts[marked[m].first].put_id);
     }
-    std::vector<bool> batch_pinned;
-    if (!RemoveRoutes(req, &batch_pinned)) {
-      // Stopping: unmark what is still marked, nothing is freed.
-      for (const auto& [i, key] : marked) keys_->UnmarkEvicting(key, cohorts[i].put_id);
-      return {};
-    }
-    for (size_t j = 0; j < batch_pinned.size(); ++j) pinned[begin + j] = batch_pinned[j];
+    const std::vector<RouteVerdict> batch = RemoveRoutes(req, attempts);
+    for (size_t j = 0; j < batch.size(); ++j) verdicts[begin + j] = batch[j];
   }
   for (size_t m = 0; m < marked.size(); ++m) {
     const auto& [i, key] = marked[m];
-    if (pinned[m]) {
+    if (verdicts[m] != RouteVerdict::kGone) {
+      // Kept (T1: tried again later with the same key + put_id): a reader pins it at the
+      // master, or the master did not confirm that the route is gone.
       keys_->UnmarkEvicting(key, cohorts[i].put_id);
       out[i].pinned_keys.push_back(key);
-      counters_->eviction_skipped_source_pinned.fetch_add(1, std::memory_order_relaxed);
+      if (verdicts[m] == RouteVerdict::kPinned) {
+        counters_->eviction_skipped_source_pinned.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        ++out[i].unconfirmed;
+        counters_->route_remove_unconfirmed.fetch_add(1, std::memory_order_relaxed);
+      }
       continue;
     }
     HolderRef last = keys_->EraseEvicting(key, cohorts[i].put_id);
@@ -224,8 +239,11 @@ std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& 
   return out;
 }
 
-bool Evictor::RemoveRoutes(const v1::RemoveRoutesRequest& req, std::vector<bool>* pinned) {
-  pinned->assign(req.items_size(), false);
+std::vector<Evictor::RouteVerdict> Evictor::RemoveRoutes(const v1::RemoveRoutesRequest& req,
+                                                         int attempts) {
+  std::vector<RouteVerdict> out(req.items_size(), RouteVerdict::kUnconfirmed);
+  RetryOptions bounded;
+  bounded.max_attempts = attempts;
   absl::StatusOr<v1::RemoveRoutesReply> r = RetryUncertain(
       [&] {
         counters_->route_remove_calls.fetch_add(1, std::memory_order_relaxed);
@@ -234,16 +252,25 @@ bool Evictor::RemoveRoutes(const v1::RemoveRoutesRequest& req, std::vector<bool>
       stop_,
       [&](const absl::Status&, std::chrono::milliseconds) {
         counters_->route_remove_retries.fetch_add(1, std::memory_order_relaxed);
-      });
-  if (!r.ok() && IsUncertain(r.status())) return false;  // stopping
-  if (r.ok()) {
-    for (int j = 0; j < r->pinned_size() && j < req.items_size(); ++j) (*pinned)[j] = r->pinned(j);
-  }
+      },
+      bounded);
   if (!r.ok()) {
-    spdlog::warn("removing {} routes: {} (routes are gone with the old master state)",
+    spdlog::warn("removing {} routes: {}; the values are kept and tried again later",
                  req.items_size(), r.status().ToString());
+    return out;
   }
-  return true;
+  if (r->removed_size() != req.items_size() || r->pinned_size() != req.items_size()) {
+    spdlog::error("RemoveRoutes answered {}/{} verdicts for {} items; the values are kept",
+                  r->removed_size(), r->pinned_size(), req.items_size());
+    return out;
+  }
+  registration_->NoteEpoch(r->master_epoch());
+  for (int j = 0; j < req.items_size(); ++j) {
+    // Not removed and not pinned: this location is not at the master (never published there,
+    // or already removed by an earlier attempt whose answer was lost) — gone either way.
+    out[j] = r->pinned(j) ? RouteVerdict::kPinned : RouteVerdict::kGone;
+  }
+  return out;
 }
 
 }  // namespace fluxon

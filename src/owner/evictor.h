@@ -5,10 +5,17 @@
 // - Whole cohorts only (one atomic group of one batch; S1: never a grant), only Committed values
 //   nothing pins; a cohort with a pinned member is re-admitted to the hot tier unchanged (S4).
 // - S2: the routes of every removed cohort go to the master (RemoveRoutes, at most
-//   kRouteRemoveBatch keys per call, retried with the same identity while uncertain, T1) before
-//   any of their slots is released. A location the master reports pinned (a peer's remote get
-//   is reading it) is kept: the member goes back to Committed and its cohort, with the members
-//   kept, is re-admitted; it is tried again in a later round.
+//   kRouteRemoveBatch keys per call, and the gRPC client splits by bytes) before any of their
+//   slots is released. Only a definite answer frees a slot: the master's reply saying the
+//   location was removed or is not there. Any error — uncertain (Unavailable, DeadlineExceeded)
+//   or not (ResourceExhausted, PermissionDenied, Internal, FailedPrecondition, a malformed
+//   reply) — keeps the value: the member goes back to Committed and its cohort, with the
+//   members kept, is re-admitted, to be tried again (same key + put_id, T1) in a later round.
+//   A location the master reports pinned (a peer's remote get is reading it) is kept the same
+//   way.
+// - Bounded: one removal call is retried at most a few times (well under a second, longer for
+//   an operator's delete), so local maintenance (handle, put and view expiry, quarantine
+//   release) never waits on an unreachable master.
 // - Two paths: the hot tier over hot_capacity_ratio of the capacity evicts the overage at once;
 //   claims still short of slots get the rate-limited fallback (<= max_bytes_per_round per round,
 //   rounds >= min_interval apart). Either backs off (up to 2 s) when nothing was evictable, and
@@ -35,7 +42,8 @@ namespace fluxon {
 
 struct DeleteOutcome {
   uint64_t deleted = 0;         // values removed (route first, then slot)
-  uint64_t skipped_in_use = 0;  // values pinned by a reader or not committed yet
+  uint64_t skipped_in_use = 0;  // values kept: pinned, not committed yet, or unconfirmed below
+  uint64_t unconfirmed = 0;     // kept because the master did not confirm the route removal
 };
 
 class Evictor final : public EvictionSignals {
@@ -47,11 +55,15 @@ class Evictor final : public EvictionSignals {
   };
   // Keys per RemoveRoutes call when eviction or a delete removes many (bounds one message).
   static constexpr size_t kRouteRemoveBatch = 4096;
+  // Calls per RemoveRoutes request: eviction (25 + 50 ms of backoff, so a round never stalls
+  // maintenance), an operator's delete (about 2.5 s of backoff before it reports values kept).
+  static constexpr int kEvictRemoveAttempts = 3;
+  static constexpr int kDeleteRemoveAttempts = 8;
 
-  Evictor(Options options, const OwnerIdentity* identity, MasterApi* master, KeyIndex* keys,
+  Evictor(Options options, MasterRegistration* registration, MasterApi* master, KeyIndex* keys,
           HotTier<>* hot, SlotPool* pool, OwnerCounters* counters, StopSignal* stop)
       : options_(options),
-        identity_(identity),
+        registration_(registration),
         master_(master),
         keys_(keys),
         hot_(hot),
@@ -69,6 +81,9 @@ class Evictor final : public EvictionSignals {
   void RunRound();
   // Evicts cold cohorts worth at least `bytes` (or all evictable ones); returns bytes evicted.
   uint64_t EvictSome(uint64_t bytes);
+  // Frees a Committed value the master does not route here (a republish found another version
+  // of its key): no route removal is needed. False (kept) while a reader pins it.
+  bool DropUnrouted(const std::string& key, uint64_t put_id);
   // Removes every committed, unpinned value whose key starts with `prefix`, like eviction does.
   absl::StatusOr<DeleteOutcome> DeletePrefix(const std::string& prefix);
 
@@ -82,17 +97,20 @@ class Evictor final : public EvictionSignals {
   struct Removal {
     RemoveResult result = RemoveResult::kGone;
     uint64_t pages = 0;                    // values freed
-    std::vector<std::string> pinned_keys;  // kept: a remote get reads them (master pin)
+    std::vector<std::string> pinned_keys;  // kept: pinned by a remote get, or unconfirmed
+    uint64_t unconfirmed = 0;              // of pinned_keys: the master did not confirm
   };
+  // The master's verdict on one route removal.
+  enum class RouteVerdict : uint8_t { kGone, kPinned, kUnconfirmed };
   // Removes the members of each cohort that still carry its put_id, each cohort all or none.
-  // Empty when the owner stopped while a route removal was uncertain.
-  std::vector<Removal> RemoveCohorts(const std::vector<Cohort>& cohorts);
-  // False when the owner stopped while retrying an uncertain outcome. Sets pinned[i] for items
-  // the master kept because a remote get reads them.
-  bool RemoveRoutes(const v1::RemoveRoutesRequest& req, std::vector<bool>* pinned);
+  // `attempts` bounds the calls per RemoveRoutes request.
+  std::vector<Removal> RemoveCohorts(const std::vector<Cohort>& cohorts, int attempts);
+  // One RemoveRoutes request, retried at most `attempts` times while uncertain; the verdict of
+  // each item (kGone only on a definite answer).
+  std::vector<RouteVerdict> RemoveRoutes(const v1::RemoveRoutesRequest& req, int attempts);
 
   const Options options_;
-  const OwnerIdentity* const identity_;
+  MasterRegistration* const registration_;
   MasterApi* const master_;
   KeyIndex* const keys_;
   HotTier<>* const hot_;

@@ -105,7 +105,9 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
                             std::vector<std::shared_ptr<SharedGetOp>>& led,
                             std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of) {
   v1::LookupRequest req;
-  req.set_requester_node_id(identity_->node_id);
+  req.set_requester_node_id(registration_->identity().node_id);
+  const uint32_t me = registration_->identity().node_id;
+  const uint64_t my_generation = registration_->generation();
   std::vector<size_t> leader_index;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (led[i]) {
@@ -134,10 +136,10 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
     const v1::Route& route = reply->routes(j);
     bool here = false;  // a location on this owner's generation
     for (const v1::RouteLocation& l : route.locations()) {
-      here |= l.node_id() == identity_->node_id && l.generation() == identity_->generation;
+      here |= l.node_id() == me && l.generation() == my_generation;
     }
     if (route.locations_size() == 0) {
-      here = route.node_id() == identity_->node_id && route.generation() == identity_->generation;
+      here = route.node_id() == me && route.generation() == my_generation;
     }
     if (here) {
       // Published here after we looked: take the canonical holder (T2: same put_id).

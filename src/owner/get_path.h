@@ -46,11 +46,11 @@ struct GetStartOutcome {
 
 class GetPath {
  public:
-  GetPath(std::chrono::milliseconds join_timeout, const OwnerIdentity* identity, MasterApi* master,
-          KeyIndex* keys, SingleFlight* flights, HandleTable* handles, HotTier<>* hot,
-          OwnerCounters* counters, EvictionSignals* signals, RemoteFetcher* remote)
+  GetPath(std::chrono::milliseconds join_timeout, const MasterRegistration* registration,
+          MasterApi* master, KeyIndex* keys, SingleFlight* flights, HandleTable* handles,
+          HotTier<>* hot, OwnerCounters* counters, EvictionSignals* signals, RemoteFetcher* remote)
       : join_timeout_(join_timeout),
-        identity_(identity),
+        registration_(registration),
         master_(master),
         keys_(keys),
         flights_(flights),
@@ -82,7 +82,7 @@ class GetPath {
   }
 
   const std::chrono::milliseconds join_timeout_;
-  const OwnerIdentity* const identity_;
+  const MasterRegistration* const registration_;
   MasterApi* const master_;
   KeyIndex* const keys_;
   SingleFlight* const flights_;

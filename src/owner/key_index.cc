@@ -28,12 +28,13 @@ void KeyIndex::Count(State s, int delta) {
 }
 
 bool KeyIndex::ReserveAll(std::span<const std::string> keys, uint64_t put_id,
-                          std::vector<uint32_t>* conflicts) {
+                          std::vector<uint32_t>* conflicts, bool fetch) {
   size_t reserved = 0;
   bool conflict = false;
   for (size_t i = 0; i < keys.size(); ++i) {
     Entry e;
     e.put_id = put_id;
+    e.fetch = fetch;
     if (table_.InsertIfAbsent(keys[i], std::move(e))) {
       ++reserved;
     } else {
@@ -42,22 +43,23 @@ bool KeyIndex::ReserveAll(std::span<const std::string> keys, uint64_t put_id,
     }
   }
   Count(State::kReserved, static_cast<int>(reserved));
-  if (conflict) Unreserve(keys, put_id);
+  if (conflict) Unreserve(keys, put_id, fetch);
   return !conflict;
 }
 
-void KeyIndex::Unreserve(std::span<const std::string> keys, uint64_t put_id) {
+void KeyIndex::Unreserve(std::span<const std::string> keys, uint64_t put_id, bool fetch) {
   int removed = 0;
   for (const std::string& k : keys) {
-    removed += table_.EraseIf(
-        k, [&](const Entry& e) { return e.put_id == put_id && e.state == State::kReserved; });
+    removed += table_.EraseIf(k, [&](const Entry& e) {
+      return e.put_id == put_id && e.state == State::kReserved && e.fetch == fetch;
+    });
   }
   Count(State::kReserved, -removed);
 }
 
 bool KeyIndex::MakeLocalVisible(const std::string& key, uint64_t put_id, HolderRef* holder) {
   const bool made = table_.Update(key, [&](Entry* e, bool*) {
-    if (e == nullptr || e->put_id != put_id) return false;
+    if (e == nullptr || e->put_id != put_id || e->fetch) return false;
     FLUXON_DCHECK(e->state == State::kReserved, "a put's key is committed twice");
     if (e->state != State::kReserved) return false;
     e->state = State::kLocalVisible;
@@ -90,8 +92,11 @@ bool KeyIndex::Promote(const std::string& key, uint64_t put_id, uint64_t cohort_
 bool KeyIndex::CommitCopy(const std::string& key, uint64_t put_id, HolderRef* holder,
                           uint64_t cohort_id) {
   const bool made = table_.Update(key, [&](Entry* e, bool*) {
-    if (e == nullptr || e->put_id != put_id || e->state != State::kReserved) return false;
+    if (e == nullptr || e->put_id != put_id || e->state != State::kReserved || !e->fetch) {
+      return false;
+    }
     e->state = State::kCommitted;
+    e->fetch = false;
     e->resident = std::move(*holder);
     e->cohort_id = cohort_id;
     return true;
@@ -177,6 +182,15 @@ HolderRef KeyIndex::EraseEvicting(const std::string& key, uint64_t put_id) {
   });
   if (last) Count(State::kEvicting, -1);
   return last;
+}
+
+void KeyIndex::ForEachCommitted(
+    const std::function<void(const std::string&, uint64_t, uint64_t, uint64_t)>& fn) const {
+  table_.ForEach([&](const std::string& key, const Entry& e) {
+    if (e.state == State::kCommitted && e.resident) {
+      fn(key, e.put_id, e.resident->offset, e.resident->len);
+    }
+  });
 }
 
 void KeyIndex::ForEachWithPrefix(

@@ -10,6 +10,9 @@
 // Invariants:
 // - An entry carries the put_id of the batch that reserved it; every transition names that
 //   put_id and does nothing to an entry of another version (no ABA across versions, T2).
+//   put_ids are unique per value across owners (PutPath: node_id in the high bits), and a
+//   reservation also says whose it is — a local put's or a remote get's (`fetch`): a put's
+//   rollback never drops a fetch's reservation or the reverse, whatever the numbers.
 // - Reserved entries have no value; LocalVisible and Committed ones hold the value's canonical
 //   MemoryInfo (V1: readable, and pinnable, from LocalVisible on); a Committed entry's route is
 //   published (V2/V3). Only Committed entries that nothing but the index references may become
@@ -42,10 +45,11 @@ class KeyIndex {
 
   // Reserves every key for `put_id`, all or none. On a conflict nothing stays reserved and
   // `conflicts` (when non-null) lists the indices that were already present.
+  // `fetch`: the reservation of a remote get's target (else a local put's).
   bool ReserveAll(std::span<const std::string> keys, uint64_t put_id,
-                  std::vector<uint32_t>* conflicts);
-  // Drops `put_id`'s reservations of `keys` (abort, failed claim).
-  void Unreserve(std::span<const std::string> keys, uint64_t put_id);
+                  std::vector<uint32_t>* conflicts, bool fetch = false);
+  // Drops `put_id`'s reservations of `keys` of the same kind (abort, failed claim).
+  void Unreserve(std::span<const std::string> keys, uint64_t put_id, bool fetch = false);
   // Reserved(put_id) -> LocalVisible holding `holder` (moved from). False when the key is not
   // put_id's reservation (then `holder` is left with the caller).
   bool MakeLocalVisible(const std::string& key, uint64_t put_id, HolderRef* holder);
@@ -74,6 +78,10 @@ class KeyIndex {
   // Evicting(put_id) -> absent; returns the holder (the last reference) to release unlocked.
   HolderRef EraseEvicting(const std::string& key, uint64_t put_id);
 
+  // Calls fn(key, put_id, offset, len) for every Committed value (the republish after a master
+  // restart). Locks one shard at a time; fn must not call back into the index.
+  void ForEachCommitted(
+      const std::function<void(const std::string&, uint64_t, uint64_t, uint64_t)>& fn) const;
   // Calls fn(key, put_id, cohort_id) for every key starting with `prefix` (cohort 0: not
   // committed yet). Locks one shard at a time; fn must not call back into the index.
   void ForEachWithPrefix(
@@ -89,6 +97,7 @@ class KeyIndex {
     uint64_t put_id = 0;
     HolderRef resident;  // from LocalVisible on: the value's canonical MemoryInfo
     uint64_t cohort_id = 0;
+    bool fetch = false;  // Reserved by a remote get (its target), not by a local put
   };
   void Count(State s, int delta);
 

@@ -1,24 +1,68 @@
 #include "owner/master_registration.h"
 
+#include <algorithm>
+#include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "rpc/retry.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon {
 
+void MasterRegistration::SetRegistered(bool registered) {
+  if (registered_.exchange(registered, std::memory_order_acq_rel) != registered) {
+    counters_->master_registered.store(registered ? 1 : 0, std::memory_order_relaxed);
+  }
+}
+
 absl::Status MasterRegistration::Register() {
   v1::RegisterOwnerRequest req;
   req.set_node_id(identity_.node_id);
-  req.set_generation(identity_.generation);
+  req.set_generation(generation());
   req.set_role(identity_.role);
   req.set_capacity_bytes(identity_.capacity_bytes);
   req.set_address(identity_.data_address);
   for (const std::string& t : identity_.transports) req.add_transports(t);
   absl::StatusOr<v1::RegisterOwnerReply> r = master_->RegisterOwner(req);
-  if (r.ok()) NoteInflightGetTtl(r->inflight_get_ttl_ms());
+  if (r.ok()) {
+    NoteInflightGetTtl(r->inflight_get_ttl_ms());
+    NoteEpoch(r->master_epoch());
+    SetRegistered(true);
+  } else if (IsGenerationRefused(r.status())) {
+    SetRegistered(false);
+  }
   return r.status();
+}
+
+void MasterRegistration::NoteEpoch(uint64_t epoch) {
+  if (epoch == 0) return;
+  const uint64_t before = epoch_.exchange(epoch, std::memory_order_acq_rel);
+  if (before != 0 && before != epoch) {
+    counters_->master_epoch_changes.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn(
+        "the master is a new instance (epoch {:#x}, was {:#x}): its routes are gone; "
+        "republishing every committed value",
+        epoch, before);
+    republish_due_.store(true, std::memory_order_release);
+  }
+}
+
+void MasterRegistration::NoteRefused() { refused_.store(true, std::memory_order_release); }
+
+bool MasterRegistration::WaitRepublishDue(std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!republish_due_.load(std::memory_order_acquire)) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) return !stop_->stopped();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now);
+    if (!stop_->SleepFor(
+            std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(20)))) {
+      return false;
+    }
+  }
+  return !stop_->stopped();
 }
 
 absl::Status MasterRegistration::RegisterAtStart(std::chrono::milliseconds timeout) {
@@ -43,14 +87,49 @@ absl::Status MasterRegistration::RegisterAtStart(std::chrono::milliseconds timeo
   return absl::Status(r.code(), absl::StrFormat("registering with the master: %s", r.message()));
 }
 
+absl::Status MasterRegistration::RenewGeneration(const absl::Status& refusal) {
+  const uint64_t old = generation();
+  std::random_device rd;
+  uint64_t next = 0;
+  while (next == 0 || next == old || next == identity_.generation) {
+    next = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  spdlog::warn(
+      "the master refused generation {} ({}): this owner was expired and its routes dropped; "
+      "registering as generation {} and republishing every committed value",
+      old, std::string(refusal.message()), next);
+  if (listener_) {
+    if (absl::Status s = listener_(next); !s.ok()) {
+      spdlog::error("switching to generation {}: {}", next, s.ToString());
+      return s;
+    }
+  }
+  generation_.store(next, std::memory_order_release);
+  counters_->generation_renewals.fetch_add(1, std::memory_order_relaxed);
+  republish_due_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
 void MasterRegistration::HeartbeatLoop(std::chrono::milliseconds interval) {
   bool failing = false;
-  while (stop_->SleepFor(interval)) {
+  auto next = std::chrono::steady_clock::now() + interval;
+  for (;;) {
+    // Sleep until the next beat, or sooner when a master call was refused.
+    while (std::chrono::steady_clock::now() < next && !refused_.load()) {
+      if (!stop_->SleepFor(std::chrono::milliseconds(10))) return;
+    }
+    if (stop_->stopped()) return;
+    refused_.store(false);
+    next = std::chrono::steady_clock::now() + interval;
     absl::Status r = Register();
+    if (IsGenerationRefused(r)) {
+      // Expired (or a stale generation): a new generation, then register under it.
+      if (RenewGeneration(r).ok()) r = Register();
+    }
     if (!r.ok() && !failing) {
       spdlog::warn("heartbeat to the master failed: {}", r.ToString());
     } else if (r.ok() && failing) {
-      spdlog::info("heartbeat to the master succeeded again");
+      spdlog::info("heartbeat to the master succeeded again (generation {})", generation());
     }
     failing = !r.ok();
   }
@@ -59,9 +138,10 @@ void MasterRegistration::HeartbeatLoop(std::chrono::milliseconds interval) {
 void MasterRegistration::Unregister() {
   v1::UnregisterOwnerRequest req;
   req.set_node_id(identity_.node_id);
-  req.set_generation(identity_.generation);
+  req.set_generation(generation());
   absl::StatusOr<v1::UnregisterOwnerReply> r = master_->UnregisterOwner(req);
   if (!r.ok()) spdlog::info("unregistering from the master: {}", r.status().ToString());
+  SetRegistered(false);
 }
 
 }  // namespace fluxon

@@ -24,8 +24,8 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   c.registration_ = std::make_unique<MasterRegistration>(
       OwnerIdentity{options.node_id, c.generation(), options.role,
                     c.memory_->segment().data_bytes(), options.data_address, options.transports},
-      master, &c.stop_);
-  const OwnerIdentity* identity = &c.registration_->identity();
+      master, counters, &c.stop_);
+  MasterRegistration* registration = c.registration_.get();
   c.keys_ = std::make_unique<KeyIndex>(counters);
   c.hot_ = std::make_unique<HotTier<>>();
   c.flights_ = std::make_unique<SingleFlight>();
@@ -33,18 +33,21 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   c.evictor_ = std::make_unique<Evictor>(
       Evictor::Options{options.hot_capacity_ratio, options.evict_max_bytes_per_round,
                        options.evict_min_interval},
-      identity, master, c.keys_.get(), c.hot_.get(), pool, counters, &c.stop_);
+      registration, master, c.keys_.get(), c.hot_.get(), pool, counters, &c.stop_);
   c.publisher_ = std::make_unique<Publisher>(
       Publisher::Options{options.publish_queue_capacity, options.commit_wait_timeout},
       c.registration_.get(), master, c.keys_.get(), pool, c.hot_.get(), counters, c.evictor_.get(),
       &c.stop_);
-  c.puts_ = std::make_unique<PutPath>(options.put_lease, c.keys_.get(), pool, c.publisher_.get(),
-                                      counters);
+  c.puts_ = std::make_unique<PutPath>(options.node_id, options.put_lease, c.keys_.get(), pool,
+                                      c.publisher_.get(), counters);
+  c.republisher_ =
+      std::make_unique<Republisher>(Republisher::Options{}, registration, master, c.keys_.get(),
+                                    c.evictor_.get(), counters, &c.stop_);
   c.remote_ = std::make_unique<RemoteFetcher>(
       RemoteFetcher::Options{options.remote_get_timeout}, c.registration_.get(), master, pool,
       c.keys_.get(), c.hot_.get(), c.publisher_.get(), counters, c.evictor_.get(),
       options.data_plane, options.faults, &c.stop_);
-  c.gets_ = std::make_unique<GetPath>(options.join_timeout, identity, master, c.keys_.get(),
+  c.gets_ = std::make_unique<GetPath>(options.join_timeout, registration, master, c.keys_.get(),
                                       c.flights_.get(), c.handles_.get(), c.hot_.get(), counters,
                                       c.evictor_.get(), c.remote_.get());
   return core;
@@ -59,6 +62,7 @@ OwnerCore::~OwnerCore() {
   // declaration order, memory_ last; explicit here so the order is visible).
   gets_.reset();
   remote_.reset();
+  republisher_.reset();
   puts_.reset();
   publisher_.reset();
   evictor_.reset();
@@ -75,6 +79,7 @@ absl::Status OwnerCore::Start() {
   threads_.emplace_back([this] { publisher_->Run(); });
   threads_.emplace_back([this] { MaintenanceLoop(); });
   threads_.emplace_back([this] { registration_->HeartbeatLoop(options_.heartbeat_interval); });
+  threads_.emplace_back([this] { republisher_->Run(); });
   return absl::OkStatus();
 }
 
@@ -133,6 +138,7 @@ std::map<std::string, int64_t> OwnerCore::Stats() const {
   m["hot_cohorts"] = static_cast<int64_t>(hot_->size());
   m["hot_weight_bytes"] = static_cast<int64_t>(hot_->weight());
   m["publish_queue"] = static_cast<int64_t>(publisher_->backlog());
+  m["registration_generation"] = static_cast<int64_t>(registration_->generation());
   if (options_.data_plane != nullptr) {
     const transport::TransportStats t = options_.data_plane->stats();
     m["data_plane_serving_connections"] = static_cast<int64_t>(t.serving_connections);

@@ -37,8 +37,10 @@
 //   reserved. No wait in the owner is unbounded, and every wait ends when the owner stops.
 // - The owner heartbeats the master (re-registration of its own identity) every
 //   heartbeat_interval; a publish refused because the master does not know this generation
-//   (master restarted) re-registers and retries instead of failing forever. Stop gives the
-//   node_id back (UnregisterOwner).
+//   (master restarted) re-registers and retries instead of failing forever; an owner the master
+//   expired registers again under a new generation. Either way (a new master epoch, a new
+//   generation) the Republisher restores the route of every committed value (soft state).
+//   Stop gives the node_id back (UnregisterOwner).
 #pragma once
 
 #include <atomic>
@@ -65,6 +67,7 @@
 #include "owner/publisher.h"
 #include "owner/put_path.h"
 #include "owner/remote_fetcher.h"
+#include "owner/republisher.h"
 #include "owner/single_flight.h"
 #include "rpc/master_api.h"
 
@@ -167,7 +170,17 @@ class OwnerCore {
   std::string KeyState(const std::string& key) const { return keys_->StateName(key); }
 
   OwnerMemory& memory() { return *memory_; }
+  // The segment's generation (what clients attach with; fixed for the process's life).
   uint64_t generation() const { return memory_->segment().generation(); }
+  // The generation the master knows this owner by: the segment's at start, a new one after the
+  // master expired this owner (MasterRegistration). Routes and data-plane reads carry it.
+  uint64_t registration_generation() const { return registration_->generation(); }
+  bool registered_with_master() const { return registration_->registered(); }
+  // Called with a new registration generation before the owner registers under it (the node
+  // points its data plane at it). Set before Start.
+  void SetGenerationListener(MasterRegistration::GenerationListener l) {
+    registration_->SetGenerationListener(std::move(l));
+  }
   uint32_t node_id() const { return options_.node_id; }
 
  private:
@@ -188,6 +201,7 @@ class OwnerCore {
   std::unique_ptr<Evictor> evictor_;
   std::unique_ptr<Publisher> publisher_;
   std::unique_ptr<PutPath> puts_;
+  std::unique_ptr<Republisher> republisher_;
   std::unique_ptr<RemoteFetcher> remote_;
   std::unique_ptr<GetPath> gets_;
 

@@ -98,8 +98,22 @@ enum class CounterKind { kCounter, kGauge, kMicros };
     "RemoveRoutes calls sent to the master (eviction and deletes, batched).")                     \
   X(route_remove_retries, kCounter, "fluxon_route_remove_retries_total", "",                      \
     "RemoveRoutes calls retried after an uncertain outcome.")                                     \
+  X(route_remove_unconfirmed, kCounter, "fluxon_route_remove_unconfirmed_total", "",              \
+    "Values kept because the master did not confirm their route removal (tried again later).")    \
   X(master_reregistrations, kCounter, "fluxon_master_reregistrations_total", "",                  \
     "Re-registrations after the master refused a publish as stale.")                              \
+  X(master_epoch_changes, kCounter, "fluxon_master_epoch_changes_total", "",                      \
+    "New master instances seen (a restarted master): each starts a republish of every value.")    \
+  X(generation_renewals, kCounter, "fluxon_generation_renewals_total", "",                        \
+    "Registrations under a new generation after the master expired this owner.")                  \
+  X(republish_rounds, kCounter, "fluxon_republish_rounds_total", "",                              \
+    "Republish rounds completed (every committed value offered to the master again).")            \
+  X(republished_values, kCounter, "fluxon_republished_values_total", "",                          \
+    "Committed values whose route a republish restored or confirmed.")                            \
+  X(republish_dropped, kCounter, "fluxon_republish_dropped_total", "",                            \
+    "Local values dropped by a republish because the master holds another version of the key.")   \
+  X(master_registered, kGauge, "fluxon_master_registered", "",                                    \
+    "1 while the master knows this owner's current generation and its routes are republished.")   \
   X(superseded, kCounter, "fluxon_superseded_total", "",                                          \
     "Published values another version of the key had already superseded.")                        \
   X(put_conflicts, kCounter, "fluxon_errors_total", "kind=put_conflict",                          \

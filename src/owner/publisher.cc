@@ -92,7 +92,6 @@ absl::Status Publisher::PublishOne(const PutBatch& b) {
   const OwnerIdentity& me = registration_->identity();
   v1::PublishBatchRequest req;
   req.set_node_id(me.node_id);
-  req.set_generation(me.generation);
   req.set_put_id(b.put_id);
   for (size_t i = 0; i < b.keys.size(); ++i) {
     v1::RouteItem* item = req.add_items();
@@ -103,21 +102,25 @@ absl::Status Publisher::PublishOne(const PutBatch& b) {
   }
   for (uint32_t g : b.group_lens) req.add_atomic_group_lens(g);
 
-  bool reregistered = false;
+  // A refusal of this generation (the master restarted before our heartbeat, or expired this
+  // owner) is not the batch's fault: the heartbeat re-registers at once (under a new generation
+  // when expired) and the batch is retried under the generation then current, for up to
+  // kRefusedRetryWindow; only then is it given up.
+  const auto refused_until = Clock::now() + kRefusedRetryWindow;
+  bool warned_refused = false;
+  uint64_t generation_used = 0;
   absl::StatusOr<v1::PublishBatchReply> reply = RetryUncertain(
       [&]() -> absl::StatusOr<v1::PublishBatchReply> {
+        generation_used = registration_->generation();
+        req.set_generation(generation_used);
         absl::StatusOr<v1::PublishBatchReply> r = master_->PublishBatch(req);
-        if (!r.ok() && r.status().code() == absl::StatusCode::kFailedPrecondition &&
-            !reregistered) {
-          // The master does not know this generation (it restarted, or dropped us): register
-          // again and retry once, instead of failing every later publish for good.
-          reregistered = true;
-          absl::Status reg = registration_->Register();
-          spdlog::warn("publish of put {} refused ({}); re-registering with the master: {}",
-                       b.put_id, std::string(r.status().message()), reg.ToString());
-          if (reg.ok()) {
+        if (!r.ok() && IsGenerationRefused(r.status())) {
+          registration_->NoteRefused();
+          if (!warned_refused) {
+            warned_refused = true;
             counters_->master_reregistrations.fetch_add(1, std::memory_order_relaxed);
-            r = master_->PublishBatch(req);
+            spdlog::warn("publish of put {} refused ({}); re-registering with the master", b.put_id,
+                         std::string(r.status().message()));
           }
         }
         return r;
@@ -125,8 +128,13 @@ absl::Status Publisher::PublishOne(const PutBatch& b) {
       stop_,
       [&](const absl::Status& s, std::chrono::milliseconds backoff) {
         counters_->publish_retries.fetch_add(1, std::memory_order_relaxed);
-        spdlog::warn("publish of put {} uncertain ({}); retrying in {} ms", b.put_id, s.ToString(),
-                     backoff.count());
+        if (!IsGenerationRefused(s)) {
+          spdlog::warn("publish of put {} uncertain ({}); retrying in {} ms", b.put_id,
+                       s.ToString(), backoff.count());
+        }
+      },
+      [&](const absl::Status& s) {
+        return IsUncertain(s) || (IsGenerationRefused(s) && Clock::now() < refused_until);
       });
   if (!reply.ok() && IsUncertain(reply.status()) && stop_->stopped()) {
     return absl::CancelledError("owner stopping before publish resolved");
@@ -141,6 +149,11 @@ absl::Status Publisher::PublishOne(const PutBatch& b) {
   }
   size_t not_published = 0;
   PromoteAndAdmit(b, published, &not_published);
+  if (reply.ok()) {
+    registration_->NoteEpoch(reply->master_epoch());
+    // Promoted after a republish may have scanned: republish again if the routes moved on.
+    registration_->RepublishIfChanged(generation_used, reply->master_epoch());
+  }
   if (not_published > 0) {
     counters_->superseded.fetch_add(not_published, std::memory_order_relaxed);
     if (!reply.ok()) counters_->publish_failures.fetch_add(1, std::memory_order_relaxed);

@@ -7,7 +7,8 @@
 // - A1/A2: one job owns one whole batch and one PublishBatch identity; an uncertain outcome is
 //   retried with the same identity (RetryUncertain) until it resolves; only a definite answer
 //   drops local values. A refusal because the master does not know this generation (it
-//   restarted) re-registers once and retries, instead of failing every later publish.
+//   restarted, or expired this owner) wakes the heartbeat, which registers again (under a new
+//   generation when expired), and the batch is retried for kRefusedRetryWindow.
 // - V2/V3: a value is promoted only after the master published its route; the batch's cohorts
 //   are admitted to the hot tier after every member was promoted (A1).
 // - Backpressure: commits take a place in the queue (ReservePlace) before their values become
@@ -66,6 +67,9 @@ class Publisher {
     size_t queue_capacity = 512;
     std::chrono::milliseconds commit_wait_timeout{30'000};
   };
+  // How long a batch refused because the master does not know this owner's generation is
+  // retried (under the generation then current) before it is given up.
+  static constexpr std::chrono::milliseconds kRefusedRetryWindow{10'000};
   Publisher(Options options, MasterRegistration* registration, MasterApi* master, KeyIndex* keys,
             SlotPool* pool, HotTier<>* hot, OwnerCounters* counters, EvictionSignals* signals,
             StopSignal* stop)

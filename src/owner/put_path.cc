@@ -1,5 +1,7 @@
 #include "owner/put_path.h"
 
+#include <random>
+
 #include "absl/strings/str_format.h"
 #include "common/check.h"
 #include "fluxon/batch.h"
@@ -7,6 +9,16 @@
 #include "spdlog/spdlog.h"
 
 namespace fluxon {
+
+uint64_t FirstPutId(uint32_t node_id) {
+  FLUXON_DCHECK(node_id < (1u << kPutIdNodeBits), "node_id does not fit in a put_id");
+  std::random_device rd;
+  // The origin leaves half the sequence space above it, so the counter never reaches the node
+  // bits (2^43 puts per start).
+  const uint64_t origin =
+      ((static_cast<uint64_t>(rd()) << 32) ^ rd()) & ((uint64_t{1} << (kPutIdSeqBits - 1)) - 1);
+  return (static_cast<uint64_t>(node_id) << kPutIdSeqBits) | (origin + 1);
+}
 
 PutPath::~PutPath() {
   std::vector<uint64_t> ids;

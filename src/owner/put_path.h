@@ -44,15 +44,26 @@ struct PutStartOutcome {
   std::vector<uint32_t> conflict_indices;  // non-empty only with an AlreadyExists status
 };
 
+// put_ids are value identities, unique across owners and their restarts: node_id in the high
+// kPutIdNodeBits (so two owners never share one), and below it a per-start random
+// origin plus a counter (so a restarted owner's ids do not repeat its earlier ones: a repeat
+// needs a new start's random origin to fall within the previous start's used range, p ~
+// puts / 2^43 per restart). node_id must fit in kPutIdNodeBits (config validation).
+inline constexpr int kPutIdNodeBits = 20;
+inline constexpr int kPutIdSeqBits = 64 - kPutIdNodeBits;
+// The first put_id of an owner start.
+uint64_t FirstPutId(uint32_t node_id);
+
 class PutPath {
  public:
-  PutPath(std::chrono::milliseconds put_lease, KeyIndex* keys, SlotPool* pool, Publisher* publisher,
-          OwnerCounters* counters)
+  PutPath(uint32_t node_id, std::chrono::milliseconds put_lease, KeyIndex* keys, SlotPool* pool,
+          Publisher* publisher, OwnerCounters* counters)
       : put_lease_(put_lease),
         keys_(keys),
         pool_(pool),
         publisher_(publisher),
-        counters_(counters) {}
+        counters_(counters),
+        next_put_id_(FirstPutId(node_id)) {}
   ~PutPath();
 
   // Takes `args` by value: its keys move into the prepared batch (no second copy per key).
@@ -78,7 +89,7 @@ class PutPath {
   SlotPool* const pool_;
   Publisher* const publisher_;
   OwnerCounters* const counters_;
-  std::atomic<uint64_t> next_put_id_{1};
+  std::atomic<uint64_t> next_put_id_;
   ShardedTable<uint64_t, std::shared_ptr<PutBatch>, 16> puts_;
 };
 

@@ -89,7 +89,8 @@ void RemoteFetcher::Free(Target& t) {
   }
   if (t.slot) counters_->remote_pending_targets.fetch_sub(1, std::memory_order_relaxed);
   t.slot.reset();
-  if (t.reserved) keys_->Unreserve(std::span<const std::string>(&t.key, 1), t.put_id);
+  if (t.reserved)
+    keys_->Unreserve(std::span<const std::string>(&t.key, 1), t.put_id, /*fetch=*/true);
   t.reserved = false;
   t.fate = Target::Fate::kFreed;
 }
@@ -118,7 +119,8 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
     t->put_id = leaders[i].put_id;
     t->len = leaders[i].len;
     if (t->len == 0 ||
-        !keys_->ReserveAll(std::span<const std::string>(&t->key, 1), t->put_id, nullptr)) {
+        !keys_->ReserveAll(std::span<const std::string>(&t->key, 1), t->put_id, nullptr,
+                           /*fetch=*/true)) {
       continue;
     }
     t->reserved = true;
@@ -160,7 +162,7 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
   // G8: one BatchGetStart for every target of the batch, the same identity on every retry.
   v1::BatchGetStartRequest req;
   req.set_requester_node_id(registration_->identity().node_id);
-  req.set_requester_generation(registration_->identity().generation);
+  req.set_requester_generation(registration_->generation());
   req.set_request_id(NextRequestId());
   for (auto& t : targets) {
     v1::GetStartItem* item = req.add_items();
@@ -184,11 +186,12 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
       spdlog::warn("BatchGetStart of {} keys: no answer ({}); quarantining their targets for {} ms",
                    targets.size(), reply.status().ToString(), (ttl + Margin(ttl)).count());
       for (auto& t : targets) {
-        keys_->Unreserve(std::span<const std::string>(&t->key, 1), t->put_id);
+        keys_->Unreserve(std::span<const std::string>(&t->key, 1), t->put_id, /*fetch=*/true);
         t->reserved = false;
       }
       Quarantine(std::move(targets), Clock::now() + ttl + Margin(ttl));
     } else {
+      if (IsGenerationRefused(reply.status())) registration_->NoteRefused();
       spdlog::warn("BatchGetStart of {} keys refused: {}", targets.size(),
                    reply.status().ToString());
       for (auto& t : targets) Free(*t);
@@ -197,6 +200,7 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
     return out;
   }
   registration_->NoteInflightGetTtl(reply->inflight_get_ttl_ms());
+  registration_->NoteEpoch(reply->master_epoch());
   std::vector<Target*> started;
   std::vector<Target*> revoke_early;  // started, but with an answer we do not trust
   std::vector<std::unique_ptr<Target>> unanswered;
@@ -204,7 +208,7 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
     Target& t = *targets[j];
     if (j >= static_cast<size_t>(reply->results_size())) {
       // A short answer: whether these started is unknown.
-      keys_->Unreserve(std::span<const std::string>(&t.key, 1), t.put_id);
+      keys_->Unreserve(std::span<const std::string>(&t.key, 1), t.put_id, /*fetch=*/true);
       t.reserved = false;
       t.fate = Target::Fate::kFreed;  // owned by the quarantine from here on
       auto moved = std::make_unique<Target>(std::move(t));
@@ -315,7 +319,7 @@ void RemoteFetcher::ReadAll(std::vector<Target*>& started, Clock::time_point rea
     if (faults_ != nullptr) rule = faults_->Take("peer.read");
     if (rule && rule->action == FaultAction::kDelay) faults_->Sleep(*rule);
     counters_->remote_transfer_submissions.fetch_add(1, std::memory_order_relaxed);
-    if (rule && rule->action == FaultAction::kFail) {
+    if (rule && (rule->action == FaultAction::kFail || rule->action == FaultAction::kRefuse)) {
       counters_->remote_transfer_failures.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
@@ -386,7 +390,7 @@ void RemoteFetcher::Finish(std::vector<Target*>& done, std::vector<Target*>& rev
 bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until, bool background) {
   v1::BatchGetDoneRequest req;
   req.set_requester_node_id(registration_->identity().node_id);
-  req.set_requester_generation(registration_->identity().generation);
+  req.set_requester_generation(registration_->generation());
   for (Target* t : items) {
     v1::GetDoneItem* item = req.add_items();
     item->set_get_id(t->get_id);
@@ -410,10 +414,12 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
   }
   if (!reply.ok()) {
     // A definite refusal (this generation unknown to the master): nothing was published.
+    if (IsGenerationRefused(reply.status())) registration_->NoteRefused();
     spdlog::warn("BatchGetDone of {} gets refused: {}", items.size(), reply.status().ToString());
     for (Target* t : items) Free(*t);
     return true;
   }
+  registration_->NoteEpoch(reply->master_epoch());
   std::vector<Cohort> chain;
   for (size_t j = 0; j < items.size(); ++j) {
     Target& t = *items[j];
@@ -456,6 +462,8 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
   if (!chain.empty()) {
     hot_->AdmitChain(std::move(chain), 0);
     signals_->CandidatesChanged();
+    // Installed after a republish may have scanned: republish again if the routes moved on.
+    registration_->RepublishIfChanged(req.requester_generation(), reply->master_epoch());
   }
   return true;
 }
@@ -463,7 +471,7 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
 bool RemoteFetcher::TryRevoke(std::vector<Target*>& items, Clock::time_point until) {
   v1::BatchGetRevokeRequest req;
   req.set_requester_node_id(registration_->identity().node_id);
-  req.set_requester_generation(registration_->identity().generation);
+  req.set_requester_generation(registration_->generation());
   for (Target* t : items) req.add_get_ids(t->get_id);
   absl::StatusOr<v1::BatchGetRevokeReply> reply = RetryUncertain(
       [&] {

@@ -15,7 +15,17 @@ RouteTable::PublishOutcome RouteTable::Publish(const std::string& key,
         for (const RouteLocation& l : cur.locations) {
           if (l.SameIdentity(primary)) return PublishOutcome::kRepublished;
         }
-        return PublishOutcome::kSuperseded;
+        if (cur.put_id() != primary.put_id) return PublishOutcome::kSuperseded;
+        // The same version from another place: a copy republished after a master restart or
+        // an owner's new generation (put_ids are unique per value, so equal put_ids are equal
+        // bytes). One location per (node, generation).
+        for (const RouteLocation& l : cur.locations) {
+          if (l.node_id == primary.node_id && l.generation == primary.generation) {
+            return PublishOutcome::kSuperseded;
+          }
+        }
+        cur.locations.push_back(primary);
+        return PublishOutcome::kPublished;
       });
 }
 

@@ -6,8 +6,9 @@
 // Invariants:
 // - A route's locations all carry its put_id; a copy of another version is refused (T2: only a
 //   different put_id is stale), and the same location added twice is one location.
-// - Publishing a key that has a route of another identity leaves it unchanged (Superseded);
-//   the same identity again is an idempotent retry (Republished, T1).
+// - Publishing a key that has a route of another version (put_id) leaves it unchanged
+//   (Superseded); the same identity again is an idempotent retry (Republished, T1); the same
+//   version from another (node, generation) joins the route as a copy (a republished copy).
 // - Removing a location removes exactly (node, generation, put_id); the route goes with its last
 //   location, and the first copy becomes primary when the primary goes.
 // - Sharded by key (256 shards, G10): one shard lock per key, O(locations) work under it.

@@ -1,6 +1,7 @@
 // FaultInjectingMaster: a MasterApi decorator that applies the FaultInjector's rules at the fault
 // points "master.<Method>". drop = the call is applied but its response is lost (Unavailable);
-// duplicate = applied twice; fail = never applied (Unavailable); delay = applied after a sleep
+// duplicate = applied twice; fail = never applied (Unavailable); refuse = never applied, a
+// definite error (Internal); delay = applied after a sleep
 // that ends early when the rule is cleared or the injector shuts down.
 #pragma once
 
@@ -69,6 +70,8 @@ class FaultInjectingMaster final : public MasterApi {
       }
       case FaultAction::kFail:
         return absl::UnavailableError(std::string("injected fault: ") + point + " not delivered");
+      case FaultAction::kRefuse:
+        return absl::InternalError(std::string("injected fault: ") + point + " refused");
     }
     return call();
   }

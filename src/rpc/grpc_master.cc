@@ -1,5 +1,6 @@
 #include "rpc/grpc_master.h"
 
+#include "absl/strings/str_format.h"
 #include "fluxon/v1/master.grpc.pb.h"
 
 namespace fluxon {
@@ -11,7 +12,42 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+grpc::ChannelArguments ControlChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kGrpcMaxMessageBytes);
+  args.SetMaxSendMessageSize(kGrpcMaxMessageBytes);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kGrpcMinReconnectMs);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kGrpcMinReconnectMs);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kGrpcMaxReconnectMs);
+  return args;
+}
+
+void ApplyServerLimits(grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(kGrpcMaxMessageBytes);
+  builder->SetMaxSendMessageSize(kGrpcMaxMessageBytes);
+}
+
 namespace {
+
+// [begin, end) ranges of `n` items whose key bytes (key_bytes(i) + a small per-item overhead)
+// add up to at most kMasterCallKeyBytes each; one range per item at worst.
+template <typename KeyBytes>
+std::vector<std::pair<int, int>> SplitByKeyBytes(int n, KeyBytes key_bytes) {
+  std::vector<std::pair<int, int>> out;
+  int begin = 0;
+  size_t bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    const size_t b = key_bytes(i) + 64;
+    if (i > begin && bytes + b > kMasterCallKeyBytes) {
+      out.emplace_back(begin, i);
+      begin = i;
+      bytes = 0;
+    }
+    bytes += b;
+  }
+  out.emplace_back(begin, n);
+  return out;
+}
 
 template <typename Reply>
 grpc::Status Answer(const absl::StatusOr<Reply>& r, Reply* out) {
@@ -26,7 +62,7 @@ class GrpcMasterClient final : public MasterApi {
       : stub_(v1::MasterService::NewStub(channel)), deadline_(deadline) {}
 
 #define FLUXON_GRPC_CALL(Method, Req, Reply)                        \
-  absl::StatusOr<v1::Reply> Method(const v1::Req& r) override {     \
+  absl::StatusOr<v1::Reply> Call##Method(const v1::Req& r) {        \
     grpc::ClientContext ctx;                                        \
     ctx.set_deadline(std::chrono::system_clock::now() + deadline_); \
     v1::Reply reply;                                                \
@@ -46,7 +82,141 @@ class GrpcMasterClient final : public MasterApi {
   FLUXON_GRPC_CALL(BatchGetRevoke, BatchGetRevokeRequest, BatchGetRevokeReply)
 #undef FLUXON_GRPC_CALL
 
+  absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(const v1::RegisterOwnerRequest& r) override {
+    return CallRegisterOwner(r);
+  }
+  absl::StatusOr<v1::UnregisterOwnerReply> UnregisterOwner(
+      const v1::UnregisterOwnerRequest& r) override {
+    return CallUnregisterOwner(r);
+  }
+  absl::StatusOr<v1::ListOwnersReply> ListOwners(const v1::ListOwnersRequest& r) override {
+    return CallListOwners(r);
+  }
+  absl::StatusOr<v1::ListKeysReply> ListKeys(const v1::ListKeysRequest& r) override {
+    return CallListKeys(r);
+  }
+  absl::StatusOr<v1::BatchGetRevokeReply> BatchGetRevoke(
+      const v1::BatchGetRevokeRequest& r) override {
+    return CallBatchGetRevoke(r);  // 8 bytes per item: 65,536 ids are 0.5 MiB
+  }
+
+  // Calls carrying keys are split by key bytes (kMasterCallKeyBytes); the parts' answers are
+  // concatenated in item order. A part that fails fails the call with its status: items of
+  // earlier parts may have been applied, which every caller already handles (each item is
+  // idempotent by its identity, and an error is an uncertain or refused outcome for all).
+  absl::StatusOr<v1::PublishBatchReply> PublishBatch(const v1::PublishBatchRequest& r) override {
+    return Split<v1::PublishBatchReply>(
+        r, r.items_size(), [&](int i) { return r.items(i).key().size(); },
+        [](const v1::PublishBatchRequest& whole, int b, int e) {
+          v1::PublishBatchRequest part = whole;
+          part.clear_items();
+          part.clear_atomic_group_lens();  // groups are the owner's; the master keys per item
+          for (int i = b; i < e; ++i) *part.add_items() = whole.items(i);
+          return part;
+        },
+        [this](const v1::PublishBatchRequest& p) { return CallPublishBatch(p); },
+        [](v1::PublishBatchReply* all, v1::PublishBatchReply&& part) {
+          all->mutable_outcomes()->MergeFrom(part.outcomes());
+          all->set_master_epoch(part.master_epoch());
+        });
+  }
+  absl::StatusOr<v1::LookupReply> Lookup(const v1::LookupRequest& r) override {
+    return Split<v1::LookupReply>(
+        r, r.keys_size(), [&](int i) { return 2 * r.keys(i).size(); },
+        [](const v1::LookupRequest& whole, int b, int e) {
+          v1::LookupRequest part;
+          part.set_requester_node_id(whole.requester_node_id());
+          for (int i = b; i < e; ++i) part.add_keys(whole.keys(i));
+          return part;
+        },
+        [this](const v1::LookupRequest& p) { return CallLookup(p); },
+        [](v1::LookupReply* all, v1::LookupReply&& part) {
+          all->mutable_found()->MergeFrom(part.found());
+          for (v1::Route& route : *part.mutable_routes()) {
+            *all->add_routes() = std::move(route);
+          }
+          all->set_master_epoch(part.master_epoch());
+        });
+  }
+  absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) override {
+    return Split<v1::RemoveRoutesReply>(
+        r, r.items_size(), [&](int i) { return r.items(i).key().size(); },
+        [](const v1::RemoveRoutesRequest& whole, int b, int e) {
+          v1::RemoveRoutesRequest part = whole;
+          part.clear_items();
+          for (int i = b; i < e; ++i) *part.add_items() = whole.items(i);
+          return part;
+        },
+        [this](const v1::RemoveRoutesRequest& p) { return CallRemoveRoutes(p); },
+        [](v1::RemoveRoutesReply* all, v1::RemoveRoutesReply&& part) {
+          all->mutable_removed()->MergeFrom(part.removed());
+          all->mutable_pinned()->MergeFrom(part.pinned());
+          all->set_master_epoch(part.master_epoch());
+        });
+  }
+  absl::StatusOr<v1::BatchGetStartReply> BatchGetStart(const v1::BatchGetStartRequest& r) override {
+    return Split<v1::BatchGetStartReply>(
+        r, r.items_size(), [&](int i) { return r.items(i).key().size(); },
+        [](const v1::BatchGetStartRequest& whole, int b, int e) {
+          v1::BatchGetStartRequest part = whole;
+          part.clear_items();
+          // Each part is its own request: a distinct, deterministic request_id, so a retry of
+          // the whole call replays every part's stored answer (T1).
+          if (b > 0) {
+            part.set_request_id(whole.request_id() ^
+                                (static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ull));
+          }
+          for (int i = b; i < e; ++i) *part.add_items() = whole.items(i);
+          return part;
+        },
+        [this](const v1::BatchGetStartRequest& p) { return CallBatchGetStart(p); },
+        [](v1::BatchGetStartReply* all, v1::BatchGetStartReply&& part) {
+          for (v1::GetStartResult& res : *part.mutable_results()) {
+            *all->add_results() = std::move(res);
+          }
+          all->set_inflight_get_ttl_ms(part.inflight_get_ttl_ms());
+          all->set_master_epoch(part.master_epoch());
+        });
+  }
+  absl::StatusOr<v1::BatchGetDoneReply> BatchGetDone(const v1::BatchGetDoneRequest& r) override {
+    return Split<v1::BatchGetDoneReply>(
+        r, r.items_size(), [&](int i) { return r.items(i).key().size(); },
+        [](const v1::BatchGetDoneRequest& whole, int b, int e) {
+          v1::BatchGetDoneRequest part = whole;
+          part.clear_items();
+          for (int i = b; i < e; ++i) *part.add_items() = whole.items(i);
+          return part;
+        },
+        [this](const v1::BatchGetDoneRequest& p) { return CallBatchGetDone(p); },
+        [](v1::BatchGetDoneReply* all, v1::BatchGetDoneReply&& part) {
+          all->mutable_outcomes()->MergeFrom(part.outcomes());
+          all->set_master_epoch(part.master_epoch());
+        });
+  }
+
  private:
+  template <typename Reply, typename Req, typename KeyBytes, typename MakePart, typename CallPart,
+            typename Merge>
+  absl::StatusOr<Reply> Split(const Req& whole, int n, KeyBytes key_bytes, MakePart make_part,
+                              CallPart call_part, Merge merge) {
+    const std::vector<std::pair<int, int>> parts = SplitByKeyBytes(n, key_bytes);
+    if (parts.size() == 1) return call_part(whole);
+    Reply all;
+    for (const auto& [b, e] : parts) {
+      absl::StatusOr<Reply> part = call_part(make_part(whole, b, e));
+      if (!part.ok() && b > 0) {
+        // Earlier parts may have been applied: the whole call's outcome is unknown, never a
+        // definite refusal (the caller retries the same identities, T1).
+        return absl::UnavailableError(
+            absl::StrFormat("part %d..%d of %d items: %s (earlier parts may have been applied)", b,
+                            e, n, part.status().ToString()));
+      }
+      if (!part.ok()) return part.status();
+      merge(&all, std::move(*part));
+    }
+    return all;
+  }
+
   std::unique_ptr<v1::MasterService::Stub> stub_;
   const std::chrono::milliseconds deadline_;
 };
@@ -104,7 +274,8 @@ class MasterServiceImpl final : public v1::MasterService::Service {
 absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
     const std::string& address, const GrpcSecurity& security, std::chrono::milliseconds deadline) {
   if (address.empty()) return absl::InvalidArgumentError("master address is empty");
-  return std::make_unique<GrpcMasterClient>(security.Channel(address), deadline);
+  return std::make_unique<GrpcMasterClient>(security.Channel(address, ControlChannelArgs()),
+                                            deadline);
 }
 
 absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(

@@ -30,6 +30,25 @@ absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
 // The gRPC service serving `master` (not owned; must outlive the service).
 std::unique_ptr<grpc::Service> MakeMasterGrpcService(MasterApi* master);
 
+// gRPC message size limit of every control channel and server, set explicitly (gRPC's default
+// receive limit is 4 MiB). No request or answer of ours comes near it: the client splits master
+// calls so that one message carries at most kMasterCallKeyBytes of keys (below).
+inline constexpr int kGrpcMaxMessageBytes = 64 << 20;
+// Key bytes per master RPC: calls whose keys would exceed it are split into several RPCs (each
+// item keeps its own identity, so a retried part is idempotent like the whole, T1). 1 MiB of
+// keys stays far below kGrpcMaxMessageBytes for every request and answer (an answer repeats a
+// key at most once, with under 100 bytes of route per location).
+inline constexpr size_t kMasterCallKeyBytes = 1 << 20;
+// Reconnect backoff of the control channels: a restarted master is found again within about
+// one second, not gRPC's default exponential backoff (up to 120 s).
+inline constexpr int kGrpcMinReconnectMs = 100;
+inline constexpr int kGrpcMaxReconnectMs = 1000;
+
+// Channel arguments of every control channel a node opens (message limits, reconnect backoff).
+grpc::ChannelArguments ControlChannelArgs();
+// Applies the message limits to a server.
+void ApplyServerLimits(grpc::ServerBuilder* builder);
+
 // absl <-> gRPC status, code for code.
 grpc::Status ToGrpcStatus(const absl::Status& s);
 absl::Status FromGrpcStatus(const grpc::Status& s);

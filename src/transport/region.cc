@@ -52,13 +52,22 @@ absl::Status RegisteredRegion::Unregister(absl::Duration bound) {
   return absl::OkStatus();
 }
 
+absl::Status RegisteredRegion::SetGeneration(uint64_t generation) {
+  if (generation == 0) return absl::InvalidArgumentError("region generation must be non-zero");
+  MutexLock lock(&mu_);
+  if (view_.generation == 0) return absl::FailedPreconditionError("no region registered");
+  view_.generation = generation;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RegisteredRegion::Lease> RegisteredRegion::Acquire(uint64_t generation) {
   MutexLock lock(&mu_);
   if (!accepting_) return absl::FailedPreconditionError("the peer has no registered region");
   if (generation != view_.generation) {
+    // The served generation is not named: a refusal must not tell a guesser what to send.
     return absl::FailedPreconditionError(
-        absl::StrCat("stale generation: the request carries generation ", generation,
-                     ", the peer serves generation ", view_.generation));
+        absl::StrCat("stale generation: the peer does not serve generation ", generation,
+                     " (restarted or re-registered; look the route up again)"));
   }
   ++active_;
   return Lease(this, view_);

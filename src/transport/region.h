@@ -47,6 +47,9 @@ class RegisteredRegion {
   };
 
   absl::Status Register(uint64_t generation, void* base, uint64_t len);
+  // Serves the registered region under `generation` from now on (the owner registered with its
+  // master under a new generation); requests naming the old one are refused.
+  absl::Status SetGeneration(uint64_t generation);
   // Stops new leases; waits (up to `bound`) for active ones. DeadlineExceeded if they remain.
   absl::Status Unregister(absl::Duration bound);
 

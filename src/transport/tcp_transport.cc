@@ -714,9 +714,14 @@ void TcpTransport::Server::Serve(int fd) {
       codes.assign(h.descriptor_count, static_cast<uint8_t>(lease.status().code()));
       refused_.fetch_add(1);
     } else {
+      const bool write = h.op == static_cast<uint8_t>(OpKind::kWrite);
       for (uint32_t i = 0; i < h.descriptor_count; ++i) {
         if (!CheckRange(lease->view().len, wire[i].offset, wire[i].len).ok()) {
           codes[i] = static_cast<uint8_t>(absl::StatusCode::kOutOfRange);
+          refused_.fetch_add(1);
+        } else if (write && (!options_.write_filter ||
+                             !options_.write_filter(wire[i].offset, wire[i].len))) {
+          codes[i] = static_cast<uint8_t>(absl::StatusCode::kPermissionDenied);
           refused_.fetch_add(1);
         } else {
           ok_bytes += wire[i].len;
@@ -843,6 +848,10 @@ TcpTransport::~TcpTransport() {
 
 absl::Status TcpTransport::RegisterRegion(uint64_t generation, void* base, uint64_t len) {
   return region_.Register(generation, base, len);
+}
+
+absl::Status TcpTransport::SetRegionGeneration(uint64_t generation) {
+  return region_.SetGeneration(generation);
 }
 
 absl::Status TcpTransport::UnregisterRegion() {

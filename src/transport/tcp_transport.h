@@ -63,6 +63,10 @@ struct TcpTransportOptions {
   // handshake_timeout (an initiator within its connect deadline).
   std::string cluster_secret;
   absl::Duration handshake_timeout = absl::Seconds(5);
+  // Serving side: whether a peer may WRITE [offset, offset + len) of the region. Null: every
+  // WRITE is refused (PermissionDenied per descriptor; the payload is read and discarded). An
+  // owner never writes to a peer, so fluxond leaves it null.
+  std::function<bool(uint64_t offset, uint64_t len)> write_filter;
 };
 
 class TcpTransport final : public Transport {
@@ -73,6 +77,7 @@ class TcpTransport final : public Transport {
   std::string_view name() const override { return "tcp"; }
   std::string endpoint() const override { return endpoint_; }
   absl::Status RegisterRegion(uint64_t generation, void* base, uint64_t len) override;
+  absl::Status SetRegionGeneration(uint64_t generation) override;
   absl::Status UnregisterRegion() override;
   absl::StatusOr<BatchHandle> Submit(const PeerId& peer, OpKind op,
                                      std::span<const Descriptor> descriptors,

@@ -28,7 +28,11 @@
 // - In-flight bytes per peer are bounded (Options::max_inflight_bytes_per_peer); what does not
 //   fit waits in the peer's queue (its wait is bounded by the batch deadline).
 // - A peer is (address, expected generation). A restarted peer has a new generation; a request
-//   carrying the old one is refused with FailedPrecondition naming both generations.
+//   carrying the old one is refused with FailedPrecondition naming the request's generation
+//   only (never the served one: a refusal reveals nothing a guesser could use).
+// - One-sided WRITE is served only where the serving side allows it (TCP: its write filter;
+//   verbs: serve_remote_writes): owners never write to peers, so an owner's data plane refuses
+//   every WRITE (PermissionDenied per descriptor) and nothing a peer sends changes its memory.
 // - No exceptions cross this interface; errors are absl::Status.
 #pragma once
 
@@ -120,6 +124,9 @@ class Transport {
   // Registers the one region this transport serves and uses as local memory. `generation` is the
   // owner's segment generation (non-zero). FailedPrecondition when a region is registered already.
   virtual absl::Status RegisterRegion(uint64_t generation, void* base, uint64_t len) = 0;
+  // Serves the registered region under `generation` from now on (non-zero); requests naming
+  // the previous one are refused like any stale generation.
+  virtual absl::Status SetRegionGeneration(uint64_t generation) = 0;
   // Cancels every outstanding batch, refuses new requests, and returns once no serving operation
   // or batch touches the region any more. NotFound when nothing is registered.
   virtual absl::Status UnregisterRegion() = 0;

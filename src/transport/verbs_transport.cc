@@ -451,13 +451,22 @@ absl::Status VerbsTransport::RegisterRegion(uint64_t generation, void* base, uin
   MutexLock lock(&mr_mu_);
   absl::Status s = region_.Register(generation, base, len);
   if (!s.ok()) return s;
-  auto mr = api_->RegisterMr(pd_, base, len, kLocalWrite | kRemoteRead | kRemoteWrite);
+  // Remote WRITE access only where the options allow it: the NIC then refuses every one-sided
+  // write into this region (owners never write to peers).
+  auto mr = api_->RegisterMr(
+      pd_, base, len,
+      kLocalWrite | kRemoteRead | (options_.serve_remote_writes ? kRemoteWrite : 0));
   if (!mr.ok()) {
     (void)region_.Unregister(absl::Seconds(1));
     return mr.status();
   }
   mr_ = *mr;
   return absl::OkStatus();
+}
+
+absl::Status VerbsTransport::SetRegionGeneration(uint64_t) {
+  return absl::UnimplementedError(
+      "the verbs transport cannot change its region's generation while queue pairs carry it");
 }
 
 absl::Status VerbsTransport::UnregisterRegion() {

@@ -104,6 +104,9 @@ struct VerbsTransportOptions {
   uint32_t signal_every = 8;
   uint64_t max_wr_bytes = uint64_t{1} << 20;
   uint64_t max_inflight_bytes_per_peer = uint64_t{256} << 20;
+  // Registers the region with remote WRITE access (peers may RDMA-write into it). Off: the NIC
+  // refuses every one-sided write (owners never write to peers).
+  bool serve_remote_writes = false;
 };
 
 class VerbsTransport final : public Transport, private VerbsAcceptor {
@@ -116,6 +119,9 @@ class VerbsTransport final : public Transport, private VerbsAcceptor {
   std::string_view name() const override { return "rdma"; }
   std::string endpoint() const override { return options_.node_name; }
   absl::Status RegisterRegion(uint64_t generation, void* base, uint64_t len) override;
+  // Unimplemented: queue pairs carry the region's generation from their set-up, so a new one
+  // would need every peer's queue pairs torn down first; fluxond serves TCP only.
+  absl::Status SetRegionGeneration(uint64_t generation) override;
   absl::Status UnregisterRegion() override;
   absl::StatusOr<BatchHandle> Submit(const PeerId& peer, OpKind op,
                                      std::span<const Descriptor> descriptors,

@@ -65,6 +65,53 @@ TEST(DataPlane, PeerReadsACommittedValueAtItsRouteAndAStaleGenerationIsRefused) 
   ASSERT_TRUE((*peer)->UnregisterRegion().ok());
 }
 
+// Cluster hardening, item 5: owners never write to peers, so a one-sided WRITE into an owner's
+// segment is refused (PermissionDenied) and the committed value keeps its bytes.
+TEST(DataPlane, OneSidedWriteIntoAnOwnersSegmentIsRefused) {
+  Config c = TestConfig();
+  c.owner->data_address = "127.0.0.1:0";
+  auto node = StartNode(c);
+  constexpr int64_t kLen = 8192;
+  std::vector<uint8_t> bytes(kLen, 0x5A);
+  auto client = Connect(c);
+  auto plan = client->LocalFastPutStart({"not-writable"}, kLen, PutOptions{});
+  ASSERT_TRUE(plan.ok());
+  ASSERT_TRUE(CopyPlanValues(*plan, bytes.data(), kLen, CopyDirection::kToValues).ok());
+  auto fut = client->LocalFastPutCommit(*plan);
+  ASSERT_TRUE(fut.ok() && fut->Wait(std::chrono::milliseconds(5000)).ok());
+  v1::LookupRequest lr;
+  lr.add_keys("not-writable");
+  auto route = node->master()->Lookup(lr);
+  ASSERT_TRUE(route.ok() && route->found(0));
+
+  transport::TcpTransportOptions po;
+  po.listen_address = "";
+  auto peer = transport::TcpTransport::Create(po);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::vector<uint8_t> evil(kLen, 0xEE);
+  ASSERT_TRUE((*peer)->RegisterRegion(78, evil.data(), evil.size()).ok());
+  const transport::Descriptor d{route->routes(0).offset(), evil.data(),
+                                static_cast<uint64_t>(kLen)};
+  auto batch = (*peer)->Submit({node->data_address(), node->owner()->registration_generation()},
+                               transport::OpKind::kWrite, {&d, 1}, absl::Seconds(5));
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  const transport::BatchResult& r = batch->Wait();
+  ASSERT_EQ(r.descriptors.size(), 1u);
+  EXPECT_EQ(r.descriptors[0].code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_GE(node->owner()->Stats()["data_plane_requests_refused"], 1);
+
+  // The owner's own readers still see the bytes that were put.
+  std::vector<uint8_t> back(kLen, 0);
+  auto h = client->GetStart({"not-writable"});
+  ASSERT_TRUE(h.ok());
+  auto get = client->GetTransfer(*h);
+  ASSERT_TRUE(get.ok());
+  ASSERT_TRUE(CopyPlanValues(*get, back.data(), kLen, CopyDirection::kFromValues).ok());
+  EXPECT_EQ(back, bytes);
+  ASSERT_TRUE(client->ReleaseViews(*get).ok());
+  ASSERT_TRUE((*peer)->UnregisterRegion().ok());
+}
+
 TEST(DataPlane, OffByDefault) {
   Config c = TestConfig();
   auto node = StartNode(c);

@@ -394,5 +394,113 @@ TEST(RemoteGetMaster, ExpiredOwnerLosesItsRoutesGetsAndGeneration) {
   EXPECT_TRUE(m.RegisterOwner(old).ok());
 }
 
+// Cluster hardening, item 3: the gets reading from an owner end with its expiry, so a requester
+// whose read was slowed past its source's lease never publishes what it read.
+TEST(RemoteGetMaster, ExpiryOfASourceEndsTheGetsReadingFromIt) {
+  MasterOptions o;
+  o.owner_lease = milliseconds(100);
+  o.owner_grace = milliseconds(100);
+  MasterCore m(o);
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"k"});
+  const auto start = Start(2, 22, 5, {"k"}, 7);
+  auto s = m.BatchGetStart(start);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->results(0).outcome(), v1::GET_STARTED);
+  for (int i = 0; i < 6; ++i) {  // the requester stays heard, the source does not
+    std::this_thread::sleep_for(milliseconds(50));
+    Register(m, 2, 22);
+  }
+  m.ExpireDue(Clock::now());
+  EXPECT_EQ(m.counters().owners_expired.load(), 1);
+  EXPECT_EQ(m.inflight_gets(), 0u);
+  auto d = m.BatchGetDone(Done(start, *s));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcomes(0), v1::GET_DONE_UNKNOWN);
+  EXPECT_EQ(Locations(m, "k"), 0u);
+}
+
+// The same when the source re-registers under a new generation (its memory was reset).
+TEST(RemoteGetMaster, SourceReregisteringEndsTheGetsReadingFromIt) {
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"k"});
+  const auto start = Start(2, 22, 5, {"k"}, 7);
+  auto s = m.BatchGetStart(start);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(m.UnregisterOwner([] {
+               v1::UnregisterOwnerRequest r;
+               r.set_node_id(1);
+               r.set_generation(11);
+               return r;
+             }())
+                .ok(),
+            true);
+  EXPECT_EQ(m.inflight_gets(), 0u);
+  auto d = m.BatchGetDone(Done(start, *s));
+  ASSERT_TRUE(d.ok());
+  EXPECT_NE(d->outcomes(0), v1::GET_DONE);
+}
+
+// Item 11: a BatchGetStart answer is kept for retries (T1) only while a get it started is in
+// flight; an answer that started nothing is not kept at all.
+TEST(RemoteGetMaster, StoredAnswersGoWithTheirLastGet) {
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"a", "b"});
+  const auto start = Start(2, 22, 9, {"a", "b"}, 7);
+  auto s = m.BatchGetStart(start);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(m.stored_get_replies(), 1u);
+  auto replay = m.BatchGetStart(start);  // T1: the stored answer
+  ASSERT_TRUE(replay.ok());
+  EXPECT_EQ(replay->results(0).get_id(), s->results(0).get_id());
+  ASSERT_TRUE(m.BatchGetDone(Done(start, *s)).ok());
+  EXPECT_EQ(m.stored_get_replies(), 0u);
+  ASSERT_TRUE(m.BatchGetStart(Start(2, 22, 10, {"missing"}, 7)).ok());
+  EXPECT_EQ(m.stored_get_replies(), 0u);
+}
+
+// Item 7: every master instance has its own epoch, carried by its answers.
+TEST(RemoteGetMaster, EveryAnswerCarriesTheMastersEpoch) {
+  MasterCore m1, m2;
+  EXPECT_NE(m1.epoch(), 0u);
+  EXPECT_NE(m1.epoch(), m2.epoch());
+  v1::RegisterOwnerRequest r;
+  r.set_node_id(1);
+  r.set_generation(11);
+  auto reg = m1.RegisterOwner(r);
+  ASSERT_TRUE(reg.ok());
+  EXPECT_EQ(reg->master_epoch(), m1.epoch());
+  v1::LookupRequest lr;
+  lr.add_keys("x");
+  EXPECT_EQ(m1.Lookup(lr)->master_epoch(), m1.epoch());
+}
+
+// A republished copy of the routed version joins the route (same put_id from another owner);
+// another put_id is still superseded (T2).
+TEST(RemoteGetMaster, RepublishedCopyOfTheRoutedVersionJoinsTheRoute) {
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  Publish(m, 1, 11, 7, {"k"});
+  Publish(m, 2, 22, 7, {"k"});
+  EXPECT_EQ(Locations(m, "k"), 2u);
+  v1::PublishBatchRequest other;
+  other.set_node_id(2);
+  other.set_generation(22);
+  v1::RouteItem* i = other.add_items();
+  i->set_key("k");
+  i->set_put_id(8);
+  i->set_offset(4096);
+  i->set_len(kLen);
+  auto reply = m.PublishBatch(other);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->outcomes(0), v1::SUPERSEDED);
+}
+
 }  // namespace
 }  // namespace fluxon

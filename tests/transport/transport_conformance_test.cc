@@ -228,6 +228,7 @@ class EmulatedFabricEnv {
     o.max_wr_bytes = 1 * MiB;
     o.max_outstanding_wr_per_qp = 16;
     o.max_inflight_bytes_per_peer = kMaxInflight;
+    o.serve_remote_writes = true;  // the suite writes into peers (owners never allow it)
     auto t = verbs::VerbsTransport::Create(o, fabric->AttachNode(node), std::move(exchange));
     if (!t.ok()) {
       ADD_FAILURE() << t.status();
