@@ -29,6 +29,19 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
   if (!config.security.cluster_secret_file.empty()) {
     FLUXON_ASSIGN_OR_RETURN(cluster_secret,
                             security::LoadClusterSecret(config.security.cluster_secret_file));
+  } else if (config.owner && !config.owner->data_address.empty()) {
+    // The data plane always authenticates: without a configured secret (a loopback cluster on
+    // one machine, the start-up rule refuses anything else) it uses the machine-local one every
+    // fluxond of this user shares; only security.insecure serves with no secret at all.
+    if (config.security.insecure) {
+      spdlog::warn(
+          "data plane without a cluster secret (security.insecure): any local process can read "
+          "this owner's segment through it");
+    } else {
+      const std::string path = security::MachineSecretPath();
+      FLUXON_ASSIGN_OR_RETURN(cluster_secret, security::LoadOrCreateMachineSecret(path));
+      spdlog::info("data plane: machine-local cluster secret {}", path);
+    }
   }
   for (const FaultConfig& f : config.faults) {
     FLUXON_ASSIGN_OR_RETURN(FaultAction action, ParseFaultAction(f.action));

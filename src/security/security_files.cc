@@ -1,11 +1,17 @@
 #include "security/security_files.h"
 
+#include <fcntl.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
+#include <openssl/rand.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <fstream>
 #include <memory>
@@ -151,6 +157,59 @@ absl::StatusOr<std::string> LoadClusterSecret(const std::string& path) {
         path, st.st_mode & 0777);
   }
   return secret;
+}
+
+std::string MachineSecretPath() {
+  return absl::StrFormat("/dev/shm/fluxon-cluster-secret-%d", ::geteuid());
+}
+
+absl::StatusOr<std::string> LoadOrCreateMachineSecret(const std::string& path) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 0077) != 0) {
+        return absl::PermissionDeniedError(absl::StrFormat(
+            "the machine cluster secret %s is not a regular file owned by uid %d with mode 0600 "
+            "(uid %d, mode %o); remove it, or set security.cluster_secret_file",
+            path, ::geteuid(), st.st_uid, st.st_mode & 07777));
+      }
+      return LoadClusterSecret(path);
+    }
+    if (errno != ENOENT) {
+      return absl::UnavailableError(
+          absl::StrFormat("machine cluster secret %s: %s", path, std::strerror(errno)));
+    }
+    unsigned char raw[32];
+    if (RAND_bytes(raw, sizeof(raw)) != 1) {
+      return absl::InternalError("OpenSSL could not generate a cluster secret");
+    }
+    std::string hex;
+    for (unsigned char b : raw) hex += absl::StrFormat("%02x", b);
+    hex += "\n";
+    const std::string tmp = absl::StrFormat("%s.%d.tmp", path, ::getpid());
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+      return absl::UnavailableError(
+          absl::StrFormat("creating the machine cluster secret %s: %s", tmp, std::strerror(errno)));
+    }
+    const bool written =
+        ::write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size()) && ::fsync(fd) == 0;
+    ::close(fd);
+    // link() publishes the complete file under its name, or fails when another process won.
+    const bool linked = written && ::link(tmp.c_str(), path.c_str()) == 0;
+    const int link_errno = errno;
+    ::unlink(tmp.c_str());
+    if (linked) {
+      spdlog::info("created the machine cluster secret {} (mode 0600)", path);
+      return std::string(absl::StripAsciiWhitespace(hex));
+    }
+    if (!written || link_errno != EEXIST) {
+      return absl::UnavailableError(absl::StrFormat("creating the machine cluster secret %s: %s",
+                                                    path, std::strerror(link_errno)));
+    }
+  }
+  return absl::UnavailableError(
+      absl::StrFormat("the machine cluster secret %s kept changing under us", path));
 }
 
 }  // namespace fluxon::security

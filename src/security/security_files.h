@@ -33,4 +33,14 @@ inline constexpr size_t kMinClusterSecretBytes = 16;
 // least kMinClusterSecretBytes. Logs a warning when other users may read it (mode & 0077).
 absl::StatusOr<std::string> LoadClusterSecret(const std::string& path);
 
+// The machine-local cluster secret of this user: what a data plane uses when no
+// security.cluster_secret_file is set (so it is never open, even on loopback). Every fluxond of
+// one user on one machine shares it (they find each other's data planes on loopback); nobody
+// else can read it. Created at first use with 32 random bytes (hex), mode 0600, atomically (two
+// owners starting at once agree on one). A file there that is not a regular file owned by this
+// user with no group/other permissions is refused, never read (another user could have planted
+// a secret they know).
+std::string MachineSecretPath();
+absl::StatusOr<std::string> LoadOrCreateMachineSecret(const std::string& path);
+
 }  // namespace fluxon::security

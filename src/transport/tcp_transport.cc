@@ -3,12 +3,15 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio.hpp>
+#include <cerrno>
 #include <cstring>
+#include <limits>
 #include <list>
 
 #include "absl/strings/str_cat.h"
@@ -609,11 +612,14 @@ class TcpTransport::Server {
   }
   uint64_t refused() const { return refused_.load(); }
   uint64_t handshakes_refused() const { return handshakes_refused_.load(); }
+  uint64_t idle_closed() const { return idle_closed_.load(); }
 
  private:
   struct ServingConnection {
     int fd = -1;
     std::atomic<bool> finished{false};
+    std::atomic<bool> authenticated{false};  // past the handshake
+    bool evicted = false;                    // shut down to make room (under mu_)
     std::thread thread;
   };
 
@@ -645,10 +651,23 @@ class TcpTransport::Server {
       ::close(fd);
       return;
     }
+    if (handshaking_.load() >= options_.max_unauthenticated_connections) {
+      // At the bound, the connection that has waited longest in its handshake goes: a member
+      // proves itself in one round trip, so the oldest is a silent one, and a crowd of silent
+      // connects can never hold every place against a member.
+      for (auto& old : conns_) {
+        if (!old.authenticated.load() && !old.finished.load() && !old.evicted && old.fd >= 0) {
+          old.evicted = true;
+          ::shutdown(old.fd, SHUT_RDWR);
+          break;
+        }
+      }
+    }
+    handshaking_.fetch_add(1);
     ServingConnection& c = conns_.emplace_back();
     c.fd = fd;
     c.thread = std::thread([this, &c, fd] {
-      Serve(fd);
+      Serve(fd, &c.authenticated);
       MutexLock lock(&mu_);  // InterruptAll never shuts down a closed (or reused) fd number
       ::close(fd);
       c.fd = -1;
@@ -656,7 +675,7 @@ class TcpTransport::Server {
     });
   }
 
-  void Serve(int fd);
+  void Serve(int fd, std::atomic<bool>* authenticated);
 
   const TcpTransportOptions& options_;
   RegisteredRegion& region_;
@@ -666,20 +685,26 @@ class TcpTransport::Server {
   std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> handshakes_refused_{0};
+  std::atomic<int> handshaking_{0};  // serving connections still in the handshake
+  std::atomic<uint64_t> idle_closed_{0};
   mutable Mutex mu_;
   std::list<ServingConnection> conns_ ABSL_GUARDED_BY(mu_);  // stable addresses
 };
 
-void TcpTransport::Server::Serve(int fd) {
+void TcpTransport::Server::Serve(int fd, std::atomic<bool>* authenticated) {
   const auto handshake_deadline =
       Clock::now() + absl::ToChronoNanoseconds(options_.handshake_timeout);
-  if (absl::Status hs = tcp::ServerHandshake(fd, options_.cluster_secret, handshake_deadline);
-      !hs.ok()) {
+  const absl::Status hs = tcp::ServerHandshake(fd, options_.cluster_secret, handshake_deadline);
+  if (hs.ok()) authenticated->store(true);
+  handshaking_.fetch_sub(1);
+  if (!hs.ok()) {
     handshakes_refused_.fetch_add(1);
     spdlog::warn("tcp transport: closing a connection before any request: {}",
                  std::string(hs.message()));
     return;
   }
+  const int idle_ms = static_cast<int>(std::min<int64_t>(
+      absl::ToInt64Milliseconds(options_.idle_timeout), std::numeric_limits<int>::max()));
   std::vector<tcp::WireDescriptor> wire;
   std::vector<uint8_t> codes;
   std::vector<iovec> iov;
@@ -689,6 +714,16 @@ void TcpTransport::Server::Serve(int fd) {
   iov.reserve(tcp::kMaxDescriptorsPerRequest + 4);
   const int send_flags = options_.zerocopy_send ? MSG_ZEROCOPY : 0;
   for (;;) {
+    // Idle bound: an authenticated connection with no request for idle_timeout is closed.
+    pollfd pfd{fd, POLLIN, 0};
+    int ready;
+    do {
+      ready = ::poll(&pfd, 1, idle_ms);
+    } while (ready < 0 && errno == EINTR);
+    if (ready == 0) {
+      idle_closed_.fetch_add(1);
+      return;
+    }
     tcp::RequestHeader h;
     iov.assign(1, iovec{&h, sizeof(h)});
     if (!RecvAll(fd, iov).ok()) return;
@@ -966,6 +1001,7 @@ TransportStats TcpTransport::stats() const {
     s.serving_connections = server_->connections();
     s.requests_refused = server_->refused();
     s.handshakes_refused = server_->handshakes_refused();
+    s.idle_closed = server_->idle_closed();
   }
   return s;
 }

@@ -56,13 +56,20 @@ struct TcpTransportOptions {
   uint64_t request_bytes = uint64_t{4} << 20;  // at most tcp::kMaxRequestBytes
   uint64_t max_inflight_bytes_per_peer = uint64_t{256} << 20;
   absl::Duration connect_timeout = absl::Seconds(2);
-  int max_serving_connections = 256;
+  // Serving side: connections at most (each has a thread), and of them at most
+  // max_unauthenticated_connections still in the handshake (more are closed at once, so silent
+  // connects cannot take the places of members). 1024 serves 256 requesters at 4 connections.
+  int max_serving_connections = 1024;
+  int max_unauthenticated_connections = 64;
+  // An authenticated serving connection with no request for this long is closed (the
+  // initiator reconnects on its next batch).
+  absl::Duration idle_timeout = absl::Seconds(300);
   bool zerocopy_send = false;  // MSG_ZEROCOPY for read replies (measured in bench/transport_bench)
   // Every connection starts with the mutual cluster-secret handshake (tcp_handshake.h), served
   // and initiated with this secret; a serving connection must complete it within
   // handshake_timeout (an initiator within its connect deadline).
   std::string cluster_secret;
-  absl::Duration handshake_timeout = absl::Seconds(5);
+  absl::Duration handshake_timeout = absl::Seconds(1);
   // Serving side: whether a peer may WRITE [offset, offset + len) of the region. Null: every
   // WRITE is refused (PermissionDenied per descriptor; the payload is read and discarded). An
   // owner never writes to a peer, so fluxond leaves it null.

@@ -109,6 +109,8 @@ struct TransportStats {
   // Serving side: connections closed because the peer failed the membership proof (wrong cluster
   // secret, not our protocol, too slow) before any request was read.
   uint64_t handshakes_refused = 0;
+  // Serving side: authenticated connections closed after idle_timeout without a request.
+  uint64_t idle_closed = 0;
   uint64_t batches_completed = 0;
 };
 

@@ -3,9 +3,13 @@
 // at its route's offset, and a request naming another generation is refused.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <vector>
 
+#include "security/security_files.h"
 #include "tests/integration/test_node.h"
 #include "transport/tcp_transport.h"
 
@@ -15,6 +19,13 @@ namespace {
 using ::fluxon::testing::Connect;
 using ::fluxon::testing::StartNode;
 using ::fluxon::testing::TestConfig;
+
+// The secret every fluxond of this user on this machine serves its loopback data plane with.
+std::string MachineSecret() {
+  auto s = security::LoadOrCreateMachineSecret(security::MachineSecretPath());
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : std::string();
+}
 
 TEST(DataPlane, PeerReadsACommittedValueAtItsRouteAndAStaleGenerationIsRefused) {
   Config c = TestConfig();
@@ -45,6 +56,7 @@ TEST(DataPlane, PeerReadsACommittedValueAtItsRouteAndAStaleGenerationIsRefused) 
   // A peer: its own transport with a registered local buffer.
   transport::TcpTransportOptions po;
   po.listen_address = "";
+  po.cluster_secret = MachineSecret();
   auto peer = transport::TcpTransport::Create(po);
   ASSERT_TRUE(peer.ok()) << peer.status();
   std::vector<uint8_t> local(kLen, 0);
@@ -86,6 +98,7 @@ TEST(DataPlane, OneSidedWriteIntoAnOwnersSegmentIsRefused) {
 
   transport::TcpTransportOptions po;
   po.listen_address = "";
+  po.cluster_secret = MachineSecret();
   auto peer = transport::TcpTransport::Create(po);
   ASSERT_TRUE(peer.ok()) << peer.status();
   std::vector<uint8_t> evil(kLen, 0xEE);
@@ -110,6 +123,51 @@ TEST(DataPlane, OneSidedWriteIntoAnOwnersSegmentIsRefused) {
   EXPECT_EQ(back, bytes);
   ASSERT_TRUE(client->ReleaseViews(*get).ok());
   ASSERT_TRUE((*peer)->UnregisterRegion().ok());
+}
+
+// Item 4: a loopback data plane without a configured secret still authenticates (with the
+// machine-local secret): a peer with an empty or a guessed secret is refused before any
+// request is read, and the refusal names no generation.
+TEST(DataPlane, LoopbackDataPlaneWithoutAConfiguredSecretRefusesAnEmptySecret) {
+  Config c = TestConfig();
+  c.owner->data_address = "127.0.0.1:0";
+  auto node = StartNode(c);
+  std::vector<uint8_t> local(4096, 0);
+  for (const std::string& secret : {std::string(), std::string(32, 'a')}) {
+    transport::TcpTransportOptions po;
+    po.listen_address = "";
+    po.cluster_secret = secret;
+    auto peer = transport::TcpTransport::Create(po);
+    ASSERT_TRUE(peer.ok());
+    ASSERT_TRUE((*peer)->RegisterRegion(79, local.data(), local.size()).ok());
+    const transport::Descriptor d{0, local.data(), local.size()};
+    auto batch = (*peer)->Submit({node->data_address(), node->owner()->registration_generation()},
+                                 transport::OpKind::kRead, {&d, 1}, absl::Seconds(5));
+    ASSERT_TRUE(batch.ok());
+    const absl::Status st = batch->Wait().status;
+    EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+    EXPECT_EQ(
+        std::string(st.message()).find(std::to_string(node->owner()->registration_generation())),
+        std::string::npos);
+    ASSERT_TRUE((*peer)->UnregisterRegion().ok());
+  }
+  EXPECT_GE(node->owner()->Stats()["data_plane_handshakes_refused"], 2);
+}
+
+// A machine secret file another user could have planted (wrong mode) is refused, never read.
+TEST(DataPlane, MachineSecretFileWithLooseModeIsRefused) {
+  const std::string path = "/tmp/fluxon-test-machine-secret-" + std::to_string(::getpid());
+  ::unlink(path.c_str());
+  auto created = security::LoadOrCreateMachineSecret(path);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->size(), 64u);
+  auto again = security::LoadOrCreateMachineSecret(path);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *created);  // one secret for every fluxond of this user
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  auto loose = security::LoadOrCreateMachineSecret(path);
+  EXPECT_EQ(loose.status().code(), absl::StatusCode::kPermissionDenied);
+  ::unlink(path.c_str());
 }
 
 TEST(DataPlane, OffByDefault) {

@@ -250,5 +250,96 @@ TEST(TcpTransportSecret, ConnectionThatNeverProvesIsClosedByTheHandshakeTimeout)
   EXPECT_EQ(server.transport->stats().handshakes_refused, 1u);
 }
 
+// Cluster hardening, item 6: silent TCP connects (no handshake) cannot lock members out; the
+// oldest unauthenticated connection makes room, and members keep reading throughout.
+TEST(TcpTransportSecret, SilentConnectsDoNotLockMembersOut) {
+  Served server;
+  server.transport =
+      MakeTransport("cluster secret: fluxon-test-6", /*listen=*/true, absl::Seconds(5));
+  ASSERT_TRUE(server.transport->RegisterRegion(6, server.region.data(), server.region.size()).ok());
+  std::vector<int> silent;
+  for (int i = 0; i < 300; ++i) silent.push_back(ConnectLoopback(server.transport->endpoint()));
+  std::vector<uint8_t> local(1 << 16, 0x11);
+  auto member = MakeTransport("cluster secret: fluxon-test-6", /*listen=*/false);
+  ASSERT_TRUE(member->RegisterRegion(1, local.data(), local.size()).ok());
+  for (int round = 0; round < 5; ++round) {
+    Descriptor d{0, local.data(), 4096};
+    auto h =
+        member->Submit({server.transport->endpoint(), 6}, OpKind::kRead, {&d, 1}, absl::Seconds(3));
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE(h->Wait().status.ok()) << "round " << round << ": " << h->Wait().status;
+  }
+  EXPECT_LE(server.transport->stats().serving_connections, 64u + 2u);
+  for (int fd : silent) ::close(fd);
+}
+
+// An authenticated connection idle for idle_timeout is closed; the member reconnects on its next
+// batch.
+TEST(TcpTransportSecret, IdleConnectionIsClosedAndTheMemberReconnects) {
+  Served server;
+  TcpTransportOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.cluster_secret = "cluster secret: fluxon-test-7";
+  o.idle_timeout = absl::Milliseconds(200);
+  auto t = TcpTransport::Create(o);
+  ASSERT_TRUE(t.ok());
+  server.transport = std::move(*t);
+  ASSERT_TRUE(server.transport->RegisterRegion(7, server.region.data(), server.region.size()).ok());
+  std::vector<uint8_t> local(1 << 16, 0x11);
+  auto member = MakeTransport("cluster secret: fluxon-test-7", /*listen=*/false);
+  ASSERT_TRUE(member->RegisterRegion(1, local.data(), local.size()).ok());
+  Descriptor d{0, local.data(), 4096};
+  auto first =
+      member->Submit({server.transport->endpoint(), 7}, OpKind::kRead, {&d, 1}, absl::Seconds(5));
+  ASSERT_TRUE(first.ok() && first->Wait().status.ok());
+  for (int i = 0; i < 300 && server.transport->stats().serving_connections > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server.transport->stats().serving_connections, 0u);
+  EXPECT_GE(server.transport->stats().idle_closed, 1u);
+  local[0] = 0;
+  bool ok = false;
+  for (int attempt = 0; attempt < 3 && !ok; ++attempt) {  // at most one batch meets the close
+    auto again =
+        member->Submit({server.transport->endpoint(), 7}, OpKind::kRead, {&d, 1}, absl::Seconds(5));
+    ok = again.ok() && again->Wait().status.ok();
+  }
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(local[0], 0x5a);
+}
+
+// More than 64 requesters (each with several connections) are served by one source at once.
+TEST(TcpTransportSecret, OneSourceServes128Requesters) {
+  Served server;
+  server.transport = MakeTransport("cluster secret: fluxon-test-8", /*listen=*/true);
+  ASSERT_TRUE(server.transport->RegisterRegion(8, server.region.data(), server.region.size()).ok());
+  constexpr int kRequesters = 128;
+  std::vector<std::vector<uint8_t>> locals(kRequesters, std::vector<uint8_t>(8192, 0));
+  std::vector<std::unique_ptr<TcpTransport>> members;
+  for (int i = 0; i < kRequesters; ++i) {
+    TcpTransportOptions o;
+    o.listen_address = "";
+    o.connections_per_peer = 4;
+    o.cluster_secret = "cluster secret: fluxon-test-8";
+    auto m = TcpTransport::Create(o);
+    ASSERT_TRUE(m.ok());
+    ASSERT_TRUE((*m)->RegisterRegion(1, locals[i].data(), locals[i].size()).ok());
+    members.push_back(std::move(*m));
+  }
+  std::vector<BatchHandle> batches;
+  std::vector<Descriptor> descs(kRequesters);
+  for (int i = 0; i < kRequesters; ++i) {
+    descs[i] = Descriptor{static_cast<uint64_t>(i) * 4096, locals[i].data(), 4096};
+    auto h = members[i]->Submit({server.transport->endpoint(), 8}, OpKind::kRead, {&descs[i], 1},
+                                absl::Seconds(20));
+    ASSERT_TRUE(h.ok());
+    batches.push_back(*h);
+  }
+  int ok = 0;
+  for (auto& b : batches) ok += b.Wait().status.ok();
+  EXPECT_EQ(ok, kRequesters);
+  for (int i = 0; i < kRequesters; ++i) EXPECT_EQ(locals[i][0], 0x5a) << i;
+}
+
 }  // namespace
 }  // namespace fluxon::transport
