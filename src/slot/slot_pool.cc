@@ -333,7 +333,15 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
       cls->cv.SignalAll();
       return cancelled;
     }
-    if (now >= deadline) break;
+    // Past the deadline a claim still waits while its class is being carved (a grant's first
+    // touch can take longer than the claim's timeout on a busy machine) or while slots it
+    // could take are free: a claim never times out while the segment has room for it.
+    const bool still_coming = cls->refilling || cls->free_slots >= count;
+    if (now >= deadline && !still_coming) break;
+    if (now >= deadline) {
+      cls->cv.WaitUntil(&cls->mu, now + std::chrono::milliseconds(10));
+      continue;
+    }
     if (!pressure_reported && now >= soft_deadline) {
       pressure_reported = true;
       if (options_.on_pressure) {

@@ -26,7 +26,10 @@
 // - Claims are served first-come first-served per size class. A claim that cannot be served within
 //   the hard timeout fails with ResourceExhausted carrying the stage (claim_turn or refill); after
 //   the soft timeout it reports pressure once. A claim larger than the class can ever hold fails at
-//   once. A failed claim reserves nothing.
+//   once. A failed claim reserves nothing. The hard timeout is not counted while the class is
+//   being carved or while free slots the claim could take wait for the claims ahead of it: a
+//   claim never times out while the segment has room for it (a busy machine's first touch of a
+//   grant can outlast a short timeout).
 // - Locks: one short mutex per size class guards free lists and waiters; one allocator mutex guards
 //   grant positions. Neither is held while the other is taken, nor while memory is touched.
 #pragma once

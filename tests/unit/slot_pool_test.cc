@@ -358,5 +358,41 @@ TEST_F(SlotPoolTest, PopulatedGrantMemoryIsWritable) {
   for (const SlotRef& r : *refs) ASSERT_TRUE((*pool)->Abort(r).ok());
 }
 
+
+// Cluster hardening, item 12: claims waiting behind the first carve of their class (a first
+// touch of 512 MiB can outlast a short claim timeout on a busy machine) do not time out while the
+// segment has room.
+TEST(SlotPoolCarve, ClaimsBehindTheFirstCarveOfTheirClassDoNotTimeOut) {
+  SegmentOptions so;
+  so.size_bytes = 2 * kGrantBytes;
+  auto seg = Segment::Create(so);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  SlotPoolOptions opts;
+  opts.populate_grants = true;  // the carve touches every page: much longer than 2 ms
+  opts.claim_soft_timeout = milliseconds(1);
+  opts.claim_hard_timeout = milliseconds(2);
+  auto pool = SlotPool::Create(seg->get(), std::move(opts));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  constexpr int kClaimers = 8;
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  std::vector<std::vector<SlotRef>> got(kClaimers);
+  for (int i = 0; i < kClaimers; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = (*pool)->Claim(64 * 1024, 1);
+      if (r.ok()) {
+        got[i] = *r;
+        ok.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kClaimers);
+  EXPECT_EQ((*pool)->Stats().claim_timeouts, 0u);
+  for (auto& refs : got) {
+    for (const SlotRef& r : refs) EXPECT_TRUE((*pool)->Abort(r).ok());
+  }
+}
+
 }  // namespace
 }  // namespace fluxon
