@@ -78,6 +78,15 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
             r.node_id(), it->second.info.generation(), quiet_ms, options_.owner_lease.count()));
       }
     }
+    if (it != owners_.end() && it->second.info.generation() == r.generation() &&
+        (it->second.info.address() != r.address() || it->second.info.role() != r.role())) {
+      // A heartbeat must come from the owner that registered: same data-plane address, role.
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "node %d generation %d is registered with address '%s' and role %s; a heartbeat "
+          "naming '%s' and role %s is refused",
+          r.node_id(), r.generation(), it->second.info.address(), it->second.info.role(),
+          r.address(), r.role()));
+    }
     OwnerRec& rec = owners_[r.node_id()];
     old_generation = rec.info.generation();
     rec.info.set_node_id(r.node_id());

@@ -1,6 +1,6 @@
 #include "owner/put_path.h"
 
-#include <random>
+#include <chrono>
 
 #include "absl/strings/str_format.h"
 #include "common/check.h"
@@ -12,11 +12,12 @@ namespace fluxon {
 
 uint64_t FirstPutId(uint32_t node_id) {
   FLUXON_DCHECK(node_id < (1u << kPutIdNodeBits), "node_id does not fit in a put_id");
-  std::random_device rd;
-  // The origin leaves half the sequence space above it, so the counter never reaches the node
-  // bits (2^43 puts per start).
+  const auto now_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  // Half the sequence space: the count never carries into the node bits (2^43 batches).
   const uint64_t origin =
-      ((static_cast<uint64_t>(rd()) << 32) ^ rd()) & ((uint64_t{1} << (kPutIdSeqBits - 1)) - 1);
+      static_cast<uint64_t>(now_us) & ((uint64_t{1} << (kPutIdSeqBits - 1)) - 1);
   return (static_cast<uint64_t>(node_id) << kPutIdSeqBits) | (origin + 1);
 }
 

@@ -44,11 +44,15 @@ struct PutStartOutcome {
   std::vector<uint32_t> conflict_indices;  // non-empty only with an AlreadyExists status
 };
 
-// put_ids are value identities, unique across owners and their restarts: node_id in the high
-// kPutIdNodeBits (so two owners never share one), and below it a per-start random
-// origin plus a counter (so a restarted owner's ids do not repeat its earlier ones: a repeat
-// needs a new start's random origin to fall within the previous start's used range, p ~
-// puts / 2^43 per restart). node_id must fit in kPutIdNodeBits (config validation).
+// put_ids are value identities, unique across owners and their restarts by construction:
+//   put_id = node_id << kPutIdSeqBits | (origin + n)
+// with node_id in the high kPutIdNodeBits bits (two owners never share one) and, below it, a
+// per-start origin — the wall clock in microseconds modulo 2^(kPutIdSeqBits - 1) — plus the
+// count n of batches put since. A restart's origin lies past every id its previous start used
+// as long as that start put fewer batches than microseconds passed between the two starts (one
+// batch per microsecond is far beyond any owner) and the clock did not step back across the
+// restart; a wrap of the origin (every 101 days) cannot reach a range still in use for the same
+// reason. node_id must fit in kPutIdNodeBits (config validation).
 inline constexpr int kPutIdNodeBits = 20;
 inline constexpr int kPutIdSeqBits = 64 - kPutIdNodeBits;
 // The first put_id of an owner start.

@@ -1,6 +1,8 @@
 #include "rpc/grpc_master.h"
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "common/mutex.h"
 #include "fluxon/v1/master.grpc.pb.h"
 
 namespace fluxon {
@@ -221,27 +223,58 @@ class GrpcMasterClient final : public MasterApi {
   const std::chrono::milliseconds deadline_;
 };
 
+// With mutual TLS, each node_id belongs to the certificate identity that first used it: a call
+// naming that node_id from another certificate is refused (PermissionDenied), so one member
+// cannot register, heartbeat, publish or remove routes as another. Without TLS there is no
+// identity to bind (a loopback-only master) and every call passes.
+class NodeIdentityBinding {
+ public:
+  absl::Status Check(const grpc::ServerContext& ctx, uint32_t node_id) {
+    if (!GrpcSecurity::PeerAuthenticated(ctx)) return absl::OkStatus();
+    const std::string identity = GrpcSecurity::PeerIdentity(ctx);
+    MutexLock lock(&mu_);
+    auto [it, inserted] = bound_.try_emplace(node_id, identity);
+    if (inserted || it->second == identity) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        absl::StrFormat("node_id %d belongs to the certificate '%s'; this caller presented '%s'",
+                        node_id, it->second, identity));
+  }
+
+ private:
+  Mutex mu_;
+  absl::flat_hash_map<uint32_t, std::string> bound_ ABSL_GUARDED_BY(mu_);
+};
+
+#define FLUXON_CHECK_NODE(ctx, node)                                      \
+  if (absl::Status bound = binding_.Check(*(ctx), (node)); !bound.ok()) { \
+    return ToGrpcStatus(bound);                                           \
+  }
+
 class MasterServiceImpl final : public v1::MasterService::Service {
  public:
   explicit MasterServiceImpl(MasterApi* master) : master_(master) {}
-  grpc::Status RegisterOwner(grpc::ServerContext*, const v1::RegisterOwnerRequest* r,
+  grpc::Status RegisterOwner(grpc::ServerContext* ctx, const v1::RegisterOwnerRequest* r,
                              v1::RegisterOwnerReply* out) override {
+    FLUXON_CHECK_NODE(ctx, r->node_id());
     return Answer(master_->RegisterOwner(*r), out);
   }
-  grpc::Status UnregisterOwner(grpc::ServerContext*, const v1::UnregisterOwnerRequest* r,
+  grpc::Status UnregisterOwner(grpc::ServerContext* ctx, const v1::UnregisterOwnerRequest* r,
                                v1::UnregisterOwnerReply* out) override {
+    FLUXON_CHECK_NODE(ctx, r->node_id());
     return Answer(master_->UnregisterOwner(*r), out);
   }
-  grpc::Status PublishBatch(grpc::ServerContext*, const v1::PublishBatchRequest* r,
+  grpc::Status PublishBatch(grpc::ServerContext* ctx, const v1::PublishBatchRequest* r,
                             v1::PublishBatchReply* out) override {
+    FLUXON_CHECK_NODE(ctx, r->node_id());
     return Answer(master_->PublishBatch(*r), out);
   }
   grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest* r,
                       v1::LookupReply* out) override {
     return Answer(master_->Lookup(*r), out);
   }
-  grpc::Status RemoveRoutes(grpc::ServerContext*, const v1::RemoveRoutesRequest* r,
+  grpc::Status RemoveRoutes(grpc::ServerContext* ctx, const v1::RemoveRoutesRequest* r,
                             v1::RemoveRoutesReply* out) override {
+    FLUXON_CHECK_NODE(ctx, r->node_id());
     return Answer(master_->RemoveRoutes(*r), out);
   }
   grpc::Status ListOwners(grpc::ServerContext*, const v1::ListOwnersRequest* r,
@@ -252,22 +285,27 @@ class MasterServiceImpl final : public v1::MasterService::Service {
                         v1::ListKeysReply* out) override {
     return Answer(master_->ListKeys(*r), out);
   }
-  grpc::Status BatchGetStart(grpc::ServerContext*, const v1::BatchGetStartRequest* r,
+  grpc::Status BatchGetStart(grpc::ServerContext* ctx, const v1::BatchGetStartRequest* r,
                              v1::BatchGetStartReply* out) override {
+    FLUXON_CHECK_NODE(ctx, r->requester_node_id());
     return Answer(master_->BatchGetStart(*r), out);
   }
-  grpc::Status BatchGetDone(grpc::ServerContext*, const v1::BatchGetDoneRequest* r,
+  grpc::Status BatchGetDone(grpc::ServerContext* ctx, const v1::BatchGetDoneRequest* r,
                             v1::BatchGetDoneReply* out) override {
+    FLUXON_CHECK_NODE(ctx, r->requester_node_id());
     return Answer(master_->BatchGetDone(*r), out);
   }
-  grpc::Status BatchGetRevoke(grpc::ServerContext*, const v1::BatchGetRevokeRequest* r,
+  grpc::Status BatchGetRevoke(grpc::ServerContext* ctx, const v1::BatchGetRevokeRequest* r,
                               v1::BatchGetRevokeReply* out) override {
+    FLUXON_CHECK_NODE(ctx, r->requester_node_id());
     return Answer(master_->BatchGetRevoke(*r), out);
   }
 
  private:
   MasterApi* const master_;
+  NodeIdentityBinding binding_;
 };
+#undef FLUXON_CHECK_NODE
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "fluxon/plan_blob_abi.h"
+#include "owner/put_path.h"
 #include "tests/integration/test_node.h"
 
 namespace fluxon {
@@ -650,6 +651,21 @@ TEST(OwnerSemantics, AnotherProcessReadsCommittedValues) {
   EXPECT_EQ(std::memcmp(reinterpret_cast<void*>(PlanPtrs(*plan)[0]), "child!", 6), 0);
   ASSERT_TRUE(c->ReleaseViews(*plan).ok());
   ExpectBaseline(*node, c.get());
+}
+
+// Cluster hardening, item 9: put_ids are value identities unique across owners (the node_id is
+// in the high bits) and across one owner's restarts (the origin follows the clock).
+TEST(PutIds, UniqueAcrossOwnersAndRestarts) {
+  const uint64_t a = FirstPutId(1), b = FirstPutId(2);
+  EXPECT_EQ(a >> kPutIdSeqBits, 1u);
+  EXPECT_EQ(b >> kPutIdSeqBits, 2u);
+  EXPECT_NE(a, b);
+  const uint64_t first = FirstPutId(7);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const uint64_t restarted = FirstPutId(7);
+  // The restarted owner starts past every id the first start could have used in 2 ms.
+  EXPECT_GE(restarted - first, 2000u);
+  EXPECT_EQ(restarted >> kPutIdSeqBits, 7u);
 }
 
 }  // namespace

@@ -502,5 +502,23 @@ TEST(RemoteGetMaster, RepublishedCopyOfTheRoutedVersionJoinsTheRoute) {
   EXPECT_EQ(reply->outcomes(0), v1::SUPERSEDED);
 }
 
+// Item 11: a heartbeat (the registered node and generation) naming another data-plane address or
+// role is refused; the registered owner keeps its record.
+TEST(RemoteGetMaster, HeartbeatWithAnotherAddressIsRefused) {
+  MasterCore m;
+  Register(m, 1, 11);
+  v1::RegisterOwnerRequest r;
+  r.set_node_id(1);
+  r.set_generation(11);
+  r.set_address("127.0.0.1:1");
+  r.add_transports("tcp");
+  auto reply = m.RegisterOwner(r);
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kPermissionDenied);
+  auto owners = m.ListOwners({});
+  ASSERT_TRUE(owners.ok());
+  ASSERT_EQ(owners->owners_size(), 1);
+  EXPECT_EQ(owners->owners(0).address(), "127.0.0.1:40001");
+}
+
 }  // namespace
 }  // namespace fluxon

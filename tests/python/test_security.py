@@ -330,3 +330,35 @@ def test_unauthenticated_admin_calls_change_nothing(daemon_factory, tmp, pki):
     r = ctl(pki, port3, "fault", "set", "master.PublishBatch", "fail", cert=None, check=False)
     assert r.returncode == 1 and "authenticated peer" in r.stderr, r.stderr
     assert ctl(pki, port3, "fault", "list", cert=None).get("rules", []) == []
+
+
+def test_a_node_id_belongs_to_the_certificate_that_registered_it(daemon_factory, pki):
+    """Cluster hardening, item 11: with mutual TLS the master binds each node_id to the
+    certificate identity that first used it; another member's certificate naming that node_id
+    (here after the first owner was killed) is refused and cannot take its routes."""
+    make_cert(pki, "node-b", "ca", san="DNS:node-b,IP:127.0.0.1")
+    cluster = TlsCluster(daemon_factory, pki)
+    a = cluster.client(1)
+    put_pages(a, ["bound-0"], seed=3)
+    owners = ctl(pki, cluster.master_admin, "owners")["owners"]
+    assert {o["node_id"] for o in owners} == {1, 2}
+    impostor_admin = free_port()
+    with pytest.raises(RuntimeError) as err:
+        daemon_factory(f"""
+role: owner
+node_id: 1
+log_level: info
+admin: {{listen_address: "127.0.0.1:{impostor_admin}", metrics_port: 0}}
+owner:
+  master_address: "localhost:{cluster.master_port}"
+  socket_path: {cluster.sockdir}/impostor.sock
+  segment: {{size: 1GiB}}
+  data_address: "127.0.0.1:0"
+security:
+  tls: {{cert_file: {pki}/node-b.pem, key_file: {pki}/node-b.key, ca_file: {pki}/ca.pem}}
+  cluster_secret_file: {pki}/secret1
+""", name="impostor")
+    assert "belongs to the certificate" in str(err.value)
+    # Owner 1 is untouched: still registered, its value still routed to it.
+    owners = {o["node_id"]: o for o in ctl(pki, cluster.master_admin, "owners")["owners"]}
+    assert 1 in owners and int(owners[1].get("routes", 0)) >= 1
