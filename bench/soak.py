@@ -36,6 +36,7 @@ build/python, or a venv with the wheel; build/python is tried when fluxon is not
     python3 bench/soak.py --duration 30m
     python3 bench/soak.py --duration 3m --fault-interval 15s --kill-interval 20s
     python3 bench/soak.py --write-config /tmp/soak.yaml   # only write the daemon config
+    python3 bench/soak.py --cluster --duration 3m         # cluster mode (bench/soak_cluster.py)
 """
 
 from __future__ import annotations
@@ -1162,6 +1163,20 @@ class Soak:
 
 
 def main() -> int:
+    if "--cluster" in sys.argv[1:]:
+        # Cluster mode: a master and two owners under traffic and the cluster's faults
+        # (bench/soak_cluster.py); the same --fluxond, --duration and --seed.
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import soak_cluster
+        sys.argv.remove("--cluster")
+        ap = argparse.ArgumentParser(description=soak_cluster.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        ap.add_argument("--fluxond", default=str(ROOT / "build" / "src" / "fluxond"))
+        ap.add_argument("--duration", type=soak_cluster.parse_duration,
+                        default=soak_cluster.parse_duration("3m"))
+        ap.add_argument("--seed", type=int, default=1)
+        soak_cluster.add_arguments(ap)
+        return soak_cluster.run(ap.parse_args())
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fluxond", default=str(ROOT / "build" / "src" / "fluxond"))
