@@ -118,16 +118,17 @@ def test_delete_of_values_with_long_keys_across_the_master(cluster):
 
 
 def test_batch_limits_work_across_the_master(cluster):
-    """Item 2: a put of 40,000 keys x 120 B and a 40,000-key get_start from the other owner (the
-    master calls are split below the gRPC message limit), and keys at MAX_KEY_BYTES."""
+    """Item 2: a put of MAX_BATCH_KEYS keys of 117 B (5.4 MB of publish, over gRPC's default 4 MiB)
+    and a get_start of all of them from the other owner (the master calls are split below the
+    message limit), and 4,000 keys of MAX_KEY_BYTES each (16 MiB of keys in one batch)."""
     a, b = cluster.client(1), cluster.client(2)
-    keys = [f"many-{i:06d}-" + "x" * 105 for i in range(40_000)]
+    keys = [f"many-{i:06d}-" + "x" * 105 for i in range(fluxon.MAX_BATCH_KEYS)]
     assert len(keys[0]) == 117
     put_small(a, keys, seed=3)
     n, firsts = get_small(b, keys)
     assert n == len(keys)
     assert all(f == (3 + i) % 251 for i, f in enumerate(firsts))
-    big = [f"max-{i}-".ljust(fluxon.MAX_KEY_BYTES, "y") for i in range(1500)]
+    big = [f"max-{i}-".ljust(fluxon.MAX_KEY_BYTES, "y") for i in range(4000)]
     assert all(len(k) == fluxon.MAX_KEY_BYTES for k in big)
     put_small(a, big, seed=9)
     n, firsts = get_small(b, big)
