@@ -424,6 +424,9 @@ absl::StatusOr<uint64_t> KvClient::LocalFastPutStart(const std::vector<std::stri
   FLUXON_RETURN_IF_ERROR(ValidateGroups(o.atomic_group_lens, keys.size()));
   FLUXON_RETURN_IF_ERROR(
       ValidateReplicaMask(o.make_replica_task_mask, o.atomic_group_lens, keys.size()));
+  FLUXON_RETURN_IF_ERROR(ValidateSupportedPutOptions(
+      o.reject_if_inflight_same_key, o.reject_if_exist_same_key, o.write_through,
+      o.make_replica_task, o.make_replica_task_mask, o.lease_id));
   v1::ClientRequest req;
   v1::PutStartRequest* p = req.mutable_put_start();
   for (const std::string& k : keys) p->add_keys(k);

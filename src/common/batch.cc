@@ -85,6 +85,45 @@ absl::Status ValidateGroups(std::span<const uint32_t> group_lens, size_t num_key
   return absl::OkStatus();
 }
 
+absl::Status ValidateSupportedPutOptions(bool reject_if_inflight_same_key,
+                                         bool reject_if_exist_same_key, bool write_through,
+                                         bool make_replica_task, const std::vector<bool>& mask,
+                                         const std::string& lease_id) {
+  if (!reject_if_inflight_same_key) {
+    return absl::InvalidArgumentError(
+        "reject_if_inflight_same_key=False is not supported: a key being written or fetched is "
+        "always rejected (KeyConflictError)");
+  }
+  if (!reject_if_exist_same_key) {
+    return absl::InvalidArgumentError(
+        "reject_if_exist_same_key=False is not supported: a stored key is always rejected "
+        "(values are immutable; delete it first)");
+  }
+  if (write_through) {
+    return absl::InvalidArgumentError(
+        "write_through=True is not implemented yet (no remote placement); use "
+        "write_through=False");
+  }
+  if (make_replica_task) {
+    return absl::InvalidArgumentError(
+        "make_replica_task=True is not implemented yet: no replica would be made, so it is "
+        "refused rather than ignored");
+  }
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (mask[i]) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "make_replica_task_mask[%d] selects a key for a replica; replicas are not implemented "
+          "yet",
+          i));
+    }
+  }
+  if (!lease_id.empty()) {
+    return absl::InvalidArgumentError(
+        "lease_id is not implemented (no lease semantics yet); leave it unset");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateReplicaMask(const std::vector<bool>& mask,
                                  std::span<const uint32_t> group_lens, size_t num_keys) {
   if (mask.empty()) return absl::OkStatus();

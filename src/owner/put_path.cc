@@ -38,10 +38,9 @@ absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, PutStartArgs 
   FLUXON_RETURN_IF_ERROR(ValidateGroups(a.atomic_group_lens, a.keys.size()));
   FLUXON_RETURN_IF_ERROR(
       ValidateReplicaMask(a.make_replica_task_mask, a.atomic_group_lens, a.keys.size()));
-  if (a.write_through) {
-    return absl::UnimplementedError(
-        "write_through needs a remote owner; this deployment has none (use write_through=False)");
-  }
+  FLUXON_RETURN_IF_ERROR(ValidateSupportedPutOptions(
+      a.reject_if_inflight_same_key, a.reject_if_exist_same_key, a.write_through,
+      a.make_replica_task, a.make_replica_task_mask, a.lease_id));
   const uint64_t put_id = next_put_id_.fetch_add(1);
   // Reserve every key, one shard lock each (G3); a conflict reserves nothing.
   if (!keys_->ReserveAll(a.keys, put_id, conflicts)) {

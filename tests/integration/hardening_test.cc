@@ -259,6 +259,39 @@ TEST(RawProtocol, PreparedPutOfAControlOnlySessionIsAbortedWhenItCloses) {
   ASSERT_TRUE(client->PutAbort(*plan).ok());
 }
 
+// Options the API names but the owner does not implement are refused by the owner itself (a
+// client that skips its own checks gets the same answer), with nothing reserved.
+TEST(RawProtocol, OwnerRefusesOptionsItDoesNotImplement) {
+  Config c = TestConfig();
+  auto node = StartNode(c);
+  RawConn conn(c.owner->socket_path);
+  ASSERT_TRUE(conn.Hello().ok());
+  const std::vector<std::pair<std::function<void(v1::PutStartRequest*)>, std::string>> cases = {
+      {[](v1::PutStartRequest* p) { p->set_reject_if_inflight_same_key(false); },
+       "reject_if_inflight_same_key"},
+      {[](v1::PutStartRequest* p) { p->set_reject_if_exist_same_key(false); },
+       "reject_if_exist_same_key"},
+      {[](v1::PutStartRequest* p) { p->set_write_through(true); }, "write_through"},
+      {[](v1::PutStartRequest* p) { p->set_make_replica_task(true); }, "make_replica_task"},
+      {[](v1::PutStartRequest* p) { p->add_make_replica_task_mask(true); },
+       "make_replica_task_mask"},
+      {[](v1::PutStartRequest* p) { p->set_lease_id("lease-1"); }, "lease_id"},
+  };
+  for (const auto& [mutate, option] : cases) {
+    v1::ClientRequest req = PutStartRequest({"opt"});
+    mutate(req.mutable_put_start());
+    conn.Send(req);
+    auto m = conn.Read();
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << option;
+    EXPECT_NE(m->message().find(option), std::string::npos) << m->message();
+    EXPECT_EQ(Stat(*node, "prepared_puts"), 0) << option;
+    EXPECT_EQ(Stat(*node, "reserved_entries"), 0) << option;
+    EXPECT_EQ(Stat(*node, "slots_Prepared"), 0) << option;
+    EXPECT_EQ(node->owner()->KeyState("opt"), "absent");
+  }
+}
+
 TEST(RawProtocol, SessionIdsAreSecretAndBoundToTheProcess) {
   Config c = TestConfig();
   auto node = StartNode(c);

@@ -137,6 +137,28 @@ def test_bad_inputs_raise_invalid_argument_and_leave_nothing(client, call):
     assert client.stats()["keys"] == 0
 
 
+@pytest.mark.parametrize("opts, option", [
+    (fluxon.PutOptionalArgs(reject_if_inflight_same_key=False), "reject_if_inflight_same_key"),
+    (fluxon.PutOptionalArgs(reject_if_exist_same_key=False), "reject_if_exist_same_key"),
+    (fluxon.PutOptionalArgs(write_through=True), "write_through"),
+    (fluxon.PutOptionalArgs(make_replica_task=True), "make_replica_task"),
+    (fluxon.PutOptionalArgs(make_replica_task_mask=[False, True]), "make_replica_task_mask"),
+    (fluxon.PutOptionalArgs(lease_id="lease-7"), "lease_id"),
+])
+def test_options_not_implemented_are_refused_not_ignored(client, opts, option):
+    """An option Fluxon does not implement yet (replicas, write-through, leases) or whose other
+    value it does not support (the reject_if_* flags are always on) is an InvalidArgumentError
+    naming it — never a success that silently does less — and reserves nothing."""
+    with pytest.raises(fluxon.InvalidArgumentError, match=option):
+        client.local_fast_put_start(["o1", "o2"], VALUE_LEN, opts)
+    assert_baseline(client)
+    assert client.stats()["keys"] == 0
+    # All defaults, and an all-False mask, are fine.
+    plan = client.local_fast_put_start(["o1", "o2"], VALUE_LEN, fluxon.PutOptionalArgs(
+        make_replica_task_mask=[False, False]))
+    client.put_abort(plan)
+
+
 def test_plans_and_handles_are_typed_and_single_use(client):
     put(client, ["p0", "p1", "p2", "p3"])
     putplan = client.local_fast_put_start(["q"], VALUE_LEN)
