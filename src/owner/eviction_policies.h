@@ -21,9 +21,9 @@
 //    parent-key hint), and chains form a tree: a batch whose parent is in the middle of a chain
 //    (a shared system prompt, a forked conversation) splits that chain there, so the shared prefix
 //    becomes its own chain with its own access statistics (one chain per radix-tree edge).
-//    Invariants: T1 only a leaf chain's tail is ever a victim, so a prefix is never evicted while
+//    Invariants: E1 only a leaf chain's tail is ever a victim, so a prefix is never evicted while
 //    a longer prompt built on it is kept (design §7: a miss at page i makes every later page
-//    useless); T2 a cohort (atomic group) is one entry and is never split; T3 only a chain's tail
+//    useless); E2 a cohort (atomic group) is one entry and is never split; E3 only a chain's tail
 //    can have branches (a branch off the middle splits the chain first).
 // 2. Probation (S3-FIFO's small queue, ARC's adaptive split, on chains). A chain that has not been
 //    accessed since its put is on probation; its first access (a restore of any of its pages)
@@ -205,7 +205,7 @@ class AdaptiveChainPolicy {
     }
     if (tail) {
       c->cohorts.pop_back();
-      c->tail_children = 0;  // branches off an erased cohort hang on nothing (T3)
+      c->tail_children = 0;  // branches off an erased cohort hang on nothing (E3)
     } else {
       c->cohorts.erase(c->cohorts.begin() + pos);
       for (uint32_t j = pos; j < c->cohorts.size(); ++j) members_.at(c->cohorts[j]).pos = j;
@@ -308,7 +308,7 @@ class AdaptiveChainPolicy {
     uint64_t id = 0;                // newer chains: larger ids (ties in the indexes)
     std::vector<uint64_t> cohorts;  // head first
     uint64_t parent = 0;            // the cohort this chain branches off (0: a root)
-    uint32_t tail_children = 0;     // chains branching off the tail (T3: only the tail has any)
+    uint32_t tail_children = 0;     // chains branching off the tail (E3: only the tail has any)
     uint64_t last = 0;              // logical time of the last access
     uint64_t last_request = 0;      // the request count at the last access
     uint64_t weight = 0;            // sum of the cohorts' weights

@@ -1,5 +1,5 @@
 // AdaptiveChainPolicy (the HotTier default) and the replayed acceptance traces of issue 14: tail
-// first within a chain (T1), shared prefixes kept while a branch lives, cohorts never split (T2),
+// first within a chain (E1), shared prefixes kept while a branch lives, cohorts never split (E2),
 // S4 readmits lossless, probation as a one-hit filter that cyclic traffic leaves open, ghost
 // regret moving the weights the right way, bounded metadata, and the hit rates against the
 // baselines and Belady.
