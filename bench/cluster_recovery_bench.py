@@ -16,9 +16,6 @@ round) and prints each round and the medians.
 
 import argparse
 import json
-import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,37 +28,8 @@ import numpy as np
 import fluxon
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    def __init__(self, fluxond, text, tmp, name):
-        cfg = Path(tmp) / f"{name}.yaml"
-        cfg.write_text(text)
-        self.log = Path(tmp) / f"{name}.log"
-        self.p = subprocess.Popen([fluxond, "--config", str(cfg)], stdout=open(self.log, "w"),
-                                  stderr=subprocess.STDOUT)
-        deadline = time.time() + 30
-        while "ready" not in self.log.read_text():
-            if self.p.poll() is not None or time.time() > deadline:
-                raise RuntimeError(self.log.read_text())
-            time.sleep(0.02)
-
-    def kill(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGKILL)
-            self.p.wait(10)
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.terminate()
-            try:
-                self.p.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from soak_cluster import Proc, free_port  # noqa: E402  (one process wrapper for both benches)
 
 
 def owners(fluxonctl, admin):
@@ -106,7 +74,8 @@ owner:
   data_address: "127.0.0.1:0"
   transports: [tcp]
 """
-    master = Proc(a.fluxond, master_cfg, tmp, "master-0")
+    tmp = Path(tmp)
+    master = Proc(a.fluxond, master_cfg, tmp, "master")
     owner = Proc(a.fluxond, owner_cfg, tmp, "owner")
     try:
         c = fluxon.KvClient(socket_path=sock)
@@ -126,7 +95,7 @@ owner:
             master.kill()
             time.sleep(a.outage)
             t_restart = time.time()
-            master = Proc(a.fluxond, master_cfg, tmp, f"master-{r + 1}")
+            master.start()
             rediscover = republish = None
             deadline = time.time() + 600
             while time.time() < deadline:

@@ -169,6 +169,23 @@ class State:
             self.counts[name] += n
 
 
+def restore_and_verify(c, keys) -> tuple:
+    """get_start -> get_transfer -> copy -> release of `keys` through client `c`; returns
+    (pages restored, keys whose bytes differ from what they were written with)."""
+    h = c.get_start(keys)
+    t = h.result.transferable_len
+    if t == 0:
+        c.cancel_get_transfer(h)
+        return 0, []
+    plan = c.get_transfer(h)
+    out = np.zeros(t * VALUE_LEN, dtype=np.uint8)
+    fluxon.copy_from_plan(plan, out.ctypes.data, VALUE_LEN)
+    c.release_views(plan)
+    wrong = [keys[i] for i in range(t)
+             if not np.array_equal(out[i * VALUE_LEN:(i + 1) * VALUE_LEN], page_bytes(keys[i]))]
+    return t, wrong
+
+
 def client_for(cluster: Cluster, node: int, cache: dict):
     c = cache.get(node)
     if c is None:
@@ -210,22 +227,12 @@ def worker(wid: int, cluster: Cluster, state: State, stop: threading.Event, seed
                 start = rng.randrange(len(pool))
                 keys = pool[start:start + rng.randint(1, 16)]
                 before = c.stats().get("remote_hits", 0) if rng.random() < 0.05 else None
-                h = c.get_start(keys)
-                t = h.result.transferable_len
+                t, wrong = restore_and_verify(c, keys)
                 state.count("gets")
-                if t == 0:
-                    c.cancel_get_transfer(h)
-                    continue
-                plan = c.get_transfer(h)
-                out = np.zeros(t * VALUE_LEN, dtype=np.uint8)
-                fluxon.copy_from_plan(plan, out.ctypes.data, VALUE_LEN)
-                c.release_views(plan)
-                for i in range(t):
-                    if not np.array_equal(out[i * VALUE_LEN:(i + 1) * VALUE_LEN],
-                                          page_bytes(keys[i])):
-                        state.count("mismatches")
-                        with state.mu:
-                            state.failures.append(f"owner {node} served wrong bytes for {keys[i]}")
+                if wrong:
+                    state.count("mismatches", len(wrong))
+                    with state.mu:
+                        state.failures += [f"owner {node} served wrong bytes for {k}" for k in wrong]
                 state.count("hits", t)
                 if before is not None and c.stats().get("remote_hits", 0) > before:
                     state.count("remote_reads")
@@ -280,20 +287,8 @@ def read_all_from_other_owner(cluster: Cluster, state: State, timeout: float):
             still = []
             for i in range(0, len(left), 64):
                 chunk = left[i:i + 64]
-                h = c.get_start(chunk)
-                t = h.result.transferable_len
-                if t == 0:
-                    c.cancel_get_transfer(h)
-                    still += chunk
-                    continue
-                plan = c.get_transfer(h)
-                out = np.zeros(t * VALUE_LEN, dtype=np.uint8)
-                fluxon.copy_from_plan(plan, out.ctypes.data, VALUE_LEN)
-                c.release_views(plan)
-                for j in range(t):
-                    if not np.array_equal(out[j * VALUE_LEN:(j + 1) * VALUE_LEN],
-                                          page_bytes(chunk[j])):
-                        state.failures.append(f"final read: wrong bytes for {chunk[j]}")
+                t, wrong = restore_and_verify(c, chunk)
+                state.failures += [f"final read: wrong bytes for {k}" for k in wrong]
                 still += chunk[t:]
             left = still
             if left:

@@ -30,7 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "tests/transport/peer_process.h"
-#include "transport/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace {
 

@@ -16,7 +16,7 @@
 
 #include "fuzz/fuzz_check.h"
 #include "transport/region.h"
-#include "transport/tcp_wire.h"
+#include "transport/tcp/tcp_wire.h"
 
 namespace {
 

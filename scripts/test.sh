@@ -11,6 +11,8 @@
 #   6. starts a master and two owners, checks their /metrics pages with promtool and the Grafana
 #      dashboard's metric names against them (scripts/check-metrics.sh).
 #   7. verifies the systemd units (systemd/) with systemd-analyze (scripts/check-systemd-units.sh).
+#      Before the build: every invariant ID cited in src/, include/ and tests/ is defined in
+#      docs/invariants.md (scripts/check-invariants.sh).
 #   8. builds the libFuzzer targets (fuzz/, clang, ASan+UBSan) and runs each for FUZZ_SECONDS
 #      (default 15) from its seed corpus (scripts/run-fuzzers.sh); skipped with the sanitizers.
 # Usage: scripts/test.sh [--skip-deps] [--skip-sanitizers]
@@ -31,6 +33,9 @@ done
 [ $SKIP_DEPS = 1 ] || bash scripts/install-deps.sh
 
 step() { echo; echo "=== $* ==="; }
+
+step "invariant IDs cited in the code are defined (docs/invariants.md)"
+bash scripts/check-invariants.sh
 
 step "build (RelWithDebInfo)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUXON_PYTHON=ON \

@@ -149,7 +149,7 @@ struct AdminConfig {
 //   opens (owner -> master, the watchdog probe): a peer must present a certificate chaining to
 //   ca_file, and this node presents cert_file. The three files are PEM; all three or none.
 // - cluster_secret_file: the data plane's membership proof. Every data-plane connection starts
-//   with a mutual HMAC-SHA256 challenge-response over this secret (transport/tcp_handshake.h);
+//   with a mutual HMAC-SHA256 challenge-response over this secret (transport/tcp/tcp_handshake.h);
 //   nothing is read or written for a peer that fails it. At least 16 bytes (surrounding
 //   whitespace is stripped); every owner of a cluster holds the same file.
 // - insecure: a node whose gRPC services listen on a non-loopback address without tls, or whose

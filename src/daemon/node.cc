@@ -10,7 +10,7 @@
 #include "rpc/grpc_security.h"
 #include "security/security_files.h"
 #include "spdlog/spdlog.h"
-#include "transport/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace fluxon {
 

@@ -10,7 +10,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
                                                              OwnerOptions options) {
   if (master == nullptr) return absl::InvalidArgumentError("owner needs a master");
   options.hot_capacity_ratio = config.hot_capacity_ratio;
-  std::unique_ptr<OwnerCore> core(new OwnerCore(master, options));
+  std::unique_ptr<OwnerCore> core(new OwnerCore(options));
   OwnerCore* raw = core.get();
   absl::StatusOr<std::unique_ptr<OwnerMemory>> memory =
       OwnerMemory::Create(config, options.node_id, [raw](const PressureEvent&) {
@@ -53,8 +53,8 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   return core;
 }
 
-OwnerCore::OwnerCore(MasterApi* master, OwnerOptions options)
-    : master_(master), options_(std::move(options)), counters_(std::make_unique<OwnerCounters>()) {}
+OwnerCore::OwnerCore(OwnerOptions options)
+    : options_(std::move(options)), counters_(std::make_unique<OwnerCounters>()) {}
 
 OwnerCore::~OwnerCore() {
   Stop();

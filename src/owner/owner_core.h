@@ -184,10 +184,9 @@ class OwnerCore {
   uint32_t node_id() const { return options_.node_id; }
 
  private:
-  OwnerCore(MasterApi* master, OwnerOptions options);
+  explicit OwnerCore(OwnerOptions options);
   void MaintenanceLoop();
 
-  MasterApi* const master_;
   const OwnerOptions options_;
   // Declaration order is destruction order reversed: memory outlives every holder of it.
   std::unique_ptr<OwnerMemory> memory_;

@@ -95,32 +95,18 @@ void RemoteFetcher::Free(Target& t) {
   t.fate = Target::Fate::kFreed;
 }
 
-std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& leaders,
-                                            std::vector<uint64_t>* cohorts) {
-  const size_t n = leaders.size();
-  std::vector<HolderRef> out(n);
-  cohorts->assign(n, 0);
-  if (n == 0) return out;
-  if (transport_ == nullptr) {
-    counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
-    return out;
-  }
-  counters_->remote_get_keys.fetch_add(n, std::memory_order_relaxed);
-  const Clock::time_point t0 = Clock::now();
-  const std::chrono::milliseconds ttl = registration_->inflight_get_ttl();
-  const Clock::time_point deadline = t0 + std::min(options_.timeout, ttl - Margin(ttl));
-
+std::vector<std::unique_ptr<RemoteFetcher::Target>> RemoteFetcher::ReserveAndClaim(
+    const std::vector<RemoteLeader>& leaders, Clock::time_point deadline) {
   // Reserve every key (a local put or another batch cannot take it meanwhile), then claim.
   std::vector<std::unique_ptr<Target>> targets;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < leaders.size(); ++i) {
     auto t = std::make_unique<Target>();
     t->index = i;
     t->key = leaders[i].key;
     t->put_id = leaders[i].put_id;
     t->len = leaders[i].len;
-    if (t->len == 0 ||
-        !keys_->ReserveAll(std::span<const std::string>(&t->key, 1), t->put_id, nullptr,
-                           /*fetch=*/true)) {
+    if (t->len == 0 || !keys_->ReserveAll(std::span<const std::string>(&t->key, 1), t->put_id,
+                                          nullptr, /*fetch=*/true)) {
       continue;
     }
     t->reserved = true;
@@ -153,12 +139,12 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
       Free(*t);
     }
   }
-  targets.swap(claimed);
-  if (targets.empty()) {
-    counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
-    return out;
-  }
+  return claimed;
+}
 
+bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
+                              Clock::time_point deadline, std::chrono::milliseconds ttl,
+                              std::vector<Target*>* started, std::vector<Target*>* revoke) {
   // G8: one BatchGetStart for every target of the batch, the same identity on every retry.
   v1::BatchGetStartRequest req;
   req.set_requester_node_id(registration_->identity().node_id);
@@ -185,10 +171,7 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
       counters_->remote_start_lost.fetch_add(1, std::memory_order_relaxed);
       spdlog::warn("BatchGetStart of {} keys: no answer ({}); quarantining their targets for {} ms",
                    targets.size(), reply.status().ToString(), (ttl + Margin(ttl)).count());
-      for (auto& t : targets) {
-        keys_->Unreserve(std::span<const std::string>(&t->key, 1), t->put_id, /*fetch=*/true);
-        t->reserved = false;
-      }
+      for (auto& t : targets) UnreserveForQuarantine(*t);
       Quarantine(std::move(targets), Clock::now() + ttl + Margin(ttl));
     } else {
       if (IsGenerationRefused(reply.status())) registration_->NoteRefused();
@@ -196,21 +179,17 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
                    reply.status().ToString());
       for (auto& t : targets) Free(*t);
     }
-    counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
-    return out;
+    return false;
   }
   registration_->NoteInflightGetTtl(reply->inflight_get_ttl_ms());
   registration_->NoteEpoch(reply->master_epoch());
-  std::vector<Target*> started;
-  std::vector<Target*> revoke_early;  // started, but with an answer we do not trust
   std::vector<std::unique_ptr<Target>> unanswered;
   for (size_t j = 0; j < targets.size(); ++j) {
     Target& t = *targets[j];
     if (j >= static_cast<size_t>(reply->results_size())) {
-      // A short answer: whether these started is unknown.
-      keys_->Unreserve(std::span<const std::string>(&t.key, 1), t.put_id, /*fetch=*/true);
-      t.reserved = false;
-      t.fate = Target::Fate::kFreed;  // owned by the quarantine from here on
+      // A short answer: whether these started is unknown; owned by the quarantine from here.
+      UnreserveForQuarantine(t);
+      t.fate = Target::Fate::kFreed;
       auto moved = std::make_unique<Target>(std::move(t));
       moved->fate = Target::Fate::kActive;
       unanswered.push_back(std::move(moved));
@@ -224,7 +203,7 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
       spdlog::error("BatchGetStart answered a malformed source for {}; not reading it", t.key);
       if (r.get_id() != 0) {
         t.get_id = r.get_id();
-        revoke_early.push_back(&t);
+        revoke->push_back(&t);
       } else {
         Free(t);
       }
@@ -237,43 +216,43 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
     t.get_id = r.get_id();
     t.source = r.source();
     t.source_address = r.source_address();
-    started.push_back(&t);
+    started->push_back(&t);
   }
   if (!unanswered.empty()) Quarantine(std::move(unanswered), Clock::now() + ttl + Margin(ttl));
+  return true;
+}
 
-  // Reads: bounded by the pin (TTL from before the start, minus the margin) and the deadline.
-  const Clock::time_point read_begin = Clock::now();
-  ReadAll(started, std::min(deadline, t0 + ttl - Margin(ttl)));
-  const Clock::time_point read_end = Clock::now();
-  std::vector<Target*> done, revoke = revoke_early;
+void RemoteFetcher::UnreserveForQuarantine(Target& t) {
+  keys_->Unreserve(std::span<const std::string>(&t.key, 1), t.put_id, /*fetch=*/true);
+  t.reserved = false;
+}
+
+void RemoteFetcher::HideReads(std::vector<Target*>& started, std::vector<Target*>* done,
+                              std::vector<Target*>* revoke) {
   for (Target* t : started) {
     if (t->read_ok) {
       absl::StatusOr<HolderRef> h =
           HolderRef::CommitHidden(pool_, *t->slot, t->key, t->put_id, t->len);
       if (h.ok()) {
         t->holder = std::move(*h);
-        done.push_back(t);
+        done->push_back(t);
         continue;
       }
       spdlog::error("remote-get target of {}: {}", t->key, h.status().ToString());
     }
-    revoke.push_back(t);
+    revoke->push_back(t);
   }
-  Finish(done, revoke, std::max(deadline, Clock::now() + std::chrono::milliseconds(500)));
-  const auto us = [](Clock::duration d) {
-    return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
-  };
-  counters_->remote_read_us.fetch_add(us(read_end - read_begin), std::memory_order_relaxed);
-  counters_->remote_control_us.fetch_add(us((read_begin - t0) + (Clock::now() - read_end)),
-                                         std::memory_order_relaxed);
+}
 
+uint32_t RemoteFetcher::Collect(std::vector<std::unique_ptr<Target>>& targets,
+                                std::vector<HolderRef>* out, std::vector<uint64_t>* cohorts) {
   std::vector<Pending> deferred(2);
   deferred[0].done = true;
   uint32_t hits = 0;
   for (auto& t : targets) {
     if (!t) continue;
     if (t->fate == Target::Fate::kInstalled) {
-      out[t->index] = t->result;
+      (*out)[t->index] = t->result;
       (*cohorts)[t->index] = t->cohort;
       ++hits;
     } else if (t->fate == Target::Fate::kDeferDone) {
@@ -282,8 +261,6 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
       deferred[1].targets.push_back(std::move(t));
     }
   }
-  counters_->remote_hits.fetch_add(hits, std::memory_order_relaxed);
-  counters_->remote_misses.fetch_add(n - hits, std::memory_order_relaxed);
   size_t moved = 0;
   {
     MutexLock lock(&mu_);
@@ -298,6 +275,46 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
     spdlog::warn("{} remote gets still unresolved at the master; retrying in the background",
                  moved);
   }
+  return hits;
+}
+
+std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& leaders,
+                                            std::vector<uint64_t>* cohorts) {
+  const size_t n = leaders.size();
+  std::vector<HolderRef> out(n);
+  cohorts->assign(n, 0);
+  if (n == 0) return out;
+  if (transport_ == nullptr) {
+    counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
+    return out;
+  }
+  counters_->remote_get_keys.fetch_add(n, std::memory_order_relaxed);
+  const Clock::time_point t0 = Clock::now();
+  const std::chrono::milliseconds ttl = registration_->inflight_get_ttl();
+  const Clock::time_point deadline = t0 + std::min(options_.timeout, ttl - Margin(ttl));
+
+  std::vector<std::unique_ptr<Target>> targets = ReserveAndClaim(leaders, deadline);
+  std::vector<Target*> started, revoke;  // revoke: started, but with an answer we do not trust
+  if (targets.empty() || !StartGets(targets, deadline, ttl, &started, &revoke)) {
+    counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
+    return out;
+  }
+  // Reads: bounded by the pin (TTL from before the start, minus the margin) and the deadline.
+  const Clock::time_point read_begin = Clock::now();
+  ReadAll(started, std::min(deadline, t0 + ttl - Margin(ttl)));
+  const Clock::time_point read_end = Clock::now();
+  std::vector<Target*> done;
+  HideReads(started, &done, &revoke);
+  Finish(done, revoke, std::max(deadline, Clock::now() + std::chrono::milliseconds(500)));
+  const auto us = [](Clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+  };
+  counters_->remote_read_us.fetch_add(us(read_end - read_begin), std::memory_order_relaxed);
+  counters_->remote_control_us.fetch_add(us((read_begin - t0) + (Clock::now() - read_end)),
+                                         std::memory_order_relaxed);
+  const uint32_t hits = Collect(targets, &out, cohorts);
+  counters_->remote_hits.fetch_add(hits, std::memory_order_relaxed);
+  counters_->remote_misses.fetch_add(n - hits, std::memory_order_relaxed);
   return out;
 }
 

@@ -82,6 +82,26 @@ class RemoteFetcher {
  private:
   struct Target;  // one key's fetch: reservation, slot, get_id, source, holder
   struct Unfinished;
+  struct Pending;
+  // Fetch's phases, in order:
+  // Reserves each leader's key and claims its target slot; the targets that got both.
+  std::vector<std::unique_ptr<Target>> ReserveAndClaim(const std::vector<RemoteLeader>& leaders,
+                                                       Clock::time_point deadline);
+  // One BatchGetStart (G8, retried with its request_id while uncertain, T1): the targets whose
+  // get started go to `started`, those started with an answer not to be trusted to `revoke`;
+  // the rest are freed or quarantined. False when no get can have started usably.
+  bool StartGets(std::vector<std::unique_ptr<Target>>& targets, Clock::time_point deadline,
+                 std::chrono::milliseconds ttl, std::vector<Target*>* started,
+                 std::vector<Target*>* revoke);
+  // A quarantined target gives up its key's reservation (its slot stays claimed).
+  void UnreserveForQuarantine(Target& t);
+  // Targets read in time become hidden Pending slots (`done`); the others go to `revoke`.
+  void HideReads(std::vector<Target*>& started, std::vector<Target*>* done,
+                 std::vector<Target*>* revoke);
+  // Scatters installed copies to their leaders' indices and hands unresolved targets to the
+  // background retries; returns the hits.
+  uint32_t Collect(std::vector<std::unique_ptr<Target>>& targets, std::vector<HolderRef>* out,
+                   std::vector<uint64_t>* cohorts);
   // Transfers the started targets, one read batch per source peer.
   void ReadAll(std::vector<Target*>& started, Clock::time_point read_deadline);
   // Done for `done`, Revoke for `revoke`; what stays uncertain goes to the unfinished list.

@@ -29,7 +29,7 @@
 #include "common/mutex.h"
 #include "fluxon/v1/peer.grpc.pb.h"
 #include "rpc/grpc_security.h"
-#include "transport/verbs_transport.h"
+#include "transport/verbs/verbs_transport.h"
 
 namespace fluxon {
 

@@ -230,6 +230,43 @@ void BatchHandle::Cancel() const {
     state_->Abort(absl::CancelledError(absl::StrCat("batch ", state_->id(), " cancelled")));
 }
 
+absl::StatusOr<BatchHandle> Transport::Submit(const PeerId& peer, OpKind op,
+                                              std::span<const Descriptor> descriptors,
+                                              absl::Duration timeout) {
+  if (closing_.load()) return absl::CancelledError("transport shutting down");
+  if (op != OpKind::kRead && op != OpKind::kWrite) return absl::InvalidArgumentError("bad op");
+  if (descriptors.empty()) return absl::InvalidArgumentError("empty batch");
+  if (descriptors.size() > kMaxDescriptorsPerBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(descriptors.size(), " descriptors, at most ", kMaxDescriptorsPerBatch));
+  }
+  if (!region_.registered()) {
+    return absl::FailedPreconditionError("register a local region before submitting");
+  }
+  for (size_t i = 0; i < descriptors.size(); ++i) {
+    const Descriptor& d = descriptors[i];
+    if (d.len == 0 || d.len > kMaxDescriptorBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("descriptor ", i, ": length ", d.len,
+                                                     " outside [1, ", kMaxDescriptorBytes, "]"));
+    }
+    absl::Status s = region_.CheckLocal(d.local_addr, d.len);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("descriptor ", i, ": ", s.message()));
+    }
+  }
+  return DoSubmit(peer, op, descriptors, timeout);
+}
+
+TransportStats Transport::stats() const {
+  TransportStats s;
+  const RegionView v = region_.view();
+  s.region_registered = region_.registered();
+  s.region_generation = v.generation;
+  s.serving_active_requests = region_.active_leases();
+  AddStats(&s);
+  return s;
+}
+
 absl::StatusOr<std::string> ChooseTransport(std::span<const std::string> local,
                                             std::span<const std::string> remote) {
   for (const std::string& name : local) {

@@ -36,6 +36,7 @@
 // - No exceptions cross this interface; errors are absl::Status.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -45,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "transport/region.h"
 
 namespace fluxon::transport {
 
@@ -133,15 +135,33 @@ class Transport {
   // or batch touches the region any more. NotFound when nothing is registered.
   virtual absl::Status UnregisterRegion() = 0;
 
-  // Submits one batch to one peer. InvalidArgument for an empty batch, more than
-  // kMaxDescriptorsPerBatch descriptors, a zero or oversized length, or a local range outside the
-  // registered region; FailedPrecondition when no region is registered. Everything else
-  // (connection, peer refusal, deadline) arrives as the batch's completion.
-  virtual absl::StatusOr<BatchHandle> Submit(const PeerId& peer, OpKind op,
-                                             std::span<const Descriptor> descriptors,
-                                             absl::Duration timeout) = 0;
+  // Submits one batch to one peer. Cancelled once the transport is shutting down;
+  // InvalidArgument for a bad op, an empty batch, more than kMaxDescriptorsPerBatch descriptors,
+  // a zero or oversized length, or a local range outside the registered region;
+  // FailedPrecondition when no region is registered. These checks are made here, once for every
+  // transport, before DoSubmit; everything else (connection, peer refusal, deadline) arrives as
+  // the batch's completion.
+  absl::StatusOr<BatchHandle> Submit(const PeerId& peer, OpKind op,
+                                     std::span<const Descriptor> descriptors,
+                                     absl::Duration timeout);
 
-  virtual TransportStats stats() const = 0;
+  // The region's and every transport's common figures here; the rest from AddStats.
+  TransportStats stats() const;
+
+ protected:
+  // Submit after its argument checks: `descriptors` is non-empty, within the limits and inside
+  // the registered region.
+  virtual absl::StatusOr<BatchHandle> DoSubmit(const PeerId& peer, OpKind op,
+                                               std::span<const Descriptor> descriptors,
+                                               absl::Duration timeout) = 0;
+  // Adds the transport's own figures (batches, connections, serving side) to `s`.
+  virtual void AddStats(TransportStats* s) const = 0;
+
+  // The one region served and used as local memory (RegisterRegion/UnregisterRegion of the
+  // transports manage it).
+  RegisteredRegion region_;
+  // Set when the transport begins shutting down: Submit refuses new batches from then on.
+  std::atomic<bool> closing_{false};
 };
 
 // Picks the transport for one peer: the first entry of `local` (in local preference order) that

@@ -11,7 +11,7 @@
 
 #include "security/security_files.h"
 #include "tests/integration/test_node.h"
-#include "transport/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace fluxon {
 namespace {
@@ -25,6 +25,35 @@ std::string MachineSecret() {
   auto s = security::LoadOrCreateMachineSecret(security::MachineSecretPath());
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? *s : std::string();
+}
+
+// Puts `bytes` under `key` through `client`, waits for the route and returns its offset.
+uint64_t PutAndRoute(FluxonNode& node, KvClient& client, const std::string& key,
+                     std::vector<uint8_t>& bytes) {
+  const int64_t len = static_cast<int64_t>(bytes.size());
+  auto plan = client.LocalFastPutStart({key}, len, PutOptions{});
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return 0;
+  EXPECT_TRUE(CopyPlanValues(*plan, bytes.data(), len, CopyDirection::kToValues).ok());
+  auto fut = client.LocalFastPutCommit(*plan);
+  EXPECT_TRUE(fut.ok() && fut->Wait(std::chrono::milliseconds(5000)).ok());
+  v1::LookupRequest lr;
+  lr.add_keys(key);
+  auto route = node.master()->Lookup(lr);
+  EXPECT_TRUE(route.ok() && route->found(0));
+  return route.ok() && route->found(0) ? route->routes(0).offset() : 0;
+}
+
+// A peer with the machine's secret: its own initiator transport over `local`.
+std::unique_ptr<transport::TcpTransport> MachinePeer(std::vector<uint8_t>& local) {
+  transport::TcpTransportOptions po;
+  po.listen_address = "";
+  po.cluster_secret = MachineSecret();
+  auto peer = transport::TcpTransport::Create(po);
+  EXPECT_TRUE(peer.ok()) << peer.status();
+  if (!peer.ok()) return nullptr;
+  EXPECT_TRUE((*peer)->RegisterRegion(77, local.data(), local.size()).ok());
+  return std::move(*peer);
 }
 
 TEST(DataPlane, PeerReadsACommittedValueAtItsRouteAndAStaleGenerationIsRefused) {
@@ -43,38 +72,25 @@ TEST(DataPlane, PeerReadsACommittedValueAtItsRouteAndAStaleGenerationIsRefused) 
   std::vector<uint8_t> bytes(kLen);
   for (int64_t i = 0; i < kLen; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3);
   auto client = Connect(c);
-  auto plan = client->LocalFastPutStart({"remote-readable"}, kLen, PutOptions{});
-  ASSERT_TRUE(plan.ok());
-  ASSERT_TRUE(CopyPlanValues(*plan, bytes.data(), kLen, CopyDirection::kToValues).ok());
-  auto fut = client->LocalFastPutCommit(*plan);
-  ASSERT_TRUE(fut.ok() && fut->Wait(std::chrono::milliseconds(5000)).ok());
-  v1::LookupRequest lr;
-  lr.add_keys("remote-readable");
-  auto route = node->master()->Lookup(lr);
-  ASSERT_TRUE(route.ok() && route->found(0));
+  const uint64_t offset = PutAndRoute(*node, *client, "remote-readable", bytes);
 
   // A peer: its own transport with a registered local buffer.
-  transport::TcpTransportOptions po;
-  po.listen_address = "";
-  po.cluster_secret = MachineSecret();
-  auto peer = transport::TcpTransport::Create(po);
-  ASSERT_TRUE(peer.ok()) << peer.status();
   std::vector<uint8_t> local(kLen, 0);
-  ASSERT_TRUE((*peer)->RegisterRegion(77, local.data(), local.size()).ok());
-  const transport::Descriptor d{route->routes(0).offset(), local.data(),
-                                static_cast<uint64_t>(kLen)};
-  auto batch = (*peer)->Submit({node->data_address(), node->owner()->generation()},
-                               transport::OpKind::kRead, {&d, 1}, absl::Seconds(5));
+  auto peer = MachinePeer(local);
+  ASSERT_NE(peer, nullptr);
+  const transport::Descriptor d{offset, local.data(), static_cast<uint64_t>(kLen)};
+  auto batch = peer->Submit({node->data_address(), node->owner()->generation()},
+                            transport::OpKind::kRead, {&d, 1}, absl::Seconds(5));
   ASSERT_TRUE(batch.ok()) << batch.status();
   const transport::BatchResult& r = batch->Wait();
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(local, bytes);
 
-  auto stale = (*peer)->Submit({node->data_address(), node->owner()->generation() + 1},
-                               transport::OpKind::kRead, {&d, 1}, absl::Seconds(5));
+  auto stale = peer->Submit({node->data_address(), node->owner()->generation() + 1},
+                            transport::OpKind::kRead, {&d, 1}, absl::Seconds(5));
   ASSERT_TRUE(stale.ok());
   EXPECT_EQ(stale->Wait().status.code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE((*peer)->UnregisterRegion().ok());
+  ASSERT_TRUE(peer->UnregisterRegion().ok());
 }
 
 // Cluster hardening, item 5: owners never write to peers, so a one-sided WRITE into an owner's
@@ -86,27 +102,14 @@ TEST(DataPlane, OneSidedWriteIntoAnOwnersSegmentIsRefused) {
   constexpr int64_t kLen = 8192;
   std::vector<uint8_t> bytes(kLen, 0x5A);
   auto client = Connect(c);
-  auto plan = client->LocalFastPutStart({"not-writable"}, kLen, PutOptions{});
-  ASSERT_TRUE(plan.ok());
-  ASSERT_TRUE(CopyPlanValues(*plan, bytes.data(), kLen, CopyDirection::kToValues).ok());
-  auto fut = client->LocalFastPutCommit(*plan);
-  ASSERT_TRUE(fut.ok() && fut->Wait(std::chrono::milliseconds(5000)).ok());
-  v1::LookupRequest lr;
-  lr.add_keys("not-writable");
-  auto route = node->master()->Lookup(lr);
-  ASSERT_TRUE(route.ok() && route->found(0));
+  const uint64_t offset = PutAndRoute(*node, *client, "not-writable", bytes);
 
-  transport::TcpTransportOptions po;
-  po.listen_address = "";
-  po.cluster_secret = MachineSecret();
-  auto peer = transport::TcpTransport::Create(po);
-  ASSERT_TRUE(peer.ok()) << peer.status();
   std::vector<uint8_t> evil(kLen, 0xEE);
-  ASSERT_TRUE((*peer)->RegisterRegion(78, evil.data(), evil.size()).ok());
-  const transport::Descriptor d{route->routes(0).offset(), evil.data(),
-                                static_cast<uint64_t>(kLen)};
-  auto batch = (*peer)->Submit({node->data_address(), node->owner()->registration_generation()},
-                               transport::OpKind::kWrite, {&d, 1}, absl::Seconds(5));
+  auto peer = MachinePeer(evil);
+  ASSERT_NE(peer, nullptr);
+  const transport::Descriptor d{offset, evil.data(), static_cast<uint64_t>(kLen)};
+  auto batch = peer->Submit({node->data_address(), node->owner()->registration_generation()},
+                            transport::OpKind::kWrite, {&d, 1}, absl::Seconds(5));
   ASSERT_TRUE(batch.ok()) << batch.status();
   const transport::BatchResult& r = batch->Wait();
   ASSERT_EQ(r.descriptors.size(), 1u);
@@ -122,7 +125,7 @@ TEST(DataPlane, OneSidedWriteIntoAnOwnersSegmentIsRefused) {
   ASSERT_TRUE(CopyPlanValues(*get, back.data(), kLen, CopyDirection::kFromValues).ok());
   EXPECT_EQ(back, bytes);
   ASSERT_TRUE(client->ReleaseViews(*get).ok());
-  ASSERT_TRUE((*peer)->UnregisterRegion().ok());
+  ASSERT_TRUE(peer->UnregisterRegion().ok());
 }
 
 // Item 4: a loopback data plane without a configured secret still authenticates (with the

@@ -49,17 +49,6 @@ def get_small(client, keys, value_len=SMALL):
     return n, [int(v) for v in out[:, 0]]
 
 
-def restart_master(cluster, lease_ms=1500, grace_ms=1000, ttl_ms=60000):
-    """A new master process on the cluster's master port (same config as Cluster's)."""
-    return cluster.factory(f"""
-role: master
-log_level: info
-master: {{listen_address: "127.0.0.1:{cluster.master_port}", owner_lease_ms: {lease_ms},
-          owner_grace_ms: {grace_ms}, inflight_ttl_ms: {ttl_ms}}}
-admin: {{listen_address: "127.0.0.1:{cluster.master_admin}", metrics_port: 0}}
-""", name=f"master-{time.time_ns()}")
-
-
 def wait_until(pred, timeout, what):
     deadline = time.time() + timeout
     while not pred():
@@ -222,7 +211,7 @@ def test_master_restart_restores_every_route(cluster):
     cluster.master.proc.wait(timeout=10)
     time.sleep(1.5)
     t0 = time.time()
-    cluster.master = restart_master(cluster)
+    cluster.restart_master()
     wait_until(lambda: {1, 2} <= set(cluster.owners()), 5, "the owners to register again")
     registered_after = time.time() - t0
     wait_until(lambda: a.stats().get("republish_rounds", 0) >= 1, 10, "the republish")

@@ -38,13 +38,14 @@ class Cluster:
         self.master_port, self.master_admin = free_port(), free_port()
         self.sockdir = Path(tempfile.mkdtemp(prefix="fxc", dir="/tmp"))
         self.remote_timeout_ms, self.owner_extra = remote_timeout_ms, owner_extra
-        self.master = factory(f"""
+        self.master_config = f"""
 role: master
 log_level: info
 master: {{listen_address: "127.0.0.1:{self.master_port}", owner_lease_ms: {lease_ms},
           owner_grace_ms: {grace_ms}, inflight_ttl_ms: {ttl_ms}}}
 admin: {{listen_address: "127.0.0.1:{self.master_admin}", metrics_port: 0}}
-""", name="master")
+"""
+        self.master = factory(self.master_config, name="master")
         self.admin = {}
         self.daemons = {}
         for node in range(1, owners + 1):
@@ -52,6 +53,11 @@ admin: {{listen_address: "127.0.0.1:{self.master_admin}", metrics_port: 0}}
 
     def sock(self, node):
         return str(self.sockdir / f"owner-{node}.sock")
+
+    def restart_master(self):
+        """A new master process on the same port and config (the old one must be gone)."""
+        self.master = self.factory(self.master_config, name=f"master-{time.time_ns()}")
+        return self.master
 
     def start_owner(self, node, name=None):
         self.admin[node] = free_port()

@@ -13,8 +13,8 @@
 #include "rpc/grpc_verbs_exchange.h"
 #include "security/security_files.h"
 #include "tests/transport/test_pki.h"
-#include "transport/verbs_emulator.h"
-#include "transport/verbs_transport.h"
+#include "transport/verbs/verbs_emulator.h"
+#include "transport/verbs/verbs_transport.h"
 
 namespace fluxon {
 namespace {

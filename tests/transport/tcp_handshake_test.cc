@@ -1,4 +1,4 @@
-// The data plane's membership proof (transport/tcp_handshake.h): a peer without the cluster
+// The data plane's membership proof (transport/tcp/tcp_handshake.h): a peer without the cluster
 // secret is refused before any byte of the region is read or written, in both directions, and a
 // connection that never completes the handshake is closed by its deadline.
 #include <gtest/gtest.h>
@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "transport/tcp_handshake.h"
-#include "transport/tcp_transport.h"
-#include "transport/tcp_wire.h"
+#include "transport/tcp/tcp_handshake.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport/tcp/tcp_wire.h"
 
 namespace fluxon::transport {
 namespace {

@@ -18,12 +18,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/transport/peer_process.h"
-#include "transport/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 #ifdef FLUXON_HAVE_VERBS_TRANSPORT
-#include "transport/verbs_api.h"
-#include "transport/verbs_emulator.h"
-#include "transport/verbs_transport.h"
+#include "transport/verbs/verbs_api.h"
+#include "transport/verbs/verbs_emulator.h"
+#include "transport/verbs/verbs_transport.h"
 #ifdef FLUXON_HAVE_VERBS_GRPC
 #include <grpcpp/grpcpp.h>
 

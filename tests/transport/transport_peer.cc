@@ -13,7 +13,7 @@
 #include <cstring>
 #include <string>
 
-#include "transport/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace {
 

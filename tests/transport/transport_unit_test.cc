@@ -7,7 +7,7 @@
 
 #include "transport/batch.h"
 #include "transport/region.h"
-#include "transport/tcp_wire.h"
+#include "transport/tcp/tcp_wire.h"
 
 namespace fluxon::transport {
 namespace {

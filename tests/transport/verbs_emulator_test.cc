@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "transport/verbs_emulator.h"
+#include "transport/verbs/verbs_emulator.h"
 
 namespace fluxon::transport::verbs {
 namespace {

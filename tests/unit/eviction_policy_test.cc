@@ -3,7 +3,7 @@
 // S4 readmits lossless, probation as a one-hit filter that cyclic traffic leaves open, ghost
 // regret moving the weights the right way, bounded metadata, and the hit rates against the
 // baselines and Belady.
-#include "owner/eviction_policies.h"
+#include "eviction/baseline_policies.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "owner/eviction_replay.h"
+#include "eviction/eviction_replay.h"
 #include "owner/hot_tier.h"
 
 namespace fluxon {

@@ -6,7 +6,8 @@
 
 #include <vector>
 
-#include "owner/eviction_replay.h"
+#include "eviction/baseline_policies.h"
+#include "eviction/eviction_replay.h"
 
 namespace fluxon {
 namespace {

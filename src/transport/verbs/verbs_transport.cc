@@ -1,4 +1,4 @@
-#include "transport/verbs_transport.h"
+#include "transport/verbs/verbs_transport.h"
 
 #include <algorithm>
 #include <atomic>
@@ -537,28 +537,9 @@ VerbsTransport::Peer* VerbsTransport::GetPeer(const std::string& address) {
   return p.get();
 }
 
-absl::StatusOr<BatchHandle> VerbsTransport::Submit(const PeerId& peer, OpKind op,
-                                                   std::span<const Descriptor> descriptors,
-                                                   absl::Duration timeout) {
-  if (closing_.load()) return absl::CancelledError("transport shutting down");
-  if (op != OpKind::kRead && op != OpKind::kWrite) return absl::InvalidArgumentError("bad op");
-  if (descriptors.empty()) return absl::InvalidArgumentError("empty batch");
-  if (descriptors.size() > kMaxDescriptorsPerBatch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(descriptors.size(), " descriptors, at most ", kMaxDescriptorsPerBatch));
-  }
-  if (!region_.registered())
-    return absl::FailedPreconditionError("register a local region before submitting");
-  for (size_t i = 0; i < descriptors.size(); ++i) {
-    const Descriptor& d = descriptors[i];
-    if (d.len == 0 || d.len > kMaxDescriptorBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("descriptor ", i, ": length ", d.len,
-                                                     " outside [1, ", kMaxDescriptorBytes, "]"));
-    }
-    absl::Status s = region_.CheckLocal(d.local_addr, d.len);
-    if (!s.ok())
-      return absl::InvalidArgumentError(absl::StrCat("descriptor ", i, ": ", s.message()));
-  }
+absl::StatusOr<BatchHandle> VerbsTransport::DoSubmit(const PeerId& peer, OpKind op,
+                                                     std::span<const Descriptor> descriptors,
+                                                     absl::Duration timeout) {
   Peer* p = GetPeer(peer.address);
   if (p == nullptr) return absl::ResourceExhaustedError("cannot create a completion queue");
   {
@@ -633,11 +614,8 @@ void VerbsTransport::PollLoop() {
   }
 }
 
-TransportStats VerbsTransport::stats() const {
-  TransportStats s;
-  const RegionView v = region_.view();
-  s.region_registered = region_.registered();
-  s.region_generation = v.generation;
+void VerbsTransport::AddStats(TransportStats* out) const {
+  TransportStats& s = *out;
   s.outstanding_batches = registry_.outstanding();
   s.batches_completed = registry_.completed();
   {
@@ -652,7 +630,6 @@ TransportStats VerbsTransport::stats() const {
     MutexLock lock(&mr_mu_);
     s.serving_connections = serving_qps_.size();
   }
-  return s;
 }
 
 }  // namespace fluxon::transport::verbs

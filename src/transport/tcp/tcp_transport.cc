@@ -1,4 +1,4 @@
-#include "transport/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
-#include "transport/socket_io.h"
-#include "transport/tcp_handshake.h"
-#include "transport/tcp_wire.h"
+#include "transport/tcp/socket_io.h"
+#include "transport/tcp/tcp_handshake.h"
+#include "transport/tcp/tcp_wire.h"
 
 namespace fluxon::transport {
 
@@ -907,30 +907,9 @@ TcpTransport::Peer* TcpTransport::GetPeer(const std::string& address) {
   return p.get();
 }
 
-absl::StatusOr<BatchHandle> TcpTransport::Submit(const PeerId& peer, OpKind op,
-                                                 std::span<const Descriptor> descriptors,
-                                                 absl::Duration timeout) {
-  if (closing_.load()) return absl::CancelledError("transport shutting down");
-  if (op != OpKind::kRead && op != OpKind::kWrite) return absl::InvalidArgumentError("bad op");
-  if (descriptors.empty()) return absl::InvalidArgumentError("empty batch");
-  if (descriptors.size() > kMaxDescriptorsPerBatch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(descriptors.size(), " descriptors, at most ", kMaxDescriptorsPerBatch));
-  }
-  if (!region_.registered()) {
-    return absl::FailedPreconditionError("register a local region before submitting");
-  }
-  for (size_t i = 0; i < descriptors.size(); ++i) {
-    const Descriptor& d = descriptors[i];
-    if (d.len == 0 || d.len > kMaxDescriptorBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("descriptor ", i, ": length ", d.len,
-                                                     " outside [1, ", kMaxDescriptorBytes, "]"));
-    }
-    absl::Status s = region_.CheckLocal(d.local_addr, d.len);
-    if (!s.ok())
-      return absl::InvalidArgumentError(absl::StrCat("descriptor ", i, ": ", s.message()));
-  }
-
+absl::StatusOr<BatchHandle> TcpTransport::DoSubmit(const PeerId& peer, OpKind op,
+                                                   std::span<const Descriptor> descriptors,
+                                                   absl::Duration timeout) {
   // Cut the batch into requests of at most request_bytes and kMaxDescriptorsPerRequest pieces.
   auto batch = std::make_shared<TcpBatch>();
   std::vector<Unit> units;
@@ -981,14 +960,10 @@ absl::StatusOr<BatchHandle> TcpTransport::Submit(const PeerId& peer, OpKind op,
   return handle;
 }
 
-TransportStats TcpTransport::stats() const {
-  TransportStats s;
-  const RegionView v = region_.view();
-  s.region_registered = region_.registered();
-  s.region_generation = v.generation;
+void TcpTransport::AddStats(TransportStats* out) const {
+  TransportStats& s = *out;
   s.outstanding_batches = registry_.outstanding();
   s.batches_completed = registry_.completed();
-  s.serving_active_requests = region_.active_leases();
   {
     MutexLock lock(&peers_mu_);
     for (const auto& [address, p] : peers_) {
@@ -1003,7 +978,6 @@ TransportStats TcpTransport::stats() const {
     s.handshakes_refused = server_->handshakes_refused();
     s.idle_closed = server_->idle_closed();
   }
-  return s;
 }
 
 }  // namespace fluxon::transport

@@ -1,4 +1,4 @@
-#include "transport/socket_io.h"
+#include "transport/tcp/socket_io.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,4 +1,4 @@
-#include "transport/tcp_wire.h"
+#include "transport/tcp/tcp_wire.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -32,7 +32,7 @@
 #include <thread>
 
 #include "common/mutex.h"
-#include "transport/verbs_api.h"
+#include "transport/verbs/verbs_api.h"
 
 namespace fluxon::transport::verbs {
 

@@ -1,4 +1,4 @@
-#include "transport/tcp_handshake.h"
+#include "transport/tcp/tcp_handshake.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>

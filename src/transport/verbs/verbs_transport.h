@@ -45,7 +45,7 @@
 #include "transport/batch.h"
 #include "transport/region.h"
 #include "transport/transport.h"
-#include "transport/verbs_api.h"
+#include "transport/verbs/verbs_api.h"
 
 namespace fluxon::transport::verbs {
 
@@ -123,10 +123,6 @@ class VerbsTransport final : public Transport, private VerbsAcceptor {
   // would need every peer's queue pairs torn down first; fluxond serves TCP only.
   absl::Status SetRegionGeneration(uint64_t generation) override;
   absl::Status UnregisterRegion() override;
-  absl::StatusOr<BatchHandle> Submit(const PeerId& peer, OpKind op,
-                                     std::span<const Descriptor> descriptors,
-                                     absl::Duration timeout) override;
-  TransportStats stats() const override;
 
   class Peer;
 
@@ -135,6 +131,10 @@ class VerbsTransport final : public Transport, private VerbsAcceptor {
                  std::shared_ptr<VerbsExchange> exchange);
   absl::StatusOr<std::pair<QpAddress, RegionInfo>> AcceptQp(const QpAddress& initiator) override;
   void ReleaseQp(uint32_t qp_num, uint32_t initiator_qp_num) override;
+  absl::StatusOr<BatchHandle> DoSubmit(const PeerId& peer, OpKind op,
+                                       std::span<const Descriptor> descriptors,
+                                       absl::Duration timeout) override;
+  void AddStats(TransportStats* s) const override;
   Peer* GetPeer(const std::string& address);
   void PollLoop();
 
@@ -144,7 +144,6 @@ class VerbsTransport final : public Transport, private VerbsAcceptor {
   Handle context_ = 0;  // set in Create, then read-only
   Handle pd_ = 0;
   Handle serving_cq_ = 0;
-  RegisteredRegion region_;
   BatchRegistry registry_;
 
   mutable Mutex mr_mu_;
@@ -157,7 +156,6 @@ class VerbsTransport final : public Transport, private VerbsAcceptor {
 
   mutable Mutex peers_mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(peers_mu_);
-  std::atomic<bool> closing_{false};
   std::atomic<bool> stop_polling_{false};
   std::thread poller_;
 };

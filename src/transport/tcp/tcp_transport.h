@@ -86,29 +86,27 @@ class TcpTransport final : public Transport {
   absl::Status RegisterRegion(uint64_t generation, void* base, uint64_t len) override;
   absl::Status SetRegionGeneration(uint64_t generation) override;
   absl::Status UnregisterRegion() override;
-  absl::StatusOr<BatchHandle> Submit(const PeerId& peer, OpKind op,
-                                     std::span<const Descriptor> descriptors,
-                                     absl::Duration timeout) override;
-  TransportStats stats() const override;
 
   class Peer;
   class Server;
 
  private:
   explicit TcpTransport(TcpTransportOptions options);
+  absl::StatusOr<BatchHandle> DoSubmit(const PeerId& peer, OpKind op,
+                                       std::span<const Descriptor> descriptors,
+                                       absl::Duration timeout) override;
+  void AddStats(TransportStats* s) const override;
   Peer* GetPeer(const std::string& address);
   void RequestReconnect(Peer* peer);
   void ReconnectLoop();
 
   const TcpTransportOptions options_;
   std::string endpoint_;
-  RegisteredRegion region_;
   BatchRegistry registry_;
   std::unique_ptr<Server> server_;
 
   mutable Mutex peers_mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(peers_mu_);
-  std::atomic<bool> closing_{false};
 
   // Connects peers whose queued requests lost their last connection to a deliberate teardown.
   Mutex reconnect_mu_;

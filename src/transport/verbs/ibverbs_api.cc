@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "transport/verbs_api.h"
+#include "transport/verbs/verbs_api.h"
 
 namespace fluxon::transport::verbs {
 namespace {

@@ -1,4 +1,4 @@
-#include "transport/verbs_emulator.h"
+#include "transport/verbs/verbs_emulator.h"
 
 #include <cstdlib>
 #include <cstring>
