@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "fluxon/put_options.h"
 
 namespace fluxon {
 
@@ -37,6 +38,11 @@ absl::Status ValidateSupportedPutOptions(bool reject_if_inflight_same_key,
                                          bool reject_if_exist_same_key, bool write_through,
                                          bool make_replica_task, const std::vector<bool>& mask,
                                          const std::string& lease_id);
+// Everything a put batch is checked for before anything is reserved or sent: its keys, value_len,
+// parent_key, groups, replica mask and the options not implemented yet. The C++ client calls it
+// before its request, the owner before any reservation (the Python layer mirrors it).
+absl::Status ValidatePutStart(std::span<const std::string> keys, int64_t value_len,
+                              const PutOptions& options);
 absl::Status ValidateReplicaMask(const std::vector<bool>& mask,
                                  std::span<const uint32_t> group_lens, size_t num_keys);
 

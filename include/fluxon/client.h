@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "fluxon/batch.h"
 #include "fluxon/plan_blob.h"
+#include "fluxon/put_options.h"
 
 namespace fluxon {
 
@@ -35,19 +36,6 @@ struct SegmentMapping {
   uint64_t len = 0;
   uint64_t generation = 0;
   uint32_t node_id = 0;
-};
-
-struct PutOptions {
-  bool reject_if_inflight_same_key = true;
-  bool reject_if_exist_same_key = true;
-  bool write_through = false;
-  bool make_replica_task = false;
-  std::vector<bool> make_replica_task_mask;  // empty: broadcast make_replica_task
-  std::vector<uint32_t> atomic_group_lens;   // empty: one key per group
-  std::string lease_id;
-  // The key of the page just before keys[0] in its prompt (empty: unknown). A hint for eviction
-  // order only (chains are evicted from their tail); it must not be one of the batch's keys.
-  std::string parent_key;
 };
 
 // Completes when the batch's route is published (or definitively not).

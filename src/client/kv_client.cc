@@ -15,6 +15,7 @@
 #include "fluxon/plan_blob.h"
 #include "fluxon/status.h"
 #include "fluxon/v1/client.pb.h"
+#include "rpc/client_codec.h"
 #include "rpc/frame.h"
 #include "slot/segment.h"
 
@@ -418,27 +419,9 @@ std::pair<uint64_t, uint64_t> KvClient::PlanArena() const {
 absl::StatusOr<uint64_t> KvClient::LocalFastPutStart(const std::vector<std::string>& keys,
                                                      int64_t value_len, const PutOptions& o,
                                                      std::vector<uint32_t>* conflict_indices) {
-  FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
-  FLUXON_RETURN_IF_ERROR(ValidateParentKey(o.parent_key, keys));
-  FLUXON_RETURN_IF_ERROR(ValidateValueLen(value_len));
-  FLUXON_RETURN_IF_ERROR(ValidateGroups(o.atomic_group_lens, keys.size()));
-  FLUXON_RETURN_IF_ERROR(
-      ValidateReplicaMask(o.make_replica_task_mask, o.atomic_group_lens, keys.size()));
-  FLUXON_RETURN_IF_ERROR(ValidateSupportedPutOptions(
-      o.reject_if_inflight_same_key, o.reject_if_exist_same_key, o.write_through,
-      o.make_replica_task, o.make_replica_task_mask, o.lease_id));
+  FLUXON_RETURN_IF_ERROR(ValidatePutStart(keys, value_len, o));
   v1::ClientRequest req;
-  v1::PutStartRequest* p = req.mutable_put_start();
-  for (const std::string& k : keys) p->add_keys(k);
-  p->set_value_len(static_cast<uint64_t>(value_len));
-  p->set_reject_if_inflight_same_key(o.reject_if_inflight_same_key);
-  p->set_reject_if_exist_same_key(o.reject_if_exist_same_key);
-  p->set_write_through(o.write_through);
-  p->set_make_replica_task(o.make_replica_task);
-  for (bool b : o.make_replica_task_mask) p->add_make_replica_task_mask(b);
-  for (uint32_t g : o.atomic_group_lens) p->add_atomic_group_lens(g);
-  p->set_lease_id(o.lease_id);
-  p->set_parent_key(o.parent_key);
+  EncodePutStart(keys, value_len, o, req.mutable_put_start());
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
   absl::Status st = StatusOf(resp);
   if (!st.ok()) {

@@ -124,6 +124,22 @@ absl::Status ValidateSupportedPutOptions(bool reject_if_inflight_same_key,
   return absl::OkStatus();
 }
 
+absl::Status ValidatePutStart(std::span<const std::string> keys, int64_t value_len,
+                              const PutOptions& o) {
+  if (absl::Status s = ValidateKeys(keys); !s.ok()) return s;
+  if (absl::Status s = ValidateParentKey(o.parent_key, keys); !s.ok()) return s;
+  if (absl::Status s = ValidateValueLen(value_len); !s.ok()) return s;
+  if (absl::Status s = ValidateGroups(o.atomic_group_lens, keys.size()); !s.ok()) return s;
+  if (absl::Status s =
+          ValidateReplicaMask(o.make_replica_task_mask, o.atomic_group_lens, keys.size());
+      !s.ok()) {
+    return s;
+  }
+  return ValidateSupportedPutOptions(o.reject_if_inflight_same_key, o.reject_if_exist_same_key,
+                                     o.write_through, o.make_replica_task, o.make_replica_task_mask,
+                                     o.lease_id);
+}
+
 absl::Status ValidateReplicaMask(const std::vector<bool>& mask,
                                  std::span<const uint32_t> group_lens, size_t num_keys) {
   if (mask.empty()) return absl::OkStatus();

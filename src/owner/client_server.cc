@@ -1,5 +1,7 @@
 #include "owner/client_server.h"
 
+#include "rpc/client_codec.h"
+
 #include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -462,21 +464,8 @@ bool ClientServer::Impl::Handle(Connection* c, v1::ClientRequest& req, bool* eve
       return SendFrameWithFd(c->fd, EncodeFrame(resp), seg.fd()).ok();
     }
     case v1::ClientRequest::kPutStart: {
-      v1::PutStartRequest& p = *req.mutable_put_start();
       PutStartArgs a;
-      // The request is ours: its keys move into the put (one allocation per key, not two).
-      a.keys.reserve(p.keys_size());
-      for (std::string& k : *p.mutable_keys()) a.keys.push_back(std::move(k));
-      a.value_len = static_cast<int64_t>(p.value_len());
-      a.reject_if_inflight_same_key = p.reject_if_inflight_same_key();
-      a.reject_if_exist_same_key = p.reject_if_exist_same_key();
-      a.write_through = p.write_through();
-      a.make_replica_task = p.make_replica_task();
-      a.make_replica_task_mask.assign(p.make_replica_task_mask().begin(),
-                                      p.make_replica_task_mask().end());
-      a.atomic_group_lens.assign(p.atomic_group_lens().begin(), p.atomic_group_lens().end());
-      a.lease_id = p.lease_id();
-      a.parent_key = p.parent_key();
+      a.options = DecodePutStart(req.mutable_put_start(), &a.keys, &a.value_len);
       std::vector<uint32_t> conflicts;
       absl::StatusOr<PutStartOutcome> r = core_->PutStart(c->session, std::move(a), &conflicts);
       v1::PutStartReply* pr = resp.mutable_put_start();

@@ -32,15 +32,7 @@ PutPath::~PutPath() {
 
 absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, PutStartArgs a,
                                                std::vector<uint32_t>* conflicts) {
-  FLUXON_RETURN_IF_ERROR(ValidateKeys(a.keys));
-  FLUXON_RETURN_IF_ERROR(ValidateParentKey(a.parent_key, a.keys));
-  FLUXON_RETURN_IF_ERROR(ValidateValueLen(a.value_len));
-  FLUXON_RETURN_IF_ERROR(ValidateGroups(a.atomic_group_lens, a.keys.size()));
-  FLUXON_RETURN_IF_ERROR(
-      ValidateReplicaMask(a.make_replica_task_mask, a.atomic_group_lens, a.keys.size()));
-  FLUXON_RETURN_IF_ERROR(ValidateSupportedPutOptions(
-      a.reject_if_inflight_same_key, a.reject_if_exist_same_key, a.write_through,
-      a.make_replica_task, a.make_replica_task_mask, a.lease_id));
+  FLUXON_RETURN_IF_ERROR(ValidatePutStart(a.keys, a.value_len, a.options));
   const uint64_t put_id = next_put_id_.fetch_add(1);
   // Reserve every key, one shard lock each (G3); a conflict reserves nothing.
   if (!keys_->ReserveAll(a.keys, put_id, conflicts)) {
@@ -66,8 +58,8 @@ absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, PutStartArgs 
   batch->keys = std::move(a.keys);
   batch->slots = std::move(*slots);
   batch->value_len = static_cast<uint64_t>(a.value_len);
-  batch->group_lens = std::move(a.atomic_group_lens);
-  batch->parent_key = std::move(a.parent_key);
+  batch->group_lens = std::move(a.options.atomic_group_lens);
+  batch->parent_key = std::move(a.options.parent_key);
   batch->deadline = std::chrono::steady_clock::now() + put_lease_;
   PutStartOutcome out;
   out.put_id = put_id;

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/sharded_table.h"
+#include "fluxon/put_options.h"
 #include "owner/key_index.h"
 #include "owner/owner_counters.h"
 #include "owner/publisher.h"
@@ -25,19 +26,12 @@
 
 namespace fluxon {
 
+// One put batch as the owner receives it: the keys, value_len and the client's PutOptions.
 struct PutStartArgs {
   std::vector<std::string> keys;
   int64_t value_len = 0;
-  bool reject_if_inflight_same_key = true;
-  bool reject_if_exist_same_key = true;
-  bool write_through = false;
-  bool make_replica_task = false;
-  std::vector<bool> make_replica_task_mask;
-  std::vector<uint32_t> atomic_group_lens;
-  std::string lease_id;
-  std::string parent_key;  // eviction-order hint; empty: unknown
+  PutOptions options;
 };
-
 struct PutStartOutcome {
   uint64_t put_id = 0;
   std::vector<uint64_t> offsets;

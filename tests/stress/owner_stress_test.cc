@@ -61,7 +61,7 @@ TEST(OwnerStress, WritersReadersAndEvictionKeepValuesIntact) {
         a.keys.push_back("c" + std::to_string(chain) + "-" + std::to_string(start + i));
       }
       a.value_len = kValueLen;
-      a.atomic_group_lens = {2, 2};
+      a.options.atomic_group_lens = {2, 2};
       std::vector<uint32_t> conflicts;
       auto put = owner.PutStart(100 + id, a, &conflicts);
       if (!put.ok()) continue;  // conflict or no space: nothing reserved
