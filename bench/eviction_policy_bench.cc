@@ -7,7 +7,8 @@
 //                                                        # bench/eviction_fluxond_replay.py
 //   build/bench/bench_eviction_policy --only cyclic,zipf1.1 --capacities 25,50
 //
-// Traces (bench/eviction/eviction_replay.h; page ids stand for chained keys, system prompts shared):
+// Traces (bench/eviction/eviction_replay.h; page ids stand for chained keys, system prompts
+// shared):
 //   cyclic     96 conversations x 8 rounds, round barrier, 4 shared system prompts;
 //   zipfA      256 conversations and 8 system prompts picked with Zipf(A), A = 0.8 / 1.1 / 1.4,
 //              up to 10 turns then restart, 4,000 accesses, no round barrier;

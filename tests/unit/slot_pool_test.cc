@@ -358,7 +358,6 @@ TEST_F(SlotPoolTest, PopulatedGrantMemoryIsWritable) {
   for (const SlotRef& r : *refs) ASSERT_TRUE((*pool)->Abort(r).ok());
 }
 
-
 // Cluster hardening, item 12: claims waiting behind the first carve of their class (a first
 // touch of 512 MiB can outlast a short claim timeout on a busy machine) do not time out while the
 // segment has room.
