@@ -45,24 +45,18 @@ void MasterRegistration::NoteEpoch(uint64_t epoch) {
         "the master is a new instance (epoch {:#x}, was {:#x}): its routes are gone; "
         "republishing every committed value",
         epoch, before);
-    republish_due_.store(true, std::memory_order_release);
+    MarkRepublishDue();
   }
 }
 
-void MasterRegistration::NoteRefused() { refused_.store(true, std::memory_order_release); }
+void MasterRegistration::NoteRefused() {
+  refused_.store(true, std::memory_order_release);
+  Wake();
+}
 
 bool MasterRegistration::WaitRepublishDue(std::chrono::milliseconds timeout) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (!republish_due_.load(std::memory_order_acquire)) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= until) return !stop_->stopped();
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now);
-    if (!stop_->SleepFor(
-            std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(20)))) {
-      return false;
-    }
-  }
-  return !stop_->stopped();
+  return WaitUntil(std::chrono::steady_clock::now() + timeout,
+                   [this] { return republish_due_.load(std::memory_order_acquire); });
 }
 
 absl::Status MasterRegistration::RegisterAtStart(std::chrono::milliseconds timeout) {
@@ -106,7 +100,7 @@ absl::Status MasterRegistration::RenewGeneration(const absl::Status& refusal) {
   }
   generation_.store(next, std::memory_order_release);
   counters_->generation_renewals.fetch_add(1, std::memory_order_relaxed);
-  republish_due_.store(true, std::memory_order_release);
+  MarkRepublishDue();
   return absl::OkStatus();
 }
 
@@ -115,10 +109,7 @@ void MasterRegistration::HeartbeatLoop(std::chrono::milliseconds interval) {
   auto next = std::chrono::steady_clock::now() + interval;
   for (;;) {
     // Sleep until the next beat, or sooner when a master call was refused.
-    while (std::chrono::steady_clock::now() < next && !refused_.load()) {
-      if (!stop_->SleepFor(std::chrono::milliseconds(10))) return;
-    }
-    if (stop_->stopped()) return;
+    if (!WaitUntil(next, [this] { return refused_.load(std::memory_order_acquire); })) return;
     refused_.store(false);
     next = std::chrono::steady_clock::now() + interval;
     absl::Status r = Register();

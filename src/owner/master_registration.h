@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/mutex.h"
 #include "common/stop_signal.h"
 #include "owner/owner_counters.h"
 #include "rpc/master_api.h"
@@ -81,15 +82,20 @@ class MasterRegistration {
   // A master call was refused because it does not know this generation (restarted master
   // before our heartbeat, or this owner expired): the next heartbeat comes at once.
   void NoteRefused();
+  // Wakes the heartbeat and republish waits (call after stop_->Stop()).
+  void Interrupt() { Wake(); }
   // Work done under (generation, epoch) was applied after a republish may have scanned: if
   // either has changed since, another republish is due (nothing committed is left unrouted).
   void RepublishIfChanged(uint64_t generation_used, uint64_t epoch_seen) {
     if (generation() != generation_used ||
         (epoch_seen != 0 && epoch_.load(std::memory_order_acquire) != epoch_seen)) {
-      republish_due_.store(true, std::memory_order_release);
+      MarkRepublishDue();
     }
   }
-  void MarkRepublishDue() { republish_due_.store(true, std::memory_order_release); }
+  void MarkRepublishDue() {
+    republish_due_.store(true, std::memory_order_release);
+    Wake();
+  }
   // True once after a republish became due (new epoch or new generation).
   bool TakeRepublishDue() { return republish_due_.exchange(false, std::memory_order_acq_rel); }
   // Sleeps until a republish is due or `timeout`; false when stopping.
@@ -104,6 +110,19 @@ class MasterRegistration {
   }
 
  private:
+  // Sleeps until `ready()`, `until` or stop (woken by Wake, no polling); false when stopping.
+  template <typename Ready>
+  bool WaitUntil(std::chrono::steady_clock::time_point until, Ready ready) {
+    MutexLock lock(&wake_mu_);
+    while (!stop_->stopped() && !ready() && std::chrono::steady_clock::now() < until) {
+      wake_cv_.WaitUntil(&wake_mu_, until);
+    }
+    return !stop_->stopped();
+  }
+  void Wake() {
+    MutexLock lock(&wake_mu_);
+    wake_cv_.SignalAll();
+  }
   // Picks and announces a new generation after the master refused the current one as expired.
   absl::Status RenewGeneration(const absl::Status& refusal);
   void SetRegistered(bool registered);
@@ -119,6 +138,10 @@ class MasterRegistration {
   std::atomic<bool> republish_due_{false};
   std::atomic<bool> refused_{false};
   std::atomic<int64_t> inflight_get_ttl_ms_{60'000};
+  // Wakes the heartbeat (refused_) and the republisher (republish_due_); the flags are atomics
+  // set before Wake takes the mutex, so no wake-up is lost.
+  Mutex wake_mu_;
+  CondVar wake_cv_;
 };
 
 // True when `s` is the master's refusal of a generation it does not know (FailedPrecondition:

@@ -87,6 +87,7 @@ void OwnerCore::BeginStop() {
   stop_.Stop();
   if (publisher_) publisher_->Interrupt();
   if (evictor_) evictor_->Interrupt();
+  if (registration_) registration_->Interrupt();
   if (memory_) memory_->pool().CancelClaims();
 }
 
