@@ -162,9 +162,6 @@ bool Evictor::DropUnrouted(const std::string& key, uint64_t put_id) {
   if (keys_->MarkEvicting(key, put_id) != KeyIndex::MarkResult::kMarked) return false;
   HolderRef last = keys_->EraseEvicting(key, put_id);
   if (!last) return false;
-  const absl::Status released = pool_->ReleaseRoute(last->slot);
-  FLUXON_DCHECK(released.ok(), "a committed slot's route was not live");
-  if (!released.ok()) spdlog::error("releasing the route of {}: {}", key, released.ToString());
   last.reset();  // the last reference: the slot returns to Free
   return true;
 }
@@ -228,11 +225,6 @@ std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& 
     }
     HolderRef last = keys_->EraseEvicting(key, cohorts[i].put_id);
     if (!last) continue;
-    const absl::Status released = pool_->ReleaseRoute(last->slot);
-    if (!released.ok()) {
-      spdlog::error("releasing the route of {}: {}", key, released.ToString());
-      FLUXON_DCHECK(released.ok(), "an evicted slot's route was not live");
-    }
     last.reset();  // the last reference: the slot returns to Free
     ++out[i].pages;
   }

@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "common/check.h"
+#include "spdlog/spdlog.h"
 
 namespace fluxon {
 
@@ -57,7 +58,34 @@ void KeyIndex::Unreserve(std::span<const std::string> keys, uint64_t put_id, boo
   Count(State::kReserved, -removed);
 }
 
-bool KeyIndex::MakeLocalVisible(const std::string& key, uint64_t put_id, HolderRef* holder) {
+void KeyIndex::AbortPrepared(std::span<const SlotRef> slots, uint64_t put_id) {
+  for (const SlotRef& slot : slots) {
+    const absl::Status s = pool_->Abort(slot);
+    if (!s.ok()) {
+      spdlog::error("aborting a prepared slot of put {}: {}", put_id, s.ToString());
+      FLUXON_DCHECK(s.ok(), "a prepared slot could not be aborted");
+    }
+  }
+}
+
+void KeyIndex::ReleaseReservation(std::span<const std::string> keys, uint64_t put_id,
+                                  std::span<const SlotRef> slots, bool fetch) {
+  // The keys go first: once a slot is Free another put may claim it, and it must not find this
+  // put's reservation still naming it.
+  Unreserve(keys, put_id, fetch);
+  AbortPrepared(slots, put_id);
+}
+
+bool KeyIndex::MakeLocalVisible(const std::string& key, uint64_t put_id, const SlotRef& slot,
+                                uint64_t value_len) {
+  // The holder is made outside the shard lock (an allocation and one CAS on the slot's word).
+  absl::StatusOr<HolderRef> holder =
+      HolderRef::CommitLocalVisible(pool_, slot, key, put_id, value_len);
+  if (!holder.ok()) {
+    spdlog::error("commit of put {} key {}: {}", put_id, key, holder.status().ToString());
+    Unreserve({&key, 1}, put_id, /*fetch=*/false);  // the key is not left reserved
+    return false;
+  }
   const bool made = table_.Update(key, [&](Entry* e, bool*) {
     if (e == nullptr || e->put_id != put_id || e->fetch) return false;
     FLUXON_DCHECK(e->state == State::kReserved, "a put's key is committed twice");
@@ -70,6 +98,7 @@ bool KeyIndex::MakeLocalVisible(const std::string& key, uint64_t put_id, HolderR
     Count(State::kReserved, -1);
     Count(State::kLocalVisible, 1);
   }
+  // Not made: `holder` still has the only reference and frees the slot as it goes.
   return made;
 }
 
@@ -78,6 +107,12 @@ bool KeyIndex::Promote(const std::string& key, uint64_t put_id, uint64_t cohort_
     if (e == nullptr || e->put_id != put_id) return false;
     FLUXON_DCHECK(e->state == State::kLocalVisible, "a key is promoted that is not local-visible");
     if (e->state != State::kLocalVisible) return false;
+    const absl::Status route = pool_->PublishRoute(e->resident->slot);
+    if (!route.ok()) {
+      spdlog::error("publishing the route of put {} key {}: {}", put_id, key, route.ToString());
+      FLUXON_DCHECK(route.ok(), "a published slot refused its route");
+      return false;
+    }
     e->state = State::kCommitted;
     e->cohort_id = cohort_id;
     return true;
@@ -92,7 +127,14 @@ bool KeyIndex::Promote(const std::string& key, uint64_t put_id, uint64_t cohort_
 bool KeyIndex::CommitCopy(const std::string& key, uint64_t put_id, HolderRef* holder,
                           uint64_t cohort_id) {
   const bool made = table_.Update(key, [&](Entry* e, bool*) {
-    if (e == nullptr || e->put_id != put_id || e->state != State::kReserved || !e->fetch) {
+    if (e == nullptr || e->put_id != put_id || e->state != State::kReserved || !e->fetch ||
+        !*holder) {
+      return false;
+    }
+    const absl::Status route = pool_->PublishRoute((*holder)->slot);
+    if (!route.ok()) {
+      spdlog::error("publishing the route of the remote copy of {}: {}", key, route.ToString());
+      FLUXON_DCHECK(route.ok(), "a remote-get target refused its route");
       return false;
     }
     e->state = State::kCommitted;
@@ -175,6 +217,11 @@ HolderRef KeyIndex::EraseEvicting(const std::string& key, uint64_t put_id) {
   HolderRef last;
   table_.Update(key, [&](Entry* e, bool* erase) {
     if (e != nullptr && e->put_id == put_id && e->state == State::kEvicting) {
+      // The index's reference is still alive, so the slot goes Committed -> Releasing here and
+      // to Free only when the caller drops `last`.
+      const absl::Status released = pool_->ReleaseRoute(e->resident->slot);
+      FLUXON_DCHECK(released.ok(), "a committed slot's route was not live");
+      if (!released.ok()) spdlog::error("releasing the route of {}: {}", key, released.ToString());
       last = std::move(e->resident);
       *erase = true;
     }

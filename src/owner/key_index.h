@@ -1,11 +1,20 @@
-// KeyIndex: the owner's per-key state and the one owner of its transitions. Every change of a
-// key's state goes through a method here, each checked against the state it starts from:
+// KeyIndex: the owner's per-key state and the one owner of a value's lifecycle. Every change of a
+// key's state goes through a method here, each checked against the state it starts from, and the
+// transitions that also move the value's slot (slot/slot_pool.h) move it in the same call, after
+// checking the key's state — no caller advances the two state machines side by side:
 //
-//   absent --ReserveAll--> Reserved(put_id) --MakeLocalVisible--> LocalVisible(put_id)
-//   Reserved --Unreserve--> absent                LocalVisible --Promote--> Committed(cohort)
-//   LocalVisible --EraseUnpublished--> absent     Committed --MarkEvicting--> Evicting
-//   Evicting --UnmarkEvicting--> Committed        Evicting --EraseEvicting--> absent
-//   Reserved --CommitCopy--> Committed(cohort)    (a remote get's cached copy, route published)
+//   key transition                                    slot transition in the same call
+//   absent --ReserveAll--> Reserved(put_id)           (the caller claims Prepared slots)
+//   Reserved --ReleaseReservation--> absent           Prepared --Abort--> Free
+//   Reserved --MakeLocalVisible--> LocalVisible       Prepared --CommitLocalVisible--> Pending*
+//   LocalVisible --Promote--> Committed(cohort)       Pending* --PublishRoute--> Committed
+//   LocalVisible --EraseUnpublished--> absent         the last holder goes: -> Free
+//   Reserved --CommitCopy--> Committed(cohort)        Pending --PublishRoute--> Committed
+//     (a remote get's cached copy, route published)
+//   Committed --MarkEvicting--> Evicting              —
+//   Evicting --UnmarkEvicting--> Committed            —
+//   Evicting --EraseEvicting--> absent                Committed --ReleaseRoute--> Releasing,
+//                                                       Free when the returned holder goes
 //
 // Invariants:
 // - An entry carries the put_id of the batch that reserved it; every transition names that
@@ -19,6 +28,10 @@
 //   Evicting, so eviction never frees memory a reader holds (S2 with the pool's holder count).
 // - G3/G10: each transition is one shard lock for O(1) work on one key; holders are released
 //   outside the lock (the methods return them to the caller).
+// - A key is Committed exactly while its slot is Committed (route live, V3): Promote and
+//   CommitCopy publish the slot's route under the key's shard lock and change nothing when the
+//   slot refuses; EraseEvicting releases the route before the entry goes. The slot transitions
+//   are one CAS on the slot's word (no lock), so the shard section stays O(1) (G10).
 // - The gauges reserved_entries, local_visible_entries and committed_entries count entries by
 //   state and are changed only here, with the transition.
 #pragma once
@@ -32,6 +45,7 @@
 #include "holder/holder.h"
 #include "owner/owner_counters.h"
 #include "route/key_control_table.h"
+#include "slot/slot_pool.h"
 
 namespace fluxon {
 
@@ -40,7 +54,8 @@ class KeyIndex {
   enum class State : uint8_t { kReserved, kLocalVisible, kCommitted, kEvicting };
   enum class MarkResult { kGone, kMarked, kInUse };
 
-  explicit KeyIndex(OwnerCounters* counters) : counters_(counters) {}
+  // `pool` holds the slots of every value in the index; both must outlive it.
+  KeyIndex(OwnerCounters* counters, SlotPool* pool) : counters_(counters), pool_(pool) {}
   ~KeyIndex();
 
   // Reserves every key for `put_id`, all or none. On a conflict nothing stays reserved and
@@ -48,18 +63,25 @@ class KeyIndex {
   // `fetch`: the reservation of a remote get's target (else a local put's).
   bool ReserveAll(std::span<const std::string> keys, uint64_t put_id,
                   std::vector<uint32_t>* conflicts, bool fetch = false);
-  // Drops `put_id`'s reservations of `keys` of the same kind (abort, failed claim).
-  void Unreserve(std::span<const std::string> keys, uint64_t put_id, bool fetch = false);
-  // Reserved(put_id) -> LocalVisible holding `holder` (moved from). False when the key is not
-  // put_id's reservation (then `holder` is left with the caller).
-  bool MakeLocalVisible(const std::string& key, uint64_t put_id, HolderRef* holder);
-  // LocalVisible(put_id) -> Committed in `cohort_id`. False when the key is not put_id's.
+  // Drops `put_id`'s reservations of `keys` of the same kind and aborts the Prepared `slots`
+  // claimed for them (an abort, an expired put, a failed claim with no slots, a remote get's
+  // target that was never filled). `keys` may be empty: slots whose reservation already went.
+  void ReleaseReservation(std::span<const std::string> keys, uint64_t put_id,
+                          std::span<const SlotRef> slots, bool fetch = false);
+  // Reserved(put_id) -> LocalVisible: binds the written Prepared `slot` to its canonical holder
+  // (slot Prepared -> PendingLocalVisible, V1). False when the holder cannot be made (the key's
+  // reservation is then dropped) or the key is not put_id's reservation (the slot is freed).
+  bool MakeLocalVisible(const std::string& key, uint64_t put_id, const SlotRef& slot,
+                        uint64_t value_len);
+  // LocalVisible(put_id) -> Committed in `cohort_id`, publishing the slot's route (V3). False,
+  // nothing changed, when the key is not put_id's local-visible value or the slot refuses.
   bool Promote(const std::string& key, uint64_t put_id, uint64_t cohort_id);
   // LocalVisible(put_id) -> absent (never published); returns its holder to drop unlocked.
   HolderRef EraseUnpublished(const std::string& key, uint64_t put_id);
 
-  // Reserved(put_id) -> Committed in `cohort_id` holding `holder` (moved from): a remote get's
-  // target whose copy the master published. False when the key is not put_id's reservation.
+  // Reserved(put_id) -> Committed in `cohort_id` holding `holder` (moved from, slot Pending ->
+  // Committed): a remote get's target whose copy the master published. False, nothing changed,
+  // when the key is not put_id's fetch reservation or the slot refuses its route.
   bool CommitCopy(const std::string& key, uint64_t put_id, HolderRef* holder, uint64_t cohort_id);
 
   // Pins a readable (LocalVisible or Committed) value: its holder and its cohort (0 before
@@ -75,7 +97,9 @@ class KeyIndex {
   MarkResult MarkEvicting(const std::string& key, uint64_t put_id);
   // Evicting(put_id) -> Committed (the rest of its cohort was in use).
   void UnmarkEvicting(const std::string& key, uint64_t put_id);
-  // Evicting(put_id) -> absent; returns the holder (the last reference) to release unlocked.
+  // Evicting(put_id) -> absent, releasing the slot's route (S2: the caller removed the master's
+  // route first); returns the holder (the last reference) to release unlocked, which frees the
+  // slot.
   HolderRef EraseEvicting(const std::string& key, uint64_t put_id);
 
   // Calls fn(key, put_id, offset, len) for every Committed value (the republish after a master
@@ -100,8 +124,11 @@ class KeyIndex {
     bool fetch = false;  // Reserved by a remote get (its target), not by a local put
   };
   void Count(State s, int delta);
+  void Unreserve(std::span<const std::string> keys, uint64_t put_id, bool fetch);
+  void AbortPrepared(std::span<const SlotRef> slots, uint64_t put_id);
 
   OwnerCounters* const counters_;
+  SlotPool* const pool_;
   KeyControlTable<Entry> table_;
 };
 

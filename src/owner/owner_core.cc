@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
                     c.memory_->segment().data_bytes(), options.data_address, options.transports},
       master, counters, &c.stop_);
   MasterRegistration* registration = c.registration_.get();
-  c.keys_ = std::make_unique<KeyIndex>(counters);
+  c.keys_ = std::make_unique<KeyIndex>(counters, pool);
   c.hot_ = std::make_unique<HotTier<>>();
   c.flights_ = std::make_unique<SingleFlight>();
   c.handles_ = std::make_unique<HandleTable>(counters, options.handle_ttl, options.view_lease);

@@ -178,12 +178,6 @@ void Publisher::PromoteAndAdmit(const PutBatch& b, const std::vector<bool>& publ
     cohort.put_id = b.put_id;
     for (size_t i = start; i < start + len; ++i) {
       if (published[i]) {
-        const absl::Status route = pool_->PublishRoute(b.slots[i]);
-        if (!route.ok()) {
-          spdlog::error("publishing the route of put {} key {}: {}", b.put_id, b.keys[i],
-                        route.ToString());
-          FLUXON_DCHECK(route.ok(), "a published slot refused its route");
-        }
         if (keys_->Promote(b.keys[i], b.put_id, cohort.id)) {
           cohort.keys.push_back(b.keys[i]);
           cohort.weight += pool_->SlotSizeOf(b.slots[i]);

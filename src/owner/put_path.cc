@@ -45,7 +45,7 @@ absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, PutStartArgs 
   absl::StatusOr<std::vector<SlotRef>> slots =
       pool_->Claim(static_cast<uint64_t>(a.value_len), a.keys.size());
   if (!slots.ok()) {
-    keys_->Unreserve(a.keys, put_id);
+    keys_->ReleaseReservation(a.keys, put_id, {});
     if (slots.status().code() == absl::StatusCode::kResourceExhausted) {
       counters_->put_no_space.fetch_add(1, std::memory_order_relaxed);
     }
@@ -87,16 +87,7 @@ absl::StatusOr<std::shared_ptr<PutBatch>> PutPath::Take(uint64_t client_id, uint
   return taken;
 }
 
-void PutPath::Release(const PutBatch& b) {
-  keys_->Unreserve(b.keys, b.put_id);
-  for (const SlotRef& slot : b.slots) {
-    const absl::Status s = pool_->Abort(slot);
-    if (!s.ok()) {
-      spdlog::error("aborting a slot of put {}: {}", b.put_id, s.ToString());
-      FLUXON_DCHECK(s.ok(), "a prepared slot could not be aborted");
-    }
-  }
-}
+void PutPath::Release(const PutBatch& b) { keys_->ReleaseReservation(b.keys, b.put_id, b.slots); }
 
 absl::Status PutPath::Abort(uint64_t client_id, uint64_t put_id) {
   FLUXON_ASSIGN_OR_RETURN(std::shared_ptr<PutBatch> taken, Take(client_id, put_id));
@@ -123,15 +114,7 @@ absl::Status PutPath::Commit(uint64_t client_id, uint64_t put_id, PutDoneCallbac
   std::shared_ptr<PutBatch> batch = std::move(*taken);
   // V1: every value is local-read-ready before this returns.
   for (size_t i = 0; i < batch->keys.size(); ++i) {
-    absl::StatusOr<HolderRef> h = HolderRef::CommitLocalVisible(
-        pool_, batch->slots[i], batch->keys[i], put_id, batch->value_len);
-    if (!h.ok()) {
-      spdlog::error("commit of put {} key {}: {}", put_id, batch->keys[i], h.status().ToString());
-      keys_->Unreserve({&batch->keys[i], 1}, put_id);  // the key is not left reserved
-      continue;
-    }
-    // If the entry is not this put's reservation, `h` keeps the holder and frees the slot.
-    keys_->MakeLocalVisible(batch->keys[i], put_id, &*h);
+    keys_->MakeLocalVisible(batch->keys[i], put_id, batch->slots[i], batch->value_len);
   }
   counters_->put_commits.fetch_add(1, std::memory_order_relaxed);
   publisher_->Push(std::move(batch), std::move(done), defer_publish_wake);

@@ -80,17 +80,17 @@ uint64_t RemoteFetcher::NextRequestId() {
 }
 
 void RemoteFetcher::Free(Target& t) {
-  if (t.holder) {
-    t.holder.reset();  // Pending, last reference: the slot is Free again
-  } else if (t.slot) {
-    const absl::Status s = pool_->Abort(*t.slot);
-    FLUXON_DCHECK(s.ok(), "a remote-get target could not be aborted");
-    if (!s.ok()) spdlog::error("freeing remote-get target of {}: {}", t.key, s.ToString());
-  }
+  // A filled target's holder is its slot's last reference (Pending): dropping it frees the slot.
+  // An unfilled one is still Prepared and is aborted with its reservation (if it still has one:
+  // a quarantined target gave it up already).
+  const bool prepared = !t.holder && t.slot;
+  t.holder.reset();
+  keys_->ReleaseReservation(
+      t.reserved ? std::span<const std::string>(&t.key, 1) : std::span<const std::string>(),
+      t.put_id, prepared ? std::span<const SlotRef>(&*t.slot, 1) : std::span<const SlotRef>(),
+      /*fetch=*/true);
   if (t.slot) counters_->remote_pending_targets.fetch_sub(1, std::memory_order_relaxed);
   t.slot.reset();
-  if (t.reserved)
-    keys_->Unreserve(std::span<const std::string>(&t.key, 1), t.put_id, /*fetch=*/true);
   t.reserved = false;
   t.fate = Target::Fate::kFreed;
 }
@@ -223,7 +223,10 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
 }
 
 void RemoteFetcher::UnreserveForQuarantine(Target& t) {
-  keys_->Unreserve(std::span<const std::string>(&t.key, 1), t.put_id, /*fetch=*/true);
+  // The key only: the slot stays Prepared until the quarantine ends (a late peer write may
+  // still land in it).
+  keys_->ReleaseReservation(std::span<const std::string>(&t.key, 1), t.put_id, {},
+                            /*fetch=*/true);
   t.reserved = false;
 }
 
@@ -450,10 +453,8 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
         }
         Cohort& c = chain.back();
         const SlotRef slot = t.holder->slot;
-        const absl::Status route = pool_->PublishRoute(slot);
-        FLUXON_DCHECK(route.ok(), "a remote-get target refused its route");
         HolderRef canonical = t.holder;
-        if (!route.ok() || !keys_->CommitCopy(t.key, t.put_id, &t.holder, c.id)) {
+        if (!keys_->CommitCopy(t.key, t.put_id, &t.holder, c.id)) {
           // Cannot happen while our reservation stands; never leave a live route unowned.
           spdlog::error("installing the remote copy of {} failed; its route stays until evicted",
                         t.key);
