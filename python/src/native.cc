@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "fluxon/client.h"
-#include "fluxon/config.h"
+#include "config/config.h"
 #include "fluxon/plan_blob_abi.h"
 #include "fluxon/units.h"
 #include "fluxon/version.h"

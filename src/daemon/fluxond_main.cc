@@ -20,9 +20,9 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "common/cli_flags.h"
+#include "config/config.h"
 #include "daemon/node.h"
 #include "daemon/systemd_notify.h"
-#include "fluxon/config.h"
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "fluxon/version.h"
 #include "rpc/grpc_security.h"
@@ -31,6 +31,8 @@
 ABSL_FLAG(std::string, config, "", "config file (YAML); empty: the built-in embedded config");
 ABSL_FLAG(std::string, check_config, "", "validate FILE, print the resolved config and exit");
 ABSL_FLAG(bool, version, false, "print the version and exit");
+ABSL_FLAG(bool, settings_reference, false,
+          "print the reference of every config setting (Markdown, docs/settings.md) and exit");
 ABSL_FLAG(bool, once, false, "start, print status and exit (smoke test)");
 
 namespace {
@@ -149,13 +151,18 @@ int RunDaemon(const fluxon::Config& config, bool once) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("fluxond [--config FILE] | --check-config FILE | --version");
+  absl::SetProgramUsageMessage(
+      "fluxond [--config FILE] | --check-config FILE | --settings-reference | --version");
   std::vector<std::string> storage;
   // --check-config as well as --check_config: flag names use '-' on our command lines.
   std::vector<char*> args = fluxon::NormalizeFlagNames(argc, argv, &storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (absl::GetFlag(FLAGS_version)) {
     std::cout << "fluxond " << FLUXON_VERSION_STRING << " (" << FLUXON_GIT_REVISION << ")\n";
+    return 0;
+  }
+  if (absl::GetFlag(FLAGS_settings_reference)) {
+    std::cout << fluxon::SettingsReferenceMarkdown();
     return 0;
   }
   if (const std::string file = absl::GetFlag(FLAGS_check_config); !file.empty()) {

@@ -48,11 +48,7 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
     node->faults_.Set(FaultRule{f.point, action, f.delay, f.count});
   }
   if (RoleHasMaster(config.role)) {
-    MasterOptions mo;
-    mo.owner_lease = config.master->owner_lease;
-    mo.owner_grace = config.master->owner_grace;
-    mo.inflight_get_ttl = config.master->inflight_ttl;
-    node->master_ = std::make_unique<MasterCore>(mo);
+    node->master_ = std::make_unique<MasterCore>(MasterOptions::FromConfig(*config.master));
     node->master_->StartMaintenance(std::chrono::milliseconds(100));
   }
   if (RoleHasOwner(config.role)) {
@@ -64,31 +60,21 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
       master = node->remote_master_.get();
     }
     node->master_for_owner_ = std::make_unique<FaultInjectingMaster>(master, &node->faults_);
-    OwnerOptions oo;
-    oo.node_id = config.node_id;
-    oo.role = RoleName(config.role);
-    oo.evict_max_bytes_per_round = config.owner->eviction_max_bytes_per_round;
-    oo.evict_min_interval = config.owner->eviction_interval;
-    oo.handle_ttl = config.owner->handle_ttl;
-    oo.put_lease = config.owner->put_lease;
-    oo.view_lease = config.owner->view_lease;
-    oo.commit_wait_timeout = config.owner->commit_wait_timeout;
-    oo.heartbeat_interval = config.owner->heartbeat_interval;
-    oo.register_timeout = config.owner->register_timeout;
-    oo.remote_get_timeout = config.owner->remote_get_timeout;
-    oo.faults = &node->faults_;
+    OwnerRuntime rt;
+    rt.node_id = config.node_id;
+    rt.role = config.role;
+    rt.faults = &node->faults_;
     if (!config.owner->data_address.empty()) {
       // Bound before the owner registers, so the master learns the endpoint peers can reach.
       transport::TcpTransportOptions to;
       to.listen_address = config.owner->data_address;
       to.cluster_secret = cluster_secret;
       FLUXON_ASSIGN_OR_RETURN(node->data_plane_, transport::TcpTransport::Create(to));
-      oo.data_address = node->data_plane_->endpoint();
-      oo.transports = config.owner->transports;
-      oo.data_plane = node->data_plane_.get();
+      rt.data_address = node->data_plane_->endpoint();
+      rt.data_plane = node->data_plane_.get();
     }
     FLUXON_ASSIGN_OR_RETURN(node->owner_,
-                            OwnerCore::Create(*config.owner, node->master_for_owner_.get(), oo));
+                            OwnerCore::Create(*config.owner, node->master_for_owner_.get(), rt));
   }
   if (node->data_plane_) {
     const Segment& seg = node->owner_->memory().segment();
@@ -106,14 +92,9 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
   if (node->owner_) {
     FLUXON_RETURN_IF_ERROR(node->owner_->Start());
     if (config.role != Role::kRemoteCache) {
-      ClientServerOptions cs;
-      cs.socket_path = config.owner->socket_path;
-      cs.socket_group = config.owner->socket_group;
-      cs.busy_poll_us = config.owner->busy_poll_us;
-      cs.max_connections = static_cast<size_t>(config.owner->max_connections);
-      cs.hello_timeout = config.owner->hello_timeout;
-      cs.frame_timeout = config.owner->frame_timeout;
-      FLUXON_ASSIGN_OR_RETURN(node->clients_, ClientServer::Start(node->owner_.get(), cs));
+      FLUXON_ASSIGN_OR_RETURN(
+          node->clients_,
+          ClientServer::Start(node->owner_.get(), ClientServerOptions::FromConfig(*config.owner)));
     }
   }
   if (config.admin.metrics_port != 0) {

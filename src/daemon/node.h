@@ -25,7 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/fault_injector.h"
-#include "fluxon/config.h"
+#include "config/config.h"
 #include "master/master_core.h"
 #include "owner/client_server.h"
 #include "owner/owner_core.h"

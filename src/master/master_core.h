@@ -38,6 +38,7 @@
 
 #include "common/mutex.h"
 #include "common/stop_signal.h"
+#include "config/config.h"
 #include "master/inflight_gets.h"
 #include "route/route_table.h"
 #include "rpc/master_api.h"
@@ -94,11 +95,15 @@ inline constexpr MasterCounterDef kMasterCounterDefs[] = {
 #undef FLUXON_MASTER_COUNTER_DEF
 };
 
+// The master's settings; defaults are the config's (their one definition: config/settings.h).
 struct MasterOptions {
-  std::chrono::milliseconds owner_lease{5'000};
+  static MasterOptions FromConfig(const MasterConfig& c) {
+    return MasterOptions{c.owner_lease, c.owner_grace, c.inflight_ttl};
+  }
+  std::chrono::milliseconds owner_lease = MasterConfig{}.owner_lease;
   // After the lease: how much longer before an unheard owner's routes are dropped.
-  std::chrono::milliseconds owner_grace{5'000};
-  std::chrono::milliseconds inflight_get_ttl{60'000};
+  std::chrono::milliseconds owner_grace = MasterConfig{}.owner_grace;
+  std::chrono::milliseconds inflight_get_ttl = MasterConfig{}.inflight_ttl;
 };
 
 class MasterCore final : public MasterApi {

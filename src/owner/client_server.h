@@ -34,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/latency_histogram.h"
+#include "config/config.h"
 #include "owner/owner_core.h"
 
 namespace fluxon {
@@ -53,13 +54,19 @@ inline constexpr int kNumClientRequestTypes = 7;
 const char* ClientRequestTypeName(ClientRequestType type);
 using ClientRequestLatencies = std::array<LatencyHistogram, kNumClientRequestTypes>;
 
+// The client socket's settings (their one definition, defaults included: config/settings.h).
 struct ClientServerOptions {
+  static ClientServerOptions FromConfig(const OwnerConfig& config) {
+    return ClientServerOptions{config.socket_path,   config.socket_group,
+                               config.busy_poll_us,  static_cast<size_t>(config.max_connections),
+                               config.hello_timeout, config.frame_timeout};
+  }
   std::string socket_path;
   std::string socket_group;  // empty: owner's uid only
-  int64_t busy_poll_us = 200;
-  size_t max_connections = 1024;
-  std::chrono::milliseconds hello_timeout{10'000};
-  std::chrono::milliseconds frame_timeout{10'000};
+  int64_t busy_poll_us;
+  size_t max_connections;
+  std::chrono::milliseconds hello_timeout;
+  std::chrono::milliseconds frame_timeout;
 };
 
 class ClientServer {

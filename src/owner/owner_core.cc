@@ -5,15 +5,22 @@
 
 namespace fluxon {
 
+namespace {
+// Internal sizes and bounds (not settings).
+constexpr size_t kPublishQueueCapacity = 512;
+constexpr std::chrono::milliseconds kJoinTimeout{5'000};  // a joiner waits this long for a leader
+}  // namespace
+
+// The one place the parts' options are built from the owner's config.
 absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& config,
                                                              MasterApi* master,
-                                                             OwnerOptions options) {
+                                                             OwnerRuntime runtime) {
   if (master == nullptr) return absl::InvalidArgumentError("owner needs a master");
-  options.hot_capacity_ratio = config.hot_capacity_ratio;
-  std::unique_ptr<OwnerCore> core(new OwnerCore(options));
+  std::unique_ptr<OwnerCore> core(new OwnerCore(config, std::move(runtime)));
   OwnerCore* raw = core.get();
+  const OwnerRuntime& rt = core->runtime_;
   absl::StatusOr<std::unique_ptr<OwnerMemory>> memory =
-      OwnerMemory::Create(config, options.node_id, [raw](const PressureEvent&) {
+      OwnerMemory::Create(config, rt.node_id, [raw](const PressureEvent&) {
         if (raw->evictor_) raw->evictor_->SignalPressure();
       });
   if (!memory.ok()) return memory.status();
@@ -21,40 +28,41 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   OwnerCore& c = *core;
   SlotPool* pool = &c.memory_->pool();
   OwnerCounters* counters = c.counters_.get();
+  const std::vector<std::string> transports =
+      rt.data_address.empty() ? std::vector<std::string>() : config.transports;
   c.registration_ = std::make_unique<MasterRegistration>(
-      OwnerIdentity{options.node_id, c.generation(), options.role,
-                    c.memory_->segment().data_bytes(), options.data_address, options.transports},
+      OwnerIdentity{rt.node_id, c.generation(), RoleName(rt.role),
+                    c.memory_->segment().data_bytes(), rt.data_address, transports},
       master, counters, &c.stop_);
   MasterRegistration* registration = c.registration_.get();
   c.keys_ = std::make_unique<KeyIndex>(counters, pool);
   c.hot_ = std::make_unique<HotTier<>>();
   c.flights_ = std::make_unique<SingleFlight>();
-  c.handles_ = std::make_unique<HandleTable>(counters, options.handle_ttl, options.view_lease);
+  c.handles_ = std::make_unique<HandleTable>(counters, config.handle_ttl, config.view_lease);
   c.evictor_ = std::make_unique<Evictor>(
-      Evictor::Options{options.hot_capacity_ratio, options.evict_max_bytes_per_round,
-                       options.evict_min_interval},
+      Evictor::Options{config.hot_capacity_ratio, config.eviction_max_bytes_per_round,
+                       config.eviction_interval},
       registration, master, c.keys_.get(), c.hot_.get(), pool, counters, &c.stop_);
   c.publisher_ = std::make_unique<Publisher>(
-      Publisher::Options{options.publish_queue_capacity, options.commit_wait_timeout},
-      c.registration_.get(), master, c.keys_.get(), pool, c.hot_.get(), counters, c.evictor_.get(),
-      &c.stop_);
-  c.puts_ = std::make_unique<PutPath>(options.node_id, options.put_lease, c.keys_.get(), pool,
+      Publisher::Options{kPublishQueueCapacity, config.commit_wait_timeout}, registration, master,
+      c.keys_.get(), pool, c.hot_.get(), counters, c.evictor_.get(), &c.stop_);
+  c.puts_ = std::make_unique<PutPath>(rt.node_id, config.put_lease, c.keys_.get(), pool,
                                       c.publisher_.get(), counters);
   c.republisher_ =
       std::make_unique<Republisher>(Republisher::Options{}, registration, master, c.keys_.get(),
                                     c.evictor_.get(), counters, &c.stop_);
-  c.remote_ = std::make_unique<RemoteFetcher>(
-      RemoteFetcher::Options{options.remote_get_timeout}, c.registration_.get(), master, pool,
-      c.keys_.get(), c.hot_.get(), c.publisher_.get(), counters, c.evictor_.get(),
-      options.data_plane, options.faults, &c.stop_);
-  c.gets_ = std::make_unique<GetPath>(options.join_timeout, registration, master, c.keys_.get(),
+  c.remote_ = std::make_unique<RemoteFetcher>(RemoteFetcher::Options{config.remote_get_timeout},
+                                              registration, master, pool, c.keys_.get(),
+                                              c.hot_.get(), c.publisher_.get(), counters,
+                                              c.evictor_.get(), rt.data_plane, rt.faults, &c.stop_);
+  c.gets_ = std::make_unique<GetPath>(kJoinTimeout, registration, master, c.keys_.get(),
                                       c.flights_.get(), c.handles_.get(), c.hot_.get(), counters,
                                       c.evictor_.get(), c.remote_.get());
   return core;
 }
 
-OwnerCore::OwnerCore(OwnerOptions options)
-    : options_(std::move(options)), counters_(std::make_unique<OwnerCounters>()) {}
+OwnerCore::OwnerCore(const OwnerConfig& config, OwnerRuntime runtime)
+    : config_(config), runtime_(std::move(runtime)), counters_(std::make_unique<OwnerCounters>()) {}
 
 OwnerCore::~OwnerCore() {
   Stop();
@@ -73,12 +81,12 @@ OwnerCore::~OwnerCore() {
 }
 
 absl::Status OwnerCore::Start() {
-  absl::Status registered = registration_->RegisterAtStart(options_.register_timeout);
+  absl::Status registered = registration_->RegisterAtStart(config_.register_timeout);
   if (!registered.ok()) return registered;
   started_ = true;
   threads_.emplace_back([this] { publisher_->Run(); });
   threads_.emplace_back([this] { MaintenanceLoop(); });
-  threads_.emplace_back([this] { registration_->HeartbeatLoop(options_.heartbeat_interval); });
+  threads_.emplace_back([this] { registration_->HeartbeatLoop(config_.heartbeat_interval); });
   threads_.emplace_back([this] { republisher_->Run(); });
   return absl::OkStatus();
 }
@@ -111,7 +119,7 @@ void OwnerCore::DisconnectClient(uint64_t client_id) {
 }
 
 void OwnerCore::MaintenanceLoop() {
-  while (evictor_->WaitForWork(options_.maintenance_interval)) {
+  while (evictor_->WaitForWork(runtime_.maintenance_interval)) {
     const auto now = std::chrono::steady_clock::now();
     gets_->ExpireDue(now);
     puts_->ExpireDue(now);
@@ -140,8 +148,8 @@ std::map<std::string, int64_t> OwnerCore::Stats() const {
   m["hot_weight_bytes"] = static_cast<int64_t>(hot_->weight());
   m["publish_queue"] = static_cast<int64_t>(publisher_->backlog());
   m["registration_generation"] = static_cast<int64_t>(registration_->generation());
-  if (options_.data_plane != nullptr) {
-    const transport::TransportStats t = options_.data_plane->stats();
+  if (runtime_.data_plane != nullptr) {
+    const transport::TransportStats t = runtime_.data_plane->stats();
     m["data_plane_serving_connections"] = static_cast<int64_t>(t.serving_connections);
     m["data_plane_requests_refused"] = static_cast<int64_t>(t.requests_refused);
     m["data_plane_handshakes_refused"] = static_cast<int64_t>(t.handshakes_refused);

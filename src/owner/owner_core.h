@@ -54,8 +54,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/stop_signal.h"
+#include "config/config.h"
 #include "fluxon/batch.h"
-#include "fluxon/config.h"
 #include "owner/evictor.h"
 #include "owner/get_path.h"
 #include "owner/handle_table.h"
@@ -73,38 +73,28 @@
 
 namespace fluxon {
 
-struct OwnerOptions {
+// What an owner learns from the process that runs it rather than from its config section: its
+// identity and the data plane the node bound. Every setting comes from OwnerConfig, whose one
+// definition is config/settings.h; OwnerCore::Create builds each part's options from it.
+struct OwnerRuntime {
   uint32_t node_id = 0;
-  std::string role = "embedded";
-  double hot_capacity_ratio = 0.95;
-  uint64_t evict_max_bytes_per_round = 256ull << 20;
-  std::chrono::milliseconds evict_min_interval{200};
-  std::chrono::milliseconds handle_ttl{30'000};
-  std::chrono::milliseconds put_lease{60'000};
-  std::chrono::milliseconds view_lease{300'000};
-  std::chrono::milliseconds commit_wait_timeout{30'000};
-  std::chrono::milliseconds heartbeat_interval{1'000};
-  // How long Start keeps retrying a registration refused because the node_id's previous owner
-  // is still within its lease (a restart after kill -9).
-  std::chrono::milliseconds register_timeout{30'000};
-  std::chrono::milliseconds join_timeout{5'000};
-  std::chrono::milliseconds maintenance_interval{50};
-  size_t publish_queue_capacity = 512;
-  // The data-plane endpoint and transports this owner serves (registered with the master).
+  Role role = Role::kEmbedded;
+  // The data-plane endpoint this owner serves (registered with the master; empty: none) and the
+  // transport it reads other owners' values with (remote get); null: routes on other owners are
+  // misses. Not owned; must outlive the core's threads.
   std::string data_address;
-  std::vector<std::string> transports;
-  // The data plane this owner reads other owners' values with (remote get); null: routes on
-  // other owners are misses. Not owned; must outlive the core's threads.
   transport::Transport* data_plane = nullptr;
   // Fault points of the data plane ("peer.read"); not owned, may be null.
   FaultInjector* faults = nullptr;
-  std::chrono::milliseconds remote_get_timeout{10'000};
+  // How often the maintenance actor runs when nothing wakes it (expiry, shrink, eviction
+  // rounds). Not a setting: tests shorten it.
+  std::chrono::milliseconds maintenance_interval{50};
 };
 
 class OwnerCore {
  public:
   static absl::StatusOr<std::unique_ptr<OwnerCore>> Create(const OwnerConfig& config,
-                                                           MasterApi* master, OwnerOptions options);
+                                                           MasterApi* master, OwnerRuntime runtime);
   ~OwnerCore();
   OwnerCore(const OwnerCore&) = delete;
   OwnerCore& operator=(const OwnerCore&) = delete;
@@ -181,13 +171,14 @@ class OwnerCore {
   void SetGenerationListener(MasterRegistration::GenerationListener l) {
     registration_->SetGenerationListener(std::move(l));
   }
-  uint32_t node_id() const { return options_.node_id; }
+  uint32_t node_id() const { return runtime_.node_id; }
 
  private:
-  explicit OwnerCore(OwnerOptions options);
+  OwnerCore(const OwnerConfig& config, OwnerRuntime runtime);
   void MaintenanceLoop();
 
-  const OwnerOptions options_;
+  const OwnerConfig config_;
+  const OwnerRuntime runtime_;
   // Declaration order is destruction order reversed: memory outlives every holder of it.
   std::unique_ptr<OwnerMemory> memory_;
   std::unique_ptr<OwnerCounters> counters_;

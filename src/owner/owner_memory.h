@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "fluxon/config.h"
+#include "config/config.h"
 #include "holder/holder.h"
 #include "slot/segment.h"
 #include "slot/slot_pool.h"

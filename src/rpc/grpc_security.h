@@ -1,6 +1,6 @@
 // The gRPC credentials of one node (or of fluxonctl): mutual TLS from security.tls, or plaintext
 // where the config has no TLS (loopback-only nodes, or security.insecure; see
-// CheckListenSecurity in include/fluxon/config.h).
+// CheckListenSecurity in config/config.h).
 //
 // With TLS every server requires and verifies a client certificate chaining to the configured CA
 // (GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY), so a peer without one never gets
@@ -15,7 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "fluxon/config.h"
+#include "config/config.h"
 #include "security/security_files.h"
 
 namespace fluxon {

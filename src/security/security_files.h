@@ -1,4 +1,4 @@
-// Reading the files `security:` names (include/fluxon/config.h): the TLS material and the
+// Reading the files `security:` names (config/config.h): the TLS material and the
 // cluster secret. Everything is checked when the node starts, so a wrong path, a key that does
 // not belong to its certificate or a too-short secret is a start-up error naming the file, not a
 // handshake failure later.
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "fluxon/config.h"
+#include "config/config.h"
 
 namespace fluxon::security {
 

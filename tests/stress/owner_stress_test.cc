@@ -38,10 +38,10 @@ TEST(OwnerStress, WritersReadersAndEvictionKeepValuesIntact) {
   cfg.segment.size_bytes = kGrantBytes;
   cfg.local_reserve.claim_soft_timeout = std::chrono::milliseconds(2);
   cfg.local_reserve.claim_hard_timeout = std::chrono::milliseconds(3000);
-  OwnerOptions oo;
-  oo.evict_min_interval = std::chrono::milliseconds(1);
-  oo.maintenance_interval = std::chrono::milliseconds(5);
-  auto owner_or = OwnerCore::Create(cfg, &faulty, oo);
+  cfg.eviction_interval = std::chrono::milliseconds(1);
+  OwnerRuntime rt;
+  rt.maintenance_interval = std::chrono::milliseconds(5);
+  auto owner_or = OwnerCore::Create(cfg, &faulty, rt);
   ASSERT_TRUE(owner_or.ok()) << owner_or.status();
   OwnerCore& owner = **owner_or;
   ASSERT_TRUE(owner.Start().ok());

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "fluxon/config.h"
+#include "config/config.h"
 
 namespace fluxon::testing {
 

@@ -1,4 +1,4 @@
-#include "fluxon/config.h"
+#include "config/config.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -664,6 +664,83 @@ TEST(ConfigSecurity, LoopbackHosts) {
   EXPECT_EQ(HostOfAddress("[::1]:5"), "::1");
   EXPECT_EQ(HostOfAddress("a.b:5"), "a.b");
   EXPECT_EQ(HostOfAddress("10.0.0.1:0"), "10.0.0.1");
+}
+
+// The settings reference in docs/settings.md is the schema's (config/settings.h): a setting added,
+// renamed or re-defaulted there without regenerating the file fails here.
+TEST(ConfigSchema, DocsSettingsReferenceIsTheSchemas) {
+  std::ifstream in(std::string(FLUXON_SOURCE_DIR) + "/docs/settings.md");
+  ASSERT_TRUE(in) << "docs/settings.md is missing";
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string begin = "edit src/config/settings.h, not this table -->\n";
+  const std::string end = "<!-- end of generated reference -->";
+  const size_t b = text.find(begin);
+  const size_t e = text.find(end);
+  ASSERT_NE(b, std::string::npos);
+  ASSERT_NE(e, std::string::npos);
+  EXPECT_EQ(text.substr(b + begin.size(), e - b - begin.size()), SettingsReferenceMarkdown())
+      << "regenerate with: fluxond --settings-reference";
+}
+
+// Every scalar setting of the schema is read, bounded and dumped through its one definition:
+// a non-default value of each kind survives ParseConfig -> DumpConfig -> ParseConfig.
+TEST(ConfigSchema, NonDefaultValueOfEverySettingKindRoundTrips) {
+  const std::string yaml = R"(role: embedded
+node_id: 77
+log_level: debug
+owner:
+  segment: {size: 1GiB, huge_pages: true, numa_node: 0, path: /dev/shm/fluxon-seg}
+  local_reserve: {claim_soft_timeout_ms: 5, claim_hard_timeout_ms: 50, shrink_idle_ms: 7}
+  hot_capacity_ratio: 0.5
+  socket_path: /tmp/fluxon/schema.sock
+  socket_group: users
+  handle_ttl_ms: 1234
+  busy_poll_us: 0
+  max_connections: 7
+  data_address: 127.0.0.1:0
+master: {listen_address: 127.0.0.1:0, inflight_ttl_ms: 999, owner_lease_ms: 4000}
+admin: {listen_address: 127.0.0.1:0, metrics_port: 0, metrics_address: "::1", allow_mutations: true}
+security: {cluster_secret_file: /etc/fluxon/s, insecure: true}
+)";
+  absl::StatusOr<Config> c = ParseConfig(yaml, MachineLimits{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->node_id, 77u);
+  EXPECT_EQ(c->log_level, "debug");
+  EXPECT_EQ(c->owner->segment.size_bytes, kGiB);
+  EXPECT_TRUE(c->owner->segment.huge_pages);
+  EXPECT_EQ(c->owner->segment.numa_node, 0);
+  EXPECT_EQ(c->owner->local_reserve.shrink_idle, std::chrono::milliseconds(7));
+  EXPECT_EQ(c->owner->hot_capacity_ratio, 0.5);
+  EXPECT_EQ(c->owner->socket_group, "users");
+  EXPECT_EQ(c->owner->handle_ttl, std::chrono::milliseconds(1234));
+  EXPECT_EQ(c->owner->busy_poll_us, 0);
+  EXPECT_EQ(c->owner->max_connections, 7);
+  EXPECT_EQ(c->master->inflight_ttl, std::chrono::milliseconds(999));
+  EXPECT_EQ(c->admin.metrics_address, "::1");
+  EXPECT_TRUE(c->admin.allow_mutations);
+  EXPECT_EQ(c->security.cluster_secret_file, "/etc/fluxon/s");
+  const std::string dumped = DumpConfig(*c);
+  absl::StatusOr<Config> again = ParseConfig(dumped, MachineLimits{});
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << dumped;
+  EXPECT_EQ(DumpConfig(*again), dumped);
+}
+
+// Each kind's bounds come from the schema line and name the key.
+TEST(ConfigSchema, KindsRefuseOutOfBoundsValuesNamingTheKey) {
+  EXPECT_THAT(Reject("node_id: 1048576\n"), HasSubstr("node_id: must be in [0, 1048575]"));
+  EXPECT_THAT(Reject("log_level: loud\n"), HasSubstr("log_level: must be one of trace"));
+  EXPECT_THAT(Reject("owner: {segment: {numa_node: -2}}\n"),
+              HasSubstr("owner.segment.numa_node: must be in [-1, 1023]"));
+  EXPECT_THAT(Reject("owner: {busy_poll_us: 100001}\n"),
+              HasSubstr("owner.busy_poll_us: must be in [0, 100000]"));
+  EXPECT_THAT(Reject("admin: {metrics_port: 65536}\n"),
+              HasSubstr("admin.metrics_port: must be in [0, 65535]"));
+  EXPECT_THAT(Reject("security: {cluster_secret_file: \"\"}\n"),
+              HasSubstr("security.cluster_secret_file: must not be empty"));
+  EXPECT_THAT(Reject("owner: {data_address: nohost}\n"),
+              HasSubstr("owner.data_address: 'nohost' is not host:port"));
+  EXPECT_THAT(Reject("master: {owner_lease_ms: 0}\n"),
+              HasSubstr("master.owner_lease_ms: must be > 0 ms"));
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Fluxon configuration: one YAML format for every role.
+// fluxond's configuration: one YAML format for every role (the daemon's, not the client API's).
+// Every scalar setting is defined once, in config/settings.h; docs/settings.md is its reference.
 //
 // Validation rules (each rejection names the offending key):
 // - sizes and timeouts must be positive; claim_hard_timeout_ms > claim_soft_timeout_ms;
@@ -35,6 +36,7 @@
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "config/settings.h"
 
 namespace fluxon {
 
@@ -45,98 +47,52 @@ inline bool RoleHasOwner(Role r) {
 }
 inline bool RoleHasMaster(Role r) { return r == Role::kEmbedded || r == Role::kMaster; }
 
+// The structs below hold what ParseConfig resolved. Every scalar field, its default, bounds and
+// description come from one line of config/settings.h; the structs add only what is not a
+// scalar setting (sections, lists).
+
 struct SegmentConfig {
-  uint64_t size_bytes = 4ull << 30;
-  bool huge_pages = false;
-  int numa_node = -1;
-  std::string path;  // empty: memfd shared by fd passing
+  FLUXON_SEGMENT_SETTINGS(FLUXON_DECLARE_SETTING)
 };
 
 struct ExpectedCapacityConfig {
-  uint64_t value_len = 0;
-  uint64_t payload_capacity_bytes = 0;
+  FLUXON_EXPECTED_CAPACITY_SETTINGS(FLUXON_DECLARE_SETTING)
 };
 
 struct LocalReserveConfig {
-  std::optional<ExpectedCapacityConfig> expected_capacity;
-  std::chrono::milliseconds claim_soft_timeout{10};
-  std::chrono::milliseconds claim_hard_timeout{30'000};
-  std::chrono::milliseconds shrink_idle{5'000};
+  std::optional<ExpectedCapacityConfig> expected_capacity;  // owner.local_reserve.expected_capacity
+  FLUXON_LOCAL_RESERVE_SETTINGS(FLUXON_DECLARE_SETTING)
 };
 
 struct OwnerConfig {
-  SegmentConfig segment;
-  LocalReserveConfig local_reserve;
-  double hot_capacity_ratio = 0.95;
-  std::string socket_path = "/tmp/fluxon/owner.sock";
-  std::string socket_group;    // empty: owner's uid only
-  std::string master_address;  // owner / remote_cache roles: where the master listens
-  // Capacity eviction: at most this many bytes per round, rounds at least this far apart.
-  uint64_t eviction_max_bytes_per_round = 256ull << 20;
-  std::chrono::milliseconds eviction_interval{200};
-  std::chrono::milliseconds handle_ttl{30'000};  // unconsumed get_start handles expire
-  int64_t busy_poll_us = 200;  // a client connection's thread polls this long before sleeping
-  // Leases: a prepared put not committed or aborted within put_lease is aborted; views (a get
-  // plan's pins) not released within view_lease are released, through the same paths as an
-  // explicit abort / release_views (counted as puts_expired / views_expired).
-  std::chrono::milliseconds put_lease{60'000};
-  std::chrono::milliseconds view_lease{300'000};
-  // A commit waits at most this long for room in the bounded publish queue (the master is slow
-  // or down); then the put is aborted and the commit fails with Unavailable.
-  std::chrono::milliseconds commit_wait_timeout{30'000};
-  // Client connections: at most max_connections open; a new connection must say Hello within
-  // hello_timeout; a frame must arrive whole within frame_timeout of its first byte.
-  int64_t max_connections = 1024;
-  std::chrono::milliseconds hello_timeout{10'000};
-  std::chrono::milliseconds frame_timeout{10'000};
-  // How often the owner tells the master it is alive (the master's owner_lease must be longer).
-  std::chrono::milliseconds heartbeat_interval{1'000};
-  // Data plane: where this owner serves its segment to other owners (host:port; port 0 lets the
-  // kernel pick; empty: no data plane, the single-machine default) and with which transports.
-  // Only "tcp" is served today; "rdma" is refused: the verbs transport and its queue-pair
-  // exchange over the gRPC peer service (rpc/grpc_verbs_exchange.h, mutual TLS) exist and pass
-  // the conformance suite on the emulator, but an owner serves a single transport so far.
-  std::string data_address;
+  SegmentConfig segment;             // owner.segment
+  LocalReserveConfig local_reserve;  // owner.local_reserve
+  FLUXON_OWNER_SETTINGS(FLUXON_DECLARE_SETTING)
+  // The data plane's transports (owner.transports). Only "tcp" is served today; "rdma" is
+  // refused: the verbs transport and its queue-pair exchange over the gRPC peer service
+  // (rpc/grpc_verbs_exchange.h, mutual TLS) pass the conformance suite on the emulator, but an
+  // owner serves a single transport so far.
   std::vector<std::string> transports = {"tcp"};
-  // How long a starting owner retries a registration the master refuses because the node_id's
-  // previous owner is still within its lease (a restart right after kill -9); then it fails.
-  std::chrono::milliseconds register_timeout{30'000};
-  // A remote get (BatchGetStart, the data-plane read, BatchGetDone) ends within this bound;
-  // what is not read by then is a miss. The read is also bounded by the master's in-flight TTL.
-  std::chrono::milliseconds remote_get_timeout{10'000};
 };
 
+// One `faults:` entry: a rule of the fault injector (common/fault_injector.h).
 struct FaultConfig {
   std::string point;
-  std::string action;  // delay | drop | duplicate | fail
+  std::string action;  // delay | drop | duplicate | fail | refuse
   std::chrono::milliseconds delay{0};
   int count = -1;
 };
 
 struct MasterConfig {
-  std::string listen_address = "127.0.0.1:50151";
-  double replica_cache_capacity_ratio = 0.95;
-  std::chrono::milliseconds inflight_ttl{60'000};
-  // An owner not heard from (registration, heartbeat, publish, route removal) for owner_lease is
-  // no longer live: only then may another process register its node_id.
-  std::chrono::milliseconds owner_lease{5'000};
-  // An owner not heard for owner_lease + owner_grace expires: its routes are dropped and its
-  // generation is refused from then on. inflight_ttl bounds a remote get (and its source pin).
-  std::chrono::milliseconds owner_grace{5'000};
+  FLUXON_MASTER_SETTINGS(FLUXON_DECLARE_SETTING)
 };
 
 struct ClientConfig {
-  std::string socket_path = "/tmp/fluxon/owner.sock";
-  // Every client call waits at most this long for the owner's answer (then TimeoutError).
-  std::chrono::milliseconds call_timeout{60'000};
+  FLUXON_CLIENT_SETTINGS(FLUXON_DECLARE_SETTING)
 };
 
 struct AdminConfig {
-  std::string listen_address = "127.0.0.1:50152";
-  int metrics_port = 9464;                    // 0 disables the metrics endpoint
-  std::string metrics_address = "127.0.0.1";  // where /metrics binds (0.0.0.0: every interface)
-  // State-changing admin calls (fault injection set/clear) are refused unless this is true.
-  bool allow_mutations = false;
+  FLUXON_ADMIN_SETTINGS(FLUXON_DECLARE_SETTING)
 };
 
 // Transport security of every TCP port a node serves or dials (the Unix client socket is guarded by
@@ -156,20 +112,16 @@ struct AdminConfig {
 //   data plane does without a cluster secret, refuses to start unless this is true
 //   (CheckListenSecurity). State-changing admin calls then still need an authenticated peer.
 struct TlsConfig {
-  std::string cert_file;
-  std::string key_file;
-  std::string ca_file;
+  FLUXON_TLS_SETTINGS(FLUXON_DECLARE_SETTING)
 };
 struct SecurityConfig {
   std::optional<TlsConfig> tls;
-  std::string cluster_secret_file;
-  bool insecure = false;
+  FLUXON_SECURITY_SETTINGS(FLUXON_DECLARE_SETTING)
 };
 
 struct Config {
-  Role role = Role::kEmbedded;
-  uint32_t node_id = 0;
-  std::string log_level = "info";
+  Role role = Role::kEmbedded;  // role: embedded | master | owner | remote_cache | client
+  FLUXON_TOP_SETTINGS(FLUXON_DECLARE_SETTING)
   std::optional<MasterConfig> master;
   std::optional<OwnerConfig> owner;
   std::optional<ClientConfig> client;
@@ -205,6 +157,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLim
 absl::StatusOr<Config> LoadConfigFile(const std::string& path);
 // The resolved config (defaults filled in) as YAML that ParseConfig accepts.
 std::string DumpConfig(const Config& config);
+// The reference of every setting (key, kind and bounds, default, description) as the Markdown
+// of docs/settings.md (`fluxond --settings-reference` prints it; a test keeps the file equal).
+std::string SettingsReferenceMarkdown();
 
 // "4GiB", "512MiB", "1.5GB", "4096" -> bytes.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);

@@ -1,4 +1,4 @@
-#include "fluxon/config.h"
+#include "config/config.h"
 
 #include <arpa/inet.h>
 #include <sys/un.h>
@@ -15,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -77,6 +78,19 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   }
   return static_cast<uint64_t>(bytes);
 }
+
+namespace config_internal {
+FLUXON_SETTINGS_OF(Config, FLUXON_TOP_SETTINGS)
+FLUXON_SETTINGS_OF(SegmentConfig, FLUXON_SEGMENT_SETTINGS)
+FLUXON_SETTINGS_OF(ExpectedCapacityConfig, FLUXON_EXPECTED_CAPACITY_SETTINGS)
+FLUXON_SETTINGS_OF(LocalReserveConfig, FLUXON_LOCAL_RESERVE_SETTINGS)
+FLUXON_SETTINGS_OF(OwnerConfig, FLUXON_OWNER_SETTINGS)
+FLUXON_SETTINGS_OF(MasterConfig, FLUXON_MASTER_SETTINGS)
+FLUXON_SETTINGS_OF(ClientConfig, FLUXON_CLIENT_SETTINGS)
+FLUXON_SETTINGS_OF(AdminConfig, FLUXON_ADMIN_SETTINGS)
+FLUXON_SETTINGS_OF(TlsConfig, FLUXON_TLS_SETTINGS)
+FLUXON_SETTINGS_OF(SecurityConfig, FLUXON_SECURITY_SETTINGS)
+}  // namespace config_internal
 
 namespace {
 
@@ -275,6 +289,83 @@ class Section {
     }
     return absl::OkStatus();
   }
+  // One reader per setting kind (config/settings.h): an unset key keeps the field's default.
+  absl::Status Read(const std::string& k, config_internal::Millis kind,
+                    std::chrono::milliseconds* out) {
+    return BoundedMs(k, kind.min_ms, out);
+  }
+  absl::Status Read(const std::string& k, config_internal::Bytes, uint64_t* out) {
+    return PositiveBytes(k, out);
+  }
+  absl::Status Read(const std::string& k, config_internal::Ratio, double* out) {
+    return Ratio(k, out);
+  }
+  absl::Status Read(const std::string& k, config_internal::Text, std::string* out) {
+    return Str(k, out);
+  }
+  absl::Status Read(const std::string& k, config_internal::NonEmptyText, std::string* out) {
+    if (!Has(k)) return absl::OkStatus();
+    FLUXON_RETURN_IF_ERROR(Str(k, out));
+    if (out->empty()) return Bad(k, "must not be empty (omit it for none)");
+    return absl::OkStatus();
+  }
+  absl::Status Read(const std::string& k, config_internal::Flag, bool* out) { return Bool(k, out); }
+  template <typename T>
+  absl::Status Read(const std::string& k, config_internal::IntIn<T> kind, T* out) {
+    int64_t v = static_cast<int64_t>(*out);
+    FLUXON_RETURN_IF_ERROR(Int(k, &v));
+    if (v < kind.lo || v > kind.hi) {
+      return Bad(k, absl::StrFormat("must be in [%d, %d], got %d", kind.lo, kind.hi, v));
+    }
+    *out = static_cast<T>(v);
+    return absl::OkStatus();
+  }
+  absl::Status Read(const std::string& k, config_internal::SocketPath, std::string* out) {
+    FLUXON_RETURN_IF_ERROR(Str(k, out));
+    return CheckSocketPath(k, *out);
+  }
+  absl::Status Read(const std::string& k, config_internal::ListenAddress, std::string* out) {
+    FLUXON_RETURN_IF_ERROR(Str(k, out));
+    return CheckHostPort(k, *out, /*allow_port_zero=*/true);
+  }
+  absl::Status Read(const std::string& k, config_internal::PeerAddress, std::string* out) {
+    FLUXON_RETURN_IF_ERROR(Str(k, out));
+    return out->empty() ? absl::OkStatus() : CheckHostPort(k, *out, /*allow_port_zero=*/false);
+  }
+  absl::Status Read(const std::string& k, config_internal::OptionalListen, std::string* out) {
+    FLUXON_RETURN_IF_ERROR(Str(k, out));
+    return out->empty() ? absl::OkStatus() : CheckHostPort(k, *out, /*allow_port_zero=*/true);
+  }
+  absl::Status Read(const std::string& k, config_internal::IpLiteral, std::string* out) {
+    FLUXON_RETURN_IF_ERROR(Str(k, out));
+    if (out->empty()) return Bad(k, "must not be empty");
+    // The metrics exposer (prometheus-cpp's civetweb) binds an IP literal: no port, no brackets,
+    // no name lookup. An IPv6 literal passes here; a civetweb built without IPv6 (Debian 12's)
+    // refuses it when the node starts, with that reason.
+    if (!IsIpv4(*out) && !IsIpv6(*out)) {
+      return Bad(k, absl::StrFormat("'%s' is not an IP address (IPv4 or unbracketed IPv6, no "
+                                    "port; host names are not resolved)",
+                                    *out));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Read(const std::string& k, const config_internal::OneOf& kind, std::string* out) {
+    FLUXON_RETURN_IF_ERROR(Str(k, out));
+    for (const char* w : kind.words) {
+      if (*out == w) return absl::OkStatus();
+    }
+    return Bad(k, "must be one of " + absl::StrJoin(kind.words, ", "));
+  }
+  // Every setting of T's X-list (config/settings.h); the first problem is returned.
+  template <typename T>
+  absl::Status ReadSettings(T* obj) {
+    absl::Status status;
+    config_internal::Settings<T>::Visit(
+        *obj, [&](const char* key, const auto& kind, auto& field, const char*) {
+          if (status.ok()) status = Read(key, kind, &field);
+        });
+    return status;
+  }
   absl::StatusOr<Section> Child(const std::string& k) {
     const YAML::Node n = Get(k);
     if (!n.IsMap()) return Bad(k, "must be a mapping");
@@ -337,140 +428,107 @@ absl::Status CheckNoDuplicateKeys(const YAML::Node& node, const std::string& pat
   return absl::OkStatus();
 }
 
-absl::Status ParseOwner(Section& sec, OwnerConfig* o, const MachineLimits& machine) {
-  if (sec.Has("segment")) {
-    FLUXON_ASSIGN_OR_RETURN(Section seg, sec.Child("segment"));
-    FLUXON_RETURN_IF_ERROR(seg.PositiveBytes("size", &o->segment.size_bytes));
-    FLUXON_RETURN_IF_ERROR(seg.Bool("huge_pages", &o->segment.huge_pages));
-    int64_t node = o->segment.numa_node;
-    FLUXON_RETURN_IF_ERROR(seg.Int("numa_node", &node));
-    if (node < -1 || node > 1023) return seg.Bad("numa_node", "must be -1 (none) or a node id");
-    o->segment.numa_node = static_cast<int>(node);
-    FLUXON_RETURN_IF_ERROR(seg.Str("path", &o->segment.path));
-    FLUXON_RETURN_IF_ERROR(seg.Finish());
-  }
-  if (sec.Has("local_reserve")) {
-    FLUXON_ASSIGN_OR_RETURN(Section lr, sec.Child("local_reserve"));
-    LocalReserveConfig& l = o->local_reserve;
-    if (lr.Has("expected_capacity")) {
-      FLUXON_ASSIGN_OR_RETURN(Section ec, lr.Child("expected_capacity"));
-      ExpectedCapacityConfig e;
-      if (!ec.Has("value_len")) return ec.Bad("value_len", "is required");
-      if (!ec.Has("payload_capacity_bytes")) return ec.Bad("payload_capacity_bytes", "is required");
-      FLUXON_RETURN_IF_ERROR(ec.PositiveBytes("value_len", &e.value_len));
-      FLUXON_RETURN_IF_ERROR(ec.PositiveBytes("payload_capacity_bytes", &e.payload_capacity_bytes));
-      if (e.value_len > kMaxValueBytes) {
-        return ec.Bad("value_len",
-                      absl::StrFormat("%d bytes exceeds the 512 MiB slot limit", e.value_len));
-      }
-      FLUXON_RETURN_IF_ERROR(ec.Finish());
-      l.expected_capacity = e;
+absl::Status ParseLocalReserve(Section& lr, LocalReserveConfig* l) {
+  if (lr.Has("expected_capacity")) {
+    FLUXON_ASSIGN_OR_RETURN(Section ec, lr.Child("expected_capacity"));
+    ExpectedCapacityConfig e;
+    if (!ec.Has("value_len")) return ec.Bad("value_len", "is required");
+    if (!ec.Has("payload_capacity_bytes")) return ec.Bad("payload_capacity_bytes", "is required");
+    FLUXON_RETURN_IF_ERROR(ec.ReadSettings(&e));
+    if (e.value_len > kMaxValueBytes) {
+      return ec.Bad("value_len",
+                    absl::StrFormat("%d bytes exceeds the 512 MiB slot limit", e.value_len));
     }
-    FLUXON_RETURN_IF_ERROR(lr.PositiveMs("claim_soft_timeout_ms", &l.claim_soft_timeout));
-    FLUXON_RETURN_IF_ERROR(lr.PositiveMs("claim_hard_timeout_ms", &l.claim_hard_timeout));
-    FLUXON_RETURN_IF_ERROR(lr.PositiveMs("shrink_idle_ms", &l.shrink_idle));
-    if (l.claim_hard_timeout <= l.claim_soft_timeout) {
-      return lr.Bad("claim_hard_timeout_ms",
-                    absl::StrFormat("must be greater than claim_soft_timeout_ms (%d), got %d",
-                                    l.claim_soft_timeout.count(), l.claim_hard_timeout.count()));
-    }
-    FLUXON_RETURN_IF_ERROR(lr.Finish());
+    FLUXON_RETURN_IF_ERROR(ec.Finish());
+    l->expected_capacity = e;
   }
-  FLUXON_RETURN_IF_ERROR(sec.Ratio("hot_capacity_ratio", &o->hot_capacity_ratio));
-  FLUXON_RETURN_IF_ERROR(sec.Str("socket_path", &o->socket_path));
-  FLUXON_RETURN_IF_ERROR(sec.Str("socket_group", &o->socket_group));
-  FLUXON_RETURN_IF_ERROR(sec.Str("master_address", &o->master_address));
-  FLUXON_RETURN_IF_ERROR(
-      sec.PositiveBytes("eviction_max_bytes_per_round", &o->eviction_max_bytes_per_round));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("eviction_interval_ms", &o->eviction_interval));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("handle_ttl_ms", &o->handle_ttl));
-  FLUXON_RETURN_IF_ERROR(sec.Int("busy_poll_us", &o->busy_poll_us));
-  if (o->busy_poll_us < 0 || o->busy_poll_us > 100'000) {
-    return sec.Bad("busy_poll_us", "must be in [0, 100000]");
+  FLUXON_RETURN_IF_ERROR(lr.ReadSettings(l));
+  if (l->claim_hard_timeout <= l->claim_soft_timeout) {
+    return lr.Bad("claim_hard_timeout_ms",
+                  absl::StrFormat("must be greater than claim_soft_timeout_ms (%d), got %d",
+                                  l->claim_soft_timeout.count(), l->claim_hard_timeout.count()));
   }
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("put_lease_ms", &o->put_lease));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("view_lease_ms", &o->view_lease));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("commit_wait_timeout_ms", &o->commit_wait_timeout));
-  FLUXON_RETURN_IF_ERROR(sec.Int("max_connections", &o->max_connections));
-  if (o->max_connections < 1 || o->max_connections > 65'536) {
-    return sec.Bad("max_connections",
-                   absl::StrFormat("must be in [1, 65536], got %d", o->max_connections));
-  }
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("hello_timeout_ms", &o->hello_timeout));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("frame_timeout_ms", &o->frame_timeout));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("heartbeat_interval_ms", &o->heartbeat_interval));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("register_timeout_ms", &o->register_timeout));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("remote_get_timeout_ms", &o->remote_get_timeout));
-  FLUXON_RETURN_IF_ERROR(sec.Str("data_address", &o->data_address));
-  if (!o->data_address.empty()) {
-    FLUXON_RETURN_IF_ERROR(
-        sec.CheckHostPort("data_address", o->data_address, /*allow_port_zero=*/true));
-  }
-  if (sec.Has("transports")) {
-    const YAML::Node list = sec.Get("transports");
-    if (!list.IsSequence() || list.size() == 0) {
-      return sec.Bad("transports", "must be a non-empty list, e.g. [tcp]");
-    }
-    o->transports.clear();
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (!list[i].IsScalar()) return sec.Bad("transports", "entries must be transport names");
-      const std::string name = list[i].Scalar();
-      if (name == "rdma") {
-        return sec.Bad("transports",
-                       "rdma is not served by fluxond yet (an owner serves one transport; the "
-                       "verbs transport and its queue-pair exchange over the authenticated peer "
-                       "service are built and tested, not yet wired into the owner); use [tcp]");
-      }
-      if (name != "tcp") {
-        return sec.Bad("transports", "unknown transport '" + name + "' (known: tcp, rdma)");
-      }
-      for (const std::string& t : o->transports) {
-        if (t == name) return sec.Bad("transports", "'" + name + "' is listed twice");
-      }
-      o->transports.push_back(name);
-    }
-  }
-  FLUXON_RETURN_IF_ERROR(sec.CheckSocketPath("socket_path", o->socket_path));
-  if (!o->master_address.empty()) {
-    FLUXON_RETURN_IF_ERROR(
-        sec.CheckHostPort("master_address", o->master_address, /*allow_port_zero=*/false));
-  }
-  FLUXON_RETURN_IF_ERROR(sec.Finish());
+  return lr.Finish();
+}
 
-  if (o->local_reserve.expected_capacity) {
-    const auto& e = *o->local_reserve.expected_capacity;
+absl::Status ParseTransports(Section& sec, std::vector<std::string>* out) {
+  if (!sec.Has("transports")) return absl::OkStatus();
+  const YAML::Node list = sec.Get("transports");
+  if (!list.IsSequence() || list.size() == 0) {
+    return sec.Bad("transports", "must be a non-empty list, e.g. [tcp]");
+  }
+  out->clear();
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].IsScalar()) return sec.Bad("transports", "entries must be transport names");
+    const std::string name = list[i].Scalar();
+    if (name == "rdma") {
+      return sec.Bad("transports",
+                     "rdma is not served by fluxond yet (an owner serves one transport; the "
+                     "verbs transport and its queue-pair exchange over the authenticated peer "
+                     "service are built and tested, not yet wired into the owner); use [tcp]");
+    }
+    if (name != "tcp") {
+      return sec.Bad("transports", "unknown transport '" + name + "' (known: tcp, rdma)");
+    }
+    for (const std::string& t : *out) {
+      if (t == name) return sec.Bad("transports", "'" + name + "' is listed twice");
+    }
+    out->push_back(name);
+  }
+  return absl::OkStatus();
+}
+
+// The rules relating the owner's settings to each other and to the machine.
+absl::Status CheckOwnerCapacity(const Section& sec, const OwnerConfig& o,
+                                const MachineLimits& machine) {
+  if (o.local_reserve.expected_capacity) {
+    const auto& e = *o.local_reserve.expected_capacity;
     const uint64_t grants = ExpectedGrants(e.value_len, e.payload_capacity_bytes);
-    const uint64_t positions = o->segment.size_bytes / kGrantBytes;
+    const uint64_t positions = o.segment.size_bytes / kGrantBytes;
     if (grants > positions) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: prewarm needs %d grants (%d bytes) but owner.segment.size is %d bytes (%d grants)",
           sec.Key("local_reserve.expected_capacity"), grants, grants * kGrantBytes,
-          o->segment.size_bytes, positions));
+          o.segment.size_bytes, positions));
     }
   }
-  if (o->segment.size_bytes < kGrantBytes) {
+  if (o.segment.size_bytes < kGrantBytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: %d bytes is smaller than one 512 MiB grant", sec.Key("segment.size"),
-                        o->segment.size_bytes));
+                        o.segment.size_bytes));
   }
   // Host memory cannot back a segment larger than the machine: mapping or populating it fails at
   // start, or the OOM killer takes the owner once it fills.
-  if (machine.physical_memory_bytes != 0 && o->segment.size_bytes > machine.physical_memory_bytes) {
+  if (machine.physical_memory_bytes != 0 && o.segment.size_bytes > machine.physical_memory_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: %d bytes (%s) is larger than this machine's physical memory, %d bytes (%s)",
-        sec.Key("segment.size"), o->segment.size_bytes, HumanGiB(o->segment.size_bytes),
+        sec.Key("segment.size"), o.segment.size_bytes, HumanGiB(o.segment.size_bytes),
         machine.physical_memory_bytes, HumanGiB(machine.physical_memory_bytes)));
   }
   return absl::OkStatus();
+}
+
+absl::Status ParseOwner(Section& sec, OwnerConfig* o, const MachineLimits& machine) {
+  if (sec.Has("segment")) {
+    FLUXON_ASSIGN_OR_RETURN(Section seg, sec.Child("segment"));
+    FLUXON_RETURN_IF_ERROR(seg.ReadSettings(&o->segment));
+    FLUXON_RETURN_IF_ERROR(seg.Finish());
+  }
+  if (sec.Has("local_reserve")) {
+    FLUXON_ASSIGN_OR_RETURN(Section lr, sec.Child("local_reserve"));
+    FLUXON_RETURN_IF_ERROR(ParseLocalReserve(lr, &o->local_reserve));
+  }
+  FLUXON_RETURN_IF_ERROR(sec.ReadSettings(o));
+  FLUXON_RETURN_IF_ERROR(ParseTransports(sec, &o->transports));
+  FLUXON_RETURN_IF_ERROR(sec.Finish());
+  return CheckOwnerCapacity(sec, *o, machine);
 }
 
 absl::Status ParseSecurity(Section& sec, SecurityConfig* out) {
   if (sec.Has("tls")) {
     FLUXON_ASSIGN_OR_RETURN(Section tls, sec.Child("tls"));
     TlsConfig t;
-    FLUXON_RETURN_IF_ERROR(tls.Str("cert_file", &t.cert_file));
-    FLUXON_RETURN_IF_ERROR(tls.Str("key_file", &t.key_file));
-    FLUXON_RETURN_IF_ERROR(tls.Str("ca_file", &t.ca_file));
+    FLUXON_RETURN_IF_ERROR(tls.ReadSettings(&t));
     for (const auto& [k, v] :
          {std::pair<const char*, const std::string*>{"cert_file", &t.cert_file},
           {"key_file", &t.key_file},
@@ -482,24 +540,112 @@ absl::Status ParseSecurity(Section& sec, SecurityConfig* out) {
     FLUXON_RETURN_IF_ERROR(tls.Finish());
     out->tls = std::move(t);
   }
-  FLUXON_RETURN_IF_ERROR(sec.Str("cluster_secret_file", &out->cluster_secret_file));
-  if (sec.Has("cluster_secret_file") && out->cluster_secret_file.empty()) {
-    return sec.Bad("cluster_secret_file", "must not be empty (omit it for no secret)");
-  }
-  FLUXON_RETURN_IF_ERROR(sec.Bool("insecure", &out->insecure));
+  FLUXON_RETURN_IF_ERROR(sec.ReadSettings(out));
   return sec.Finish();
 }
 
-absl::Status ParseMaster(Section& sec, MasterConfig* m) {
-  FLUXON_RETURN_IF_ERROR(sec.Str("listen_address", &m->listen_address));
+// One `faults:` entry.
+absl::StatusOr<FaultConfig> ParseFault(Section& f) {
+  FaultConfig fc;
+  FLUXON_RETURN_IF_ERROR(f.Str("point", &fc.point));
+  FLUXON_RETURN_IF_ERROR(f.Str("action", &fc.action));
+  if (fc.point.empty()) return f.Bad("point", "is required");
+  for (const char ch : fc.point) {
+    // Fault points are names such as master.PublishBatch or peer.read.
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' &&
+        ch != '-') {
+      return f.Bad("point", "may hold only letters, digits, '.', '_' and '-'");
+    }
+  }
+  static const std::set<std::string> kActions = {"delay", "drop", "duplicate", "fail", "refuse"};
+  if (!kActions.contains(fc.action)) {
+    return f.Bad("action", "must be one of delay, drop, duplicate, fail, refuse");
+  }
+  int64_t count = -1;
+  FLUXON_RETURN_IF_ERROR(f.BoundedMs("delay_ms", 0, &fc.delay));
+  FLUXON_RETURN_IF_ERROR(f.Int("count", &count));
+  if (count == 0 || count < -1 || count > std::numeric_limits<int>::max()) {
+    return f.Bad("count", "must be positive (at most 2^31-1) or -1 (until cleared)");
+  }
+  fc.count = static_cast<int>(count);
+  FLUXON_RETURN_IF_ERROR(f.Finish());
+  return fc;
+}
+
+absl::Status ParseFaults(Section& top, std::vector<FaultConfig>* out) {
+  if (!top.Has("faults")) return absl::OkStatus();
+  const YAML::Node list = top.Get("faults");
+  if (!list.IsSequence()) return top.Bad("faults", "must be a list");
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].IsMap()) return top.Bad("faults", "entries must be mappings");
+    Section f(list[i], absl::StrFormat("faults[%d]", i));
+    FLUXON_ASSIGN_OR_RETURN(FaultConfig fc, ParseFault(f));
+    out->push_back(std::move(fc));
+  }
+  return absl::OkStatus();
+}
+
+// A role's optional section: refused for roles that do not run it, parsed with `parse` when
+// present, default-constructed for roles that run it.
+template <typename T, typename Parse>
+absl::Status ParseRoleSection(Section& top, const char* name, bool role_has_it, const char* refusal,
+                              std::optional<T>* out, Parse parse) {
+  if (top.Has(name) && !role_has_it) return top.Bad(name, refusal);
+  if (!role_has_it) return absl::OkStatus();
+  *out = T{};
+  if (!top.Has(name)) return absl::OkStatus();
+  FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child(name));
+  return parse(sec, &**out);
+}
+
+// The rules that relate sections to each other.
+absl::Status CheckAcrossSections(const Section& top, const Config& c) {
+  if ((c.role == Role::kOwner || c.role == Role::kRemoteCache) && c.owner->master_address.empty()) {
+    return top.Bad("owner.master_address", "is required for role=" + std::string(RoleName(c.role)));
+  }
+  // One process runs both: the master must not expire its own owner between two heartbeats.
+  if (c.role == Role::kEmbedded && c.owner->heartbeat_interval >= c.master->owner_lease) {
+    return top.Bad(
+        "owner.heartbeat_interval_ms",
+        absl::StrFormat("must be less than master.owner_lease_ms (%d ms), got %d ms",
+                        c.master->owner_lease.count(), c.owner->heartbeat_interval.count()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSections(Section& top, Config* c, const MachineLimits& machine) {
+  const std::string role = RoleName(c->role);
   FLUXON_RETURN_IF_ERROR(
-      sec.CheckHostPort("listen_address", m->listen_address, /*allow_port_zero=*/true));
+      ParseRoleSection(top, "owner", RoleHasOwner(c->role),
+                       ("owner-only section is not allowed for role=" + role).c_str(), &c->owner,
+                       [&](Section& sec, OwnerConfig* o) { return ParseOwner(sec, o, machine); }));
   FLUXON_RETURN_IF_ERROR(
-      sec.Ratio("replica_cache_capacity_ratio", &m->replica_cache_capacity_ratio));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("inflight_ttl_ms", &m->inflight_ttl));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("owner_lease_ms", &m->owner_lease));
-  FLUXON_RETURN_IF_ERROR(sec.PositiveMs("owner_grace_ms", &m->owner_grace));
-  return sec.Finish();
+      ParseRoleSection(top, "master", RoleHasMaster(c->role),
+                       ("master section is not allowed for role=" + role).c_str(), &c->master,
+                       [](Section& sec, MasterConfig* m) {
+                         FLUXON_RETURN_IF_ERROR(sec.ReadSettings(m));
+                         return sec.Finish();
+                       }));
+  FLUXON_RETURN_IF_ERROR(CheckAcrossSections(top, *c));
+  FLUXON_RETURN_IF_ERROR(ParseRoleSection(top, "client", c->role == Role::kClient,
+                                          "client section is only allowed for role=client",
+                                          &c->client, [](Section& sec, ClientConfig* cl) {
+                                            FLUXON_RETURN_IF_ERROR(sec.ReadSettings(cl));
+                                            return sec.Finish();
+                                          }));
+  if (top.Has("admin")) {
+    FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("admin"));
+    FLUXON_RETURN_IF_ERROR(sec.ReadSettings(&c->admin));
+    FLUXON_RETURN_IF_ERROR(sec.Finish());
+  }
+  if (top.Has("security")) {
+    if (c->role == Role::kClient) {
+      return top.Bad("security", "is a node's setting; role=client talks over the Unix socket");
+    }
+    FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("security"));
+    FLUXON_RETURN_IF_ERROR(ParseSecurity(sec, &c->security));
+  }
+  return ParseFaults(top, &c->faults);
 }
 
 }  // namespace
@@ -592,133 +738,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml_text, const MachineLim
   std::string role = "embedded";
   FLUXON_RETURN_IF_ERROR(top.Str("role", &role));
   FLUXON_ASSIGN_OR_RETURN(c.role, ParseRole(role));
-  int64_t node_id = 0;
-  FLUXON_RETURN_IF_ERROR(top.Int("node_id", &node_id));
-  // node_id is part of every value identity (put_id's high 20 bits, owner/put_path.h).
-  if (node_id < 0 || node_id >= (int64_t{1} << 20)) {
-    return top.Bad("node_id", "must be in [0, 2^20) (1048576)");
-  }
-  c.node_id = static_cast<uint32_t>(node_id);
-  FLUXON_RETURN_IF_ERROR(top.Str("log_level", &c.log_level));
-  static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error", "off"};
-  if (!kLevels.contains(c.log_level)) {
-    return top.Bad("log_level", "must be one of trace, debug, info, warn, error, off");
-  }
-
-  if (top.Has("owner")) {
-    if (!RoleHasOwner(c.role)) {
-      return top.Bad("owner", absl::StrFormat("owner-only section is not allowed for role=%s",
-                                              RoleName(c.role)));
-    }
-  }
-  if (RoleHasOwner(c.role)) {
-    c.owner = OwnerConfig{};
-    if (top.Has("owner")) {
-      FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("owner"));
-      FLUXON_RETURN_IF_ERROR(ParseOwner(sec, &*c.owner, machine));
-    }
-    if ((c.role == Role::kOwner || c.role == Role::kRemoteCache) &&
-        c.owner->master_address.empty()) {
-      return top.Bad("owner.master_address",
-                     "is required for role=" + std::string(RoleName(c.role)));
-    }
-  }
-  if (top.Has("master")) {
-    if (!RoleHasMaster(c.role)) {
-      return top.Bad(
-          "master", absl::StrFormat("master section is not allowed for role=%s", RoleName(c.role)));
-    }
-  }
-  if (RoleHasMaster(c.role)) {
-    c.master = MasterConfig{};
-    if (top.Has("master")) {
-      FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("master"));
-      FLUXON_RETURN_IF_ERROR(ParseMaster(sec, &*c.master));
-    }
-  }
-  // One process runs both: the master must not expire its own owner between two heartbeats.
-  if (c.role == Role::kEmbedded && c.owner->heartbeat_interval >= c.master->owner_lease) {
-    return top.Bad(
-        "owner.heartbeat_interval_ms",
-        absl::StrFormat("must be less than master.owner_lease_ms (%d ms), got %d ms",
-                        c.master->owner_lease.count(), c.owner->heartbeat_interval.count()));
-  }
-  if (top.Has("client")) {
-    if (c.role != Role::kClient) {
-      return top.Bad("client", "client section is only allowed for role=client");
-    }
-    FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("client"));
-    c.client = ClientConfig{};
-    FLUXON_RETURN_IF_ERROR(sec.Str("socket_path", &c.client->socket_path));
-    FLUXON_RETURN_IF_ERROR(sec.CheckSocketPath("socket_path", c.client->socket_path));
-    FLUXON_RETURN_IF_ERROR(sec.PositiveMs("call_timeout_ms", &c.client->call_timeout));
-    FLUXON_RETURN_IF_ERROR(sec.Finish());
-  } else if (c.role == Role::kClient) {
-    c.client = ClientConfig{};
-  }
-  if (top.Has("admin")) {
-    FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("admin"));
-    FLUXON_RETURN_IF_ERROR(sec.Str("listen_address", &c.admin.listen_address));
-    FLUXON_RETURN_IF_ERROR(
-        sec.CheckHostPort("listen_address", c.admin.listen_address, /*allow_port_zero=*/true));
-    int64_t port = c.admin.metrics_port;
-    FLUXON_RETURN_IF_ERROR(sec.Int("metrics_port", &port));
-    if (port < 0 || port > 65535) return sec.Bad("metrics_port", "must be in [0, 65535]");
-    c.admin.metrics_port = static_cast<int>(port);
-    FLUXON_RETURN_IF_ERROR(sec.Str("metrics_address", &c.admin.metrics_address));
-    if (c.admin.metrics_address.empty()) return sec.Bad("metrics_address", "must not be empty");
-    // The metrics exposer (prometheus-cpp's civetweb) binds an IP literal: no port, no brackets,
-    // no name lookup. An IPv6 literal passes here; a civetweb built without IPv6 (Debian 12's)
-    // refuses it when the node starts, with that reason.
-    if (!IsIpv4(c.admin.metrics_address) && !IsIpv6(c.admin.metrics_address)) {
-      return sec.Bad("metrics_address",
-                     absl::StrFormat("'%s' is not an IP address (IPv4 or unbracketed IPv6, no "
-                                     "port; host names are not resolved)",
-                                     c.admin.metrics_address));
-    }
-    FLUXON_RETURN_IF_ERROR(sec.Bool("allow_mutations", &c.admin.allow_mutations));
-    FLUXON_RETURN_IF_ERROR(sec.Finish());
-  }
-  if (top.Has("security")) {
-    if (c.role == Role::kClient) {
-      return top.Bad("security", "is a node's setting; role=client talks over the Unix socket");
-    }
-    FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child("security"));
-    FLUXON_RETURN_IF_ERROR(ParseSecurity(sec, &c.security));
-  }
-  if (top.Has("faults")) {
-    const YAML::Node list = top.Get("faults");
-    if (!list.IsSequence()) return top.Bad("faults", "must be a list");
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (!list[i].IsMap()) return top.Bad("faults", "entries must be mappings");
-      Section f(list[i], absl::StrFormat("faults[%d]", i));
-      FaultConfig fc;
-      FLUXON_RETURN_IF_ERROR(f.Str("point", &fc.point));
-      FLUXON_RETURN_IF_ERROR(f.Str("action", &fc.action));
-      if (fc.point.empty()) return f.Bad("point", "is required");
-      for (const char ch : fc.point) {
-        // Fault points are names such as master.PublishBatch or peer.read.
-        if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' &&
-            ch != '-') {
-          return f.Bad("point", "may hold only letters, digits, '.', '_' and '-'");
-        }
-      }
-      static const std::set<std::string> kActions = {"delay", "drop", "duplicate", "fail",
-                                                     "refuse"};
-      if (!kActions.contains(fc.action)) {
-        return f.Bad("action", "must be one of delay, drop, duplicate, fail, refuse");
-      }
-      int64_t count = -1;
-      FLUXON_RETURN_IF_ERROR(f.BoundedMs("delay_ms", 0, &fc.delay));
-      FLUXON_RETURN_IF_ERROR(f.Int("count", &count));
-      if (count == 0 || count < -1 || count > std::numeric_limits<int>::max()) {
-        return f.Bad("count", "must be positive (at most 2^31-1) or -1 (until cleared)");
-      }
-      fc.count = static_cast<int>(count);
-      FLUXON_RETURN_IF_ERROR(f.Finish());
-      c.faults.push_back(fc);
-    }
-  }
+  FLUXON_RETURN_IF_ERROR(top.ReadSettings(&c));
+  FLUXON_RETURN_IF_ERROR(ParseSections(top, &c, machine));
   FLUXON_RETURN_IF_ERROR(top.Finish());
   return c;
 }
@@ -790,115 +811,190 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
   return c;
 }
 
+namespace {
+
+// One writer per setting kind: what DumpConfig emits for a field (ParseConfig reads it back).
+// Settings whose empty value means "unset" are left out when empty.
+void Emit(YAML::Emitter& out, const char* key, config_internal::Millis,
+          std::chrono::milliseconds v) {
+  out << YAML::Key << key << YAML::Value << v.count();
+}
+template <typename Kind, typename T>
+void Emit(YAML::Emitter& out, const char* key, const Kind&, const T& v) {
+  out << YAML::Key << key << YAML::Value << v;
+}
+void EmitUnlessEmpty(YAML::Emitter& out, const char* key, const std::string& v) {
+  if (!v.empty()) out << YAML::Key << key << YAML::Value << v;
+}
+void Emit(YAML::Emitter& out, const char* key, config_internal::NonEmptyText,
+          const std::string& v) {
+  EmitUnlessEmpty(out, key, v);
+}
+void Emit(YAML::Emitter& out, const char* key, config_internal::PeerAddress, const std::string& v) {
+  EmitUnlessEmpty(out, key, v);
+}
+void Emit(YAML::Emitter& out, const char* key, config_internal::OptionalListen,
+          const std::string& v) {
+  EmitUnlessEmpty(out, key, v);
+}
+
+template <typename T>
+void EmitSettings(YAML::Emitter& out, const T& obj) {
+  config_internal::Settings<T>::Visit(obj, [&](const char* key, const auto& kind, const auto& field,
+                                               const char*) { Emit(out, key, kind, field); });
+}
+
+// A section of scalar settings, plus `more` (its lists and subsections) before it closes.
+template <typename T, typename More>
+void EmitSection(YAML::Emitter& out, const char* name, const T& obj, More more) {
+  out << YAML::Key << name << YAML::Value << YAML::BeginMap;
+  more();
+  EmitSettings(out, obj);
+  out << YAML::EndMap;
+}
+template <typename T>
+void EmitSection(YAML::Emitter& out, const char* name, const T& obj) {
+  EmitSection(out, name, obj, [] {});
+}
+
+void EmitOwner(YAML::Emitter& out, const OwnerConfig& o) {
+  EmitSection(out, "owner", o, [&] {
+    EmitSection(out, "segment", o.segment);
+    EmitSection(out, "local_reserve", o.local_reserve, [&] {
+      if (!o.local_reserve.expected_capacity) return;
+      const ExpectedCapacityConfig& e = *o.local_reserve.expected_capacity;
+      EmitSection(out, "expected_capacity", e);
+      out << YAML::Comment(absl::StrFormat("prewarms %d grants",
+                                           ExpectedGrants(e.value_len, e.payload_capacity_bytes)));
+    });
+    out << YAML::Key << "transports" << YAML::Value << YAML::Flow << o.transports;
+  });
+}
+
+void EmitFaults(YAML::Emitter& out, const std::vector<FaultConfig>& faults) {
+  if (faults.empty()) return;
+  out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;
+  for (const FaultConfig& f : faults) {
+    out << YAML::BeginMap;
+    out << YAML::Key << "point" << YAML::Value << f.point;
+    out << YAML::Key << "action" << YAML::Value << f.action;
+    out << YAML::Key << "delay_ms" << YAML::Value << f.delay.count();
+    out << YAML::Key << "count" << YAML::Value << f.count;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
+}  // namespace
+
 std::string DumpConfig(const Config& c) {
   YAML::Emitter out;
   out.SetDoublePrecision(12);
   out << YAML::BeginMap;
   out << YAML::Key << "role" << YAML::Value << RoleName(c.role);
-  out << YAML::Key << "node_id" << YAML::Value << c.node_id;
-  out << YAML::Key << "log_level" << YAML::Value << c.log_level;
-  if (c.master) {
-    out << YAML::Key << "master" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "listen_address" << YAML::Value << c.master->listen_address;
-    out << YAML::Key << "replica_cache_capacity_ratio" << YAML::Value
-        << c.master->replica_cache_capacity_ratio;
-    out << YAML::Key << "inflight_ttl_ms" << YAML::Value << c.master->inflight_ttl.count();
-    out << YAML::Key << "owner_lease_ms" << YAML::Value << c.master->owner_lease.count();
-    out << YAML::Key << "owner_grace_ms" << YAML::Value << c.master->owner_grace.count();
-    out << YAML::EndMap;
-  }
-  if (c.owner) {
-    const OwnerConfig& o = *c.owner;
-    out << YAML::Key << "owner" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "segment" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "size" << YAML::Value << o.segment.size_bytes;
-    out << YAML::Key << "huge_pages" << YAML::Value << o.segment.huge_pages;
-    out << YAML::Key << "numa_node" << YAML::Value << o.segment.numa_node;
-    out << YAML::Key << "path" << YAML::Value << o.segment.path;
-    out << YAML::EndMap;
-    out << YAML::Key << "local_reserve" << YAML::Value << YAML::BeginMap;
-    if (o.local_reserve.expected_capacity) {
-      const auto& e = *o.local_reserve.expected_capacity;
-      out << YAML::Key << "expected_capacity" << YAML::Value << YAML::BeginMap;
-      out << YAML::Key << "value_len" << YAML::Value << e.value_len;
-      out << YAML::Key << "payload_capacity_bytes" << YAML::Value << e.payload_capacity_bytes;
-      out << YAML::EndMap;
-      out << YAML::Comment(absl::StrFormat("prewarms %d grants",
-                                           ExpectedGrants(e.value_len, e.payload_capacity_bytes)));
-    }
-    out << YAML::Key << "claim_soft_timeout_ms" << YAML::Value
-        << o.local_reserve.claim_soft_timeout.count();
-    out << YAML::Key << "claim_hard_timeout_ms" << YAML::Value
-        << o.local_reserve.claim_hard_timeout.count();
-    out << YAML::Key << "shrink_idle_ms" << YAML::Value << o.local_reserve.shrink_idle.count();
-    out << YAML::EndMap;
-    out << YAML::Key << "hot_capacity_ratio" << YAML::Value << o.hot_capacity_ratio;
-    out << YAML::Key << "socket_path" << YAML::Value << o.socket_path;
-    out << YAML::Key << "socket_group" << YAML::Value << o.socket_group;
-    out << YAML::Key << "eviction_max_bytes_per_round" << YAML::Value
-        << o.eviction_max_bytes_per_round;
-    out << YAML::Key << "eviction_interval_ms" << YAML::Value << o.eviction_interval.count();
-    out << YAML::Key << "handle_ttl_ms" << YAML::Value << o.handle_ttl.count();
-    out << YAML::Key << "busy_poll_us" << YAML::Value << o.busy_poll_us;
-    out << YAML::Key << "put_lease_ms" << YAML::Value << o.put_lease.count();
-    out << YAML::Key << "view_lease_ms" << YAML::Value << o.view_lease.count();
-    out << YAML::Key << "commit_wait_timeout_ms" << YAML::Value << o.commit_wait_timeout.count();
-    out << YAML::Key << "max_connections" << YAML::Value << o.max_connections;
-    out << YAML::Key << "hello_timeout_ms" << YAML::Value << o.hello_timeout.count();
-    out << YAML::Key << "frame_timeout_ms" << YAML::Value << o.frame_timeout.count();
-    out << YAML::Key << "heartbeat_interval_ms" << YAML::Value << o.heartbeat_interval.count();
-    out << YAML::Key << "register_timeout_ms" << YAML::Value << o.register_timeout.count();
-    out << YAML::Key << "remote_get_timeout_ms" << YAML::Value << o.remote_get_timeout.count();
-    if (!o.data_address.empty()) {
-      out << YAML::Key << "data_address" << YAML::Value << o.data_address;
-    }
-    out << YAML::Key << "transports" << YAML::Value << YAML::Flow << o.transports;
-    if (!o.master_address.empty()) {
-      out << YAML::Key << "master_address" << YAML::Value << o.master_address;
-    }
-    out << YAML::EndMap;
-  }
-  if (c.client) {
-    out << YAML::Key << "client" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "socket_path" << YAML::Value << c.client->socket_path;
-    out << YAML::Key << "call_timeout_ms" << YAML::Value << c.client->call_timeout.count();
-    out << YAML::EndMap;
-  }
-  out << YAML::Key << "admin" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "listen_address" << YAML::Value << c.admin.listen_address;
-  out << YAML::Key << "metrics_port" << YAML::Value << c.admin.metrics_port;
-  out << YAML::Key << "metrics_address" << YAML::Value << c.admin.metrics_address;
-  out << YAML::Key << "allow_mutations" << YAML::Value << c.admin.allow_mutations;
-  out << YAML::EndMap;
+  EmitSettings(out, c);
+  if (c.master) EmitSection(out, "master", *c.master);
+  if (c.owner) EmitOwner(out, *c.owner);
+  if (c.client) EmitSection(out, "client", *c.client);
+  EmitSection(out, "admin", c.admin);
   if (c.role != Role::kClient) {
-    out << YAML::Key << "security" << YAML::Value << YAML::BeginMap;
-    if (c.security.tls) {
-      out << YAML::Key << "tls" << YAML::Value << YAML::BeginMap;
-      out << YAML::Key << "cert_file" << YAML::Value << c.security.tls->cert_file;
-      out << YAML::Key << "key_file" << YAML::Value << c.security.tls->key_file;
-      out << YAML::Key << "ca_file" << YAML::Value << c.security.tls->ca_file;
-      out << YAML::EndMap;
-    }
-    if (!c.security.cluster_secret_file.empty()) {
-      out << YAML::Key << "cluster_secret_file" << YAML::Value << c.security.cluster_secret_file;
-    }
-    out << YAML::Key << "insecure" << YAML::Value << c.security.insecure;
-    out << YAML::EndMap;
+    EmitSection(out, "security", c.security, [&] {
+      if (c.security.tls) EmitSection(out, "tls", *c.security.tls);
+    });
   }
-  if (!c.faults.empty()) {
-    out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;
-    for (const FaultConfig& f : c.faults) {
-      out << YAML::BeginMap;
-      out << YAML::Key << "point" << YAML::Value << f.point;
-      out << YAML::Key << "action" << YAML::Value << f.action;
-      out << YAML::Key << "delay_ms" << YAML::Value << f.delay.count();
-      out << YAML::Key << "count" << YAML::Value << f.count;
-      out << YAML::EndMap;
-    }
-    out << YAML::EndSeq;
-  }
+  EmitFaults(out, c.faults);
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+namespace {
+
+// How the reference describes a kind and a default.
+std::string Describe(config_internal::Millis k) {
+  return absl::StrFormat("milliseconds, %d .. %d", k.min_ms, kMaxSettingMs);
+}
+std::string Describe(config_internal::Bytes) { return "byte size > 0 (4GiB, 512MiB, 4096)"; }
+std::string Describe(config_internal::Ratio) { return "number in (0, 1)"; }
+std::string Describe(config_internal::Text) { return "text"; }
+std::string Describe(config_internal::NonEmptyText) { return "path (non-empty when set)"; }
+std::string Describe(config_internal::Flag) { return "true / false"; }
+template <typename T>
+std::string Describe(config_internal::IntIn<T> k) {
+  return absl::StrFormat("integer, %d .. %d", k.lo, k.hi);
+}
+std::string Describe(config_internal::SocketPath) { return "Unix socket path (< 108 bytes)"; }
+std::string Describe(config_internal::ListenAddress) { return "host:port (port 0: any)"; }
+std::string Describe(config_internal::PeerAddress) { return "host:port, or unset"; }
+std::string Describe(config_internal::OptionalListen) {
+  return "host:port (port 0: any), or unset";
+}
+std::string Describe(config_internal::IpLiteral) { return "IP address"; }
+std::string Describe(const config_internal::OneOf& k) {
+  return "one of " + absl::StrJoin(k.words, ", ");
+}
+
+std::string DefaultText(std::chrono::milliseconds v) { return absl::StrFormat("%d", v.count()); }
+std::string DefaultText(const std::string& v) {
+  return v.empty() ? std::string("(unset)") : absl::StrCat("`", v, "`");
+}
+std::string DefaultText(bool v) { return v ? "true" : "false"; }
+std::string DefaultText(double v) { return absl::StrFormat("%g", v); }
+template <typename T>
+std::string DefaultText(T v) {
+  return absl::StrFormat("%d", v);
+}
+
+template <typename T>
+void ReferenceRows(std::string* out, const std::string& prefix, const T& defaults) {
+  config_internal::Settings<T>::Visit(
+      defaults, [&](const char* key, const auto& kind, const auto& field, const char* doc) {
+        absl::StrAppend(out, "| `", prefix, key, "` | ", Describe(kind), " | ", DefaultText(field),
+                        " | ", doc, " |\n");
+      });
+}
+
+}  // namespace
+
+std::string SettingsReferenceMarkdown() {
+  std::string out;
+  const char* kHead = "| key | kind | default | what it does |\n|---|---|---|---|\n";
+  auto section = [&](const char* title, const char* note) {
+    absl::StrAppend(&out, "\n## ", title, "\n\n", note, note[0] ? "\n\n" : "", kHead);
+  };
+  section("Top level", "");
+  absl::StrAppend(&out,
+                  "| `role` | one of embedded, master, owner, remote_cache, client | embedded | "
+                  "which parts this process runs |\n");
+  ReferenceRows(&out, "", Config{});
+  section("owner", "Roles embedded, owner and remote_cache.");
+  ReferenceRows(&out, "owner.", OwnerConfig{});
+  absl::StrAppend(&out,
+                  "| `owner.transports` | list of transport names | [tcp] | the data plane's "
+                  "transports; only tcp is served (rdma is refused) |\n");
+  ReferenceRows(&out, "owner.segment.", SegmentConfig{});
+  ReferenceRows(&out, "owner.local_reserve.", LocalReserveConfig{});
+  ReferenceRows(&out, "owner.local_reserve.expected_capacity.", ExpectedCapacityConfig{});
+  section("master", "Roles embedded and master.");
+  ReferenceRows(&out, "master.", MasterConfig{});
+  section("client", "Role client (a config file a client library reads).");
+  ReferenceRows(&out, "client.", ClientConfig{});
+  section("admin", "Every role.");
+  ReferenceRows(&out, "admin.", AdminConfig{});
+  section("security", "Every role but client.");
+  ReferenceRows(&out, "security.", SecurityConfig{});
+  ReferenceRows(&out, "security.tls.", TlsConfig{});
+  section("faults", "A list of fault-injection rules (tests and drills).");
+  absl::StrAppend(&out,
+                  "| `faults[].point` | text (letters, digits, `.`, `_`, `-`) | — | where: "
+                  "master.<Method>, peer.read |\n"
+                  "| `faults[].action` | one of delay, drop, duplicate, fail, refuse | — | what "
+                  "happens there |\n"
+                  "| `faults[].delay_ms` | milliseconds, 0 .. ",
+                  kMaxSettingMs,
+                  " | 0 | the delay of `delay` |\n"
+                  "| `faults[].count` | integer > 0, or -1 | -1 | how many calls it applies to "
+                  "(-1: until cleared) |\n");
+  return out;
 }
 
 }  // namespace fluxon

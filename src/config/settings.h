@@ -1,0 +1,220 @@
+// The one definition of every scalar setting of fluxond's YAML config.
+//
+// Each setting is one line of an X-list below: (field, YAML key, kind, default, description).
+// From that line come the config struct's field and its default (config/config.h), its parse and
+// its bounds (ParseConfig), its dump (DumpConfig) and its row in the settings reference
+// (SettingsReferenceMarkdown, checked against docs/settings.md by a test). Adding a setting is
+// one line here plus its use; rules that relate two settings (claim_hard > claim_soft, the
+// heartbeat inside the lease, a prewarm that fits the segment) are written once in ParseConfig.
+//
+// A kind names the field's C++ type, how the YAML scalar is read and checked, and how the
+// reference describes it:
+//   Millis{min}      std::chrono::milliseconds in [min, kMaxSettingMs] (min 1 unless said)
+//   Bytes{}          uint64_t byte size > 0 ("4GiB", "512MiB", "1.5GB", "4096")
+//   Ratio{}          double strictly inside (0, 1)
+//   Text{}           std::string, any value (empty allowed)
+//   NonEmptyText{}   std::string; set means non-empty (omit it for "none")
+//   Flag{}           bool (true / false)
+//   IntIn<T>(lo,hi)  integer T in [lo, hi]
+//   SocketPath{}     std::string, non-empty, shorter than sun_path (108 bytes with its NUL)
+//   ListenAddress{}  host:port, port 0 allowed (the kernel picks)
+//   PeerAddress{}    host:port of a peer (port 0 refused) or empty (unset; not dumped)
+//   OptionalListen{} host:port, port 0 allowed, or empty (unset; not dumped)
+//   IpLiteral{}      an IPv4 or unbracketed IPv6 address (no name lookup)
+//   OneOf({...})     std::string, one of the listed words
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace fluxon {
+namespace config_internal {
+
+struct Millis {
+  using Type = std::chrono::milliseconds;
+  int64_t min_ms = 1;
+};
+struct Bytes {
+  using Type = uint64_t;
+};
+struct Ratio {
+  using Type = double;
+};
+struct Text {
+  using Type = std::string;
+};
+struct NonEmptyText {
+  using Type = std::string;
+};
+struct Flag {
+  using Type = bool;
+};
+template <typename T>
+struct IntIn {
+  using Type = T;
+  constexpr IntIn(int64_t l, int64_t h) : lo(l), hi(h) {}
+  int64_t lo;
+  int64_t hi;
+};
+struct SocketPath {
+  using Type = std::string;
+};
+struct ListenAddress {
+  using Type = std::string;
+};
+struct PeerAddress {
+  using Type = std::string;
+};
+struct OptionalListen {
+  using Type = std::string;
+};
+struct IpLiteral {
+  using Type = std::string;
+};
+// Lives only as long as the full expression it is written in (the X-list's walk).
+struct OneOf {
+  using Type = std::string;
+  OneOf(std::initializer_list<const char*> w) : words(w) {}
+  std::initializer_list<const char*> words;
+};
+
+}  // namespace config_internal
+}  // namespace fluxon
+
+// clang-format off
+// (field, YAML key, kind, default, description)
+
+#define FLUXON_TOP_SETTINGS(X)                                                                    \
+  X(node_id, "node_id", IntIn<uint32_t>(0, (1 << 20) - 1), 0,                                     \
+    "this node's id, unique in the cluster; part of every value identity (put_id's high 20 bits)") \
+  X(log_level, "log_level", OneOf({"trace", "debug", "info", "warn", "error", "off"}), "info",   \
+    "spdlog level")
+
+#define FLUXON_SEGMENT_SETTINGS(X)                                                                \
+  X(size_bytes, "size", Bytes{}, 4ull << 30,                                                      \
+    "the shared host-memory segment; at least one 512 MiB grant, at most the machine's MemTotal") \
+  X(huge_pages, "huge_pages", Flag{}, false, "back the segment with huge pages")                  \
+  X(numa_node, "numa_node", IntIn<int>(-1, 1023), -1, "NUMA node the segment binds to; -1: none") \
+  X(path, "path", Text{}, "", "file the segment maps; empty: a memfd shared by fd passing")
+
+#define FLUXON_EXPECTED_CAPACITY_SETTINGS(X)                                                      \
+  X(value_len, "value_len", Bytes{}, 0,                                                           \
+    "required in the section: the value size to prewarm slots for; at most 512 MiB")             \
+  X(payload_capacity_bytes, "payload_capacity_bytes", Bytes{}, 0,                                 \
+    "required in the section: how many bytes of such values to prewarm grants for; they must "    \
+    "fit in owner.segment.size")
+
+#define FLUXON_LOCAL_RESERVE_SETTINGS(X)                                                          \
+  X(claim_soft_timeout, "claim_soft_timeout_ms", Millis{}, std::chrono::milliseconds(10),         \
+    "a claim that waited this long asks for capacity (eviction, a new grant)")                    \
+  X(claim_hard_timeout, "claim_hard_timeout_ms", Millis{}, std::chrono::milliseconds(30'000),     \
+    "a claim fails with ResourceExhausted after this long; must exceed claim_soft_timeout_ms")    \
+  X(shrink_idle, "shrink_idle_ms", Millis{}, std::chrono::milliseconds(5'000),                    \
+    "a grant with no value for this long goes back to the segment")
+
+#define FLUXON_OWNER_SETTINGS(X)                                                                  \
+  X(hot_capacity_ratio, "hot_capacity_ratio", Ratio{}, 0.95,                                      \
+    "eviction keeps the hot tier under this fraction of the segment")                             \
+  X(socket_path, "socket_path", SocketPath{}, "/tmp/fluxon/owner.sock",                           \
+    "the Unix socket clients connect to")                                                         \
+  X(socket_group, "socket_group", Text{}, "",                                                     \
+    "group allowed on the client socket; empty: the owner's uid only")                            \
+  X(master_address, "master_address", PeerAddress{}, "",                                          \
+    "where the master listens; required for role=owner and role=remote_cache")                    \
+  X(eviction_max_bytes_per_round, "eviction_max_bytes_per_round", Bytes{}, 256ull << 20,          \
+    "capacity eviction frees at most this much per round")                                        \
+  X(eviction_interval, "eviction_interval_ms", Millis{}, std::chrono::milliseconds(200),          \
+    "capacity eviction rounds are at least this far apart")                                       \
+  X(handle_ttl, "handle_ttl_ms", Millis{}, std::chrono::milliseconds(30'000),                     \
+    "a get_start handle not consumed in time is dropped as by cancel (handles_expired)")          \
+  X(busy_poll_us, "busy_poll_us", IntIn<int64_t>(0, 100'000), 200,                                \
+    "a client connection's thread polls this long before it sleeps")                              \
+  X(put_lease, "put_lease_ms", Millis{}, std::chrono::milliseconds(60'000),                       \
+    "a prepared put not committed or aborted in time is aborted (puts_expired)")                  \
+  X(view_lease, "view_lease_ms", Millis{}, std::chrono::milliseconds(300'000),                    \
+    "a get plan's pins not released in time are released (views_expired)")                        \
+  X(commit_wait_timeout, "commit_wait_timeout_ms", Millis{}, std::chrono::milliseconds(30'000),   \
+    "a commit waits this long for room in the publish queue, then aborts the put (Unavailable)")  \
+  X(max_connections, "max_connections", IntIn<int64_t>(1, 65'536), 1024,                          \
+    "client connections open at once; more are refused")                                          \
+  X(hello_timeout, "hello_timeout_ms", Millis{}, std::chrono::milliseconds(10'000),               \
+    "a new client connection must say Hello within this")                                         \
+  X(frame_timeout, "frame_timeout_ms", Millis{}, std::chrono::milliseconds(10'000),               \
+    "a frame must arrive whole within this of its first byte")                                    \
+  X(heartbeat_interval, "heartbeat_interval_ms", Millis{}, std::chrono::milliseconds(1'000),      \
+    "how often the owner tells the master it is alive; below master.owner_lease_ms")              \
+  X(register_timeout, "register_timeout_ms", Millis{}, std::chrono::milliseconds(30'000),         \
+    "a start retries a registration refused while the node_id's previous owner is in its lease")  \
+  X(remote_get_timeout, "remote_get_timeout_ms", Millis{}, std::chrono::milliseconds(10'000),     \
+    "a remote get (start, data-plane read, done) ends within this; the rest is a miss")           \
+  X(data_address, "data_address", OptionalListen{}, "",                                           \
+    "where this owner serves its segment to other owners (port 0: the kernel picks); empty: no "  \
+    "data plane")
+
+#define FLUXON_MASTER_SETTINGS(X)                                                                 \
+  X(listen_address, "listen_address", ListenAddress{}, "127.0.0.1:50151",                         \
+    "the master's gRPC service")                                                                  \
+  X(replica_cache_capacity_ratio, "replica_cache_capacity_ratio", Ratio{}, 0.95,                  \
+    "fraction of a remote_cache's memory lent to replicas")                                       \
+  X(inflight_ttl, "inflight_ttl_ms", Millis{}, std::chrono::milliseconds(60'000),                 \
+    "a remote get (and its source pin) ends by this")                                             \
+  X(owner_lease, "owner_lease_ms", Millis{}, std::chrono::milliseconds(5'000),                    \
+    "an owner not heard for this is not live; only then may another process take its node_id")   \
+  X(owner_grace, "owner_grace_ms", Millis{}, std::chrono::milliseconds(5'000),                    \
+    "an owner not heard for owner_lease_ms + this expires: its routes and gets are dropped")
+
+#define FLUXON_CLIENT_SETTINGS(X)                                                                 \
+  X(socket_path, "socket_path", SocketPath{}, "/tmp/fluxon/owner.sock",                           \
+    "the owner's Unix socket")                                                                    \
+  X(call_timeout, "call_timeout_ms", Millis{}, std::chrono::milliseconds(60'000),                 \
+    "every client call waits at most this long for the owner (then TimeoutError)")
+
+#define FLUXON_ADMIN_SETTINGS(X)                                                                  \
+  X(listen_address, "listen_address", ListenAddress{}, "127.0.0.1:50152",                         \
+    "the admin gRPC service (fluxonctl, health)")                                                 \
+  X(metrics_port, "metrics_port", IntIn<int>(0, 65'535), 9464,                                    \
+    "the Prometheus /metrics port; 0 disables it")                                                \
+  X(metrics_address, "metrics_address", IpLiteral{}, "127.0.0.1",                                 \
+    "where /metrics binds (0.0.0.0: every interface)")                                            \
+  X(allow_mutations, "allow_mutations", Flag{}, false,                                            \
+    "admit state-changing admin calls (fault set / clear)")
+
+#define FLUXON_TLS_SETTINGS(X)                                                                    \
+  X(cert_file, "cert_file", Text{}, "", "required in the section: this node's PEM certificate") \
+  X(key_file, "key_file", Text{}, "", "required in the section: its PEM private key")     \
+  X(ca_file, "ca_file", Text{}, "", "required in the section: the PEM CA peers must chain to")
+
+#define FLUXON_SECURITY_SETTINGS(X)                                                               \
+  X(cluster_secret_file, "cluster_secret_file", NonEmptyText{}, "",                               \
+    "the data plane's shared secret (>= 16 bytes); unset: the machine-local one")                 \
+  X(insecure, "insecure", Flag{}, false,                                                          \
+    "allow network-reachable services without TLS or a data plane without a secret")
+
+// clang-format on
+
+// The field declarations of one X-list: `Type field{default};`.
+#define FLUXON_DECLARE_SETTING(field, key, kind, def, doc) \
+  decltype(::fluxon::config_internal::kind)::Type field{def};
+
+namespace fluxon {
+namespace config_internal {
+
+// Settings<T>::Visit(obj, fn) calls fn(key, kind, obj.field, doc) for every setting of T's X-list,
+// in the list's order (the parse, dump and reference all use this one walk).
+template <typename T>
+struct Settings;
+
+#define FLUXON_VISIT_SETTING(field, key, kind, def, doc) fn(key, kind, obj.field, doc);
+#define FLUXON_SETTINGS_OF(Struct, LIST)   \
+  template <>                              \
+  struct Settings<Struct> {                \
+    template <typename Obj, typename Fn>   \
+    static void Visit(Obj& obj, Fn&& fn) { \
+      LIST(FLUXON_VISIT_SETTING)           \
+    }                                      \
+  };
+
+}  // namespace config_internal
+}  // namespace fluxon
