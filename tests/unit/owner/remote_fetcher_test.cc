@@ -1,0 +1,310 @@
+// RemoteFetcher on its own (src/owner/remote_fetcher.h), between two owners' parts registered at
+// one MasterCore, each serving its segment over a TCP data plane on 127.0.0.1 (as fluxond does
+// with owner.data_address): node 1 fetches what node 2 published. One BatchGetStart, one read per
+// source peer and one BatchGetDone per batch (G8); the copy is the key's one canonical holder,
+// of the same put_id (G7, T2); uncertain answers are retried with the same identity (T1); every
+// failure is a miss that leaves nothing reserved, except targets whose get may have started,
+// which stay claimed until the master can no longer publish them.
+#include "owner/remote_fetcher.h"
+
+#include "tests/unit/owner/owner_parts_fixture.h"
+
+namespace fluxon::testing {
+namespace {
+
+class RemoteFetcherTest : public OwnerPartsTest {
+ protected:
+  // The requester (node 1) and the source (node 2), both with a data plane.
+  void TwoOwners(PartsOptions requester = {}, PartsOptions source = {}) {
+    requester.node_id = 1;
+    requester.data_plane = true;
+    source.node_id = 2;
+    source.data_plane = true;
+    a_ = &Make(requester);
+    b_ = &Make(source);
+    // Carves the requester's grant now: populating 512 MiB must not eat a fetch's deadline.
+    auto warm = a_->pool().Claim(kValueLen, 1);
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_TRUE(a_->pool().Abort(warm->front()).ok());
+  }
+  // The leaders a get of `keys` on node 1 would hand the fetcher: the master's routes.
+  std::vector<RemoteLeader> Leaders(const std::vector<std::string>& keys) {
+    std::vector<RemoteLeader> out;
+    for (const std::string& k : keys) {
+      auto route = RouteOf(master(), k);
+      EXPECT_TRUE(route.has_value()) << k;
+      if (route) out.push_back(RemoteLeader{k, route->put_id(), route->len()});
+    }
+    return out;
+  }
+  size_t Locations(const std::string& key) {
+    auto route = RouteOf(master(), key);
+    return route ? static_cast<size_t>(route->locations_size()) : 0;
+  }
+  // Nothing of a fetch is left on the requester: no reservation, no claimed or hidden target.
+  void ExpectNothingHeld(const std::vector<std::string>& keys) {
+    for (const std::string& k : keys) EXPECT_EQ(a_->State(k), "absent") << k;
+    EXPECT_EQ(a_->SlotsIn(SlotState::kPrepared), 0);
+    EXPECT_EQ(a_->SlotsIn(SlotState::kPending), 0);
+    EXPECT_EQ(a_->counters->reserved_entries.load(), 0);
+    EXPECT_EQ(a_->counters->remote_pending_targets.load(), 0);
+    EXPECT_EQ(a_->counters->remote_quarantined_slots.load(), 0);
+    EXPECT_EQ(a_->counters->remote_unfinished.load(), 0);
+  }
+  std::vector<HolderRef> Fetch(const std::vector<RemoteLeader>& leaders,
+                               std::vector<uint64_t>* cohorts = nullptr) {
+    std::vector<uint64_t> ignored;
+    return a_->remote->Fetch(leaders, cohorts != nullptr ? cohorts : &ignored);
+  }
+  // Checks that `h` is node 1's installed copy of `key`, with the source's bytes and put_id.
+  void ExpectCopy(const HolderRef& h, const std::string& key, uint64_t put_id) {
+    ASSERT_TRUE(h) << key;
+    EXPECT_EQ(h->key, key);
+    EXPECT_EQ(h->put_id, put_id);
+    EXPECT_EQ(h->node_id, a_->node_id());
+    EXPECT_EQ(TagAt(*a_, h->offset), TagOf(key));
+    EXPECT_EQ(a_->State(key), "committed");
+  }
+
+  OwnerParts* a_ = nullptr;
+  OwnerParts* b_ = nullptr;
+};
+
+// G8/G7/T2: a batch of leaders on one source is one BatchGetStart, one data-plane read and one
+// BatchGetDone; each key becomes a Committed copy of the same put_id in the hot tier, and the
+// master routes to both locations.
+TEST_F(RemoteFetcherTest, FetchInstallsCopiesWithOneStartOneReadOneDone) {
+  TwoOwners();
+  const std::vector<std::string> keys = Keys("r", 4);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  const std::vector<RemoteLeader> leaders = Leaders(keys);
+  std::vector<uint64_t> cohorts;
+  std::vector<HolderRef> got = Fetch(leaders, &cohorts);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ExpectCopy(got[i], keys[i], leaders[i].put_id);
+    EXPECT_NE(cohorts[i], 0u);
+    EXPECT_EQ(Locations(keys[i]), 2u);
+  }
+  EXPECT_EQ(mc().get_start_calls.load(), 1);
+  EXPECT_EQ(mc().get_done_calls.load(), 1);
+  EXPECT_EQ(mc().gets_done.load(), 4);
+  EXPECT_EQ(master().inflight_gets(), 0u);
+  EXPECT_EQ(a_->counters->remote_transfer_submissions.load(), 1);
+  EXPECT_EQ(a_->counters->remote_hits.load(), 4);
+  EXPECT_EQ(a_->counters->remote_bytes.load(), 4 * kValueLen);
+  EXPECT_EQ(a_->SlotsIn(SlotState::kCommitted), 4);
+  EXPECT_EQ(a_->counters->remote_pending_targets.load(), 0);
+  EXPECT_GE(a_->hot->size(), 1u);
+  // The copy is an ordinary local value now: a get pins it without the master.
+  got.clear();
+  auto local = a_->gets->Start(1, keys, {}, false);
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(local->local_pinned, 4u);
+  EXPECT_TRUE(a_->gets->Cancel(1, local->handle_id).ok());
+}
+
+// G6/G7 through GetPath: a get of keys routed to another owner leads them and has them fetched,
+// and its prefix covers them.
+TEST_F(RemoteFetcherTest, GetStartFetchesLeadersRoutedToAnotherOwner) {
+  TwoOwners();
+  ASSERT_TRUE(PutAndPublish(*b_, {"g0", "g1"}, {2}).ok());
+  auto got = a_->gets->Start(1, {"g0", "g1"}, {2}, false);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->leader_started, 2u);
+  EXPECT_EQ(got->prefix.transferable_len, 2u);
+  EXPECT_EQ(TagAt(*a_, got->offsets[0]), TagOf("g0"));
+  EXPECT_EQ(TagAt(*a_, got->offsets[1]), TagOf("g1"));
+  EXPECT_EQ(a_->flights->size(), 0u);
+  EXPECT_EQ(mc().get_start_calls.load(), 1);
+  EXPECT_TRUE(a_->gets->Cancel(1, got->handle_id).ok());
+}
+
+// A route whose owner is no longer live (not heard within the master's owner_lease), or has no
+// data plane, has no source: a miss, and nothing stays reserved or claimed.
+TEST_F(RemoteFetcherTest, RouteToAnOwnerThatIsNotLiveIsAMiss) {
+  MasterOptions mo;
+  mo.owner_lease = milliseconds(300);
+  UseMaster(mo);
+  TwoOwners();
+  ASSERT_TRUE(PutAndPublish(*b_, {"stale"}).ok());
+  v1::RegisterOwnerRequest plain;  // node 3: no data plane
+  plain.set_node_id(3);
+  plain.set_generation(33);
+  ASSERT_TRUE(master().RegisterOwner(plain).ok());
+  v1::PublishBatchRequest pub;
+  pub.set_node_id(3);
+  pub.set_generation(33);
+  pub.set_put_id(9);
+  v1::RouteItem* item = pub.add_items();
+  item->set_key("planeless");
+  item->set_put_id(9);
+  item->set_offset(4096);
+  item->set_len(kValueLen);
+  ASSERT_TRUE(master().PublishBatch(pub).ok());
+  std::this_thread::sleep_for(milliseconds(400));  // node 2 is silent past its lease
+
+  std::vector<HolderRef> got = Fetch(Leaders({"stale", "planeless"}));
+  EXPECT_FALSE(got[0]);
+  EXPECT_FALSE(got[1]);
+  EXPECT_EQ(mc().get_start_calls.load(), 1);
+  EXPECT_EQ(mc().gets_started.load(), 0);
+  EXPECT_EQ(a_->counters->remote_misses.load(), 2);
+  ExpectNothingHeld({"stale", "planeless"});
+}
+
+// A definite BatchGetStart refusal is a miss that frees every target and reservation: the next
+// fetch of the same keys proceeds.
+TEST_F(RemoteFetcherTest, RefusedBatchGetStartIsAMissAndLeavesNothingReserved) {
+  TwoOwners();
+  const std::vector<std::string> keys = Keys("x", 3);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  const std::vector<RemoteLeader> leaders = Leaders(keys);
+  Fault("master.BatchGetStart", FaultAction::kRefuse, 1);
+  std::vector<HolderRef> got = Fetch(leaders);
+  for (const HolderRef& h : got) EXPECT_FALSE(h);
+  ExpectNothingHeld(keys);
+  EXPECT_EQ(a_->counters->remote_misses.load(), 3);
+  got = Fetch(leaders);
+  for (size_t i = 0; i < keys.size(); ++i) ExpectCopy(got[i], keys[i], leaders[i].put_id);
+}
+
+// T1: a BatchGetStart the master applied but whose answer was lost is retried with the same
+// request_id; the master answers from its stored reply (no second get, no BUSY) and the fetch
+// goes on to install the copies.
+TEST_F(RemoteFetcherTest, LostBatchGetStartAnswerIsRetriedWithTheSameRequestId) {
+  TwoOwners();
+  const std::vector<std::string> keys = Keys("t", 2);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  Fault("master.BatchGetStart", FaultAction::kDrop, 1);
+  const std::vector<RemoteLeader> leaders = Leaders(keys);
+  std::vector<HolderRef> got = Fetch(leaders);
+  for (size_t i = 0; i < keys.size(); ++i) ExpectCopy(got[i], keys[i], leaders[i].put_id);
+  EXPECT_EQ(mc().get_start_calls.load(), 2);
+  EXPECT_EQ(mc().get_start_replayed.load(), 1);
+  EXPECT_EQ(mc().gets_started.load(), 2);
+  EXPECT_EQ(master().inflight_gets(), 0u);
+}
+
+// T1 (quarantine): when no BatchGetStart answer comes at all, the gets may have started with ids
+// nobody knows, so the targets are neither used nor freed: they stay claimed (the keys are not
+// reserved any more) until the master's in-flight TTL plus a margin has passed.
+TEST_F(RemoteFetcherTest, UnansweredBatchGetStartQuarantinesTheTargetsUntilTheTtl) {
+  PartsOptions requester;
+  requester.remote_get_timeout = milliseconds(200);
+  TwoOwners(requester);
+  const std::vector<std::string> keys = Keys("q", 2);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  Fault("master.BatchGetStart", FaultAction::kFail, -1);
+  const auto before = Clock::now();
+  std::vector<HolderRef> got = Fetch(Leaders(keys));
+  EXPECT_LT(Clock::now() - before, milliseconds(3'000));  // bounded by remote_get_timeout
+  EXPECT_FALSE(got[0]);
+  EXPECT_FALSE(got[1]);
+  faults_.Clear("master.BatchGetStart");
+  EXPECT_EQ(a_->counters->remote_start_lost.load(), 1);
+  EXPECT_EQ(a_->counters->remote_quarantined_slots.load(), 2);
+  EXPECT_EQ(a_->SlotsIn(SlotState::kPrepared), 2);
+  EXPECT_EQ(a_->State("q0"), "absent");
+
+  a_->remote->RunMaintenance(Clock::now());  // not yet
+  EXPECT_EQ(a_->SlotsIn(SlotState::kPrepared), 2);
+  const milliseconds ttl = a_->registration->inflight_get_ttl();
+  a_->remote->RunMaintenance(Clock::now() + ttl + milliseconds(2'001));
+  ExpectNothingHeld(keys);
+}
+
+// A read that fails is never installed: its get is revoked at the master (the source's pin ends)
+// and the target freed; the source can then evict its value.
+TEST_F(RemoteFetcherTest, FailedReadIsRevokedAndItsTargetFreed) {
+  TwoOwners();
+  ASSERT_TRUE(PutAndPublish(*b_, {"f"}).ok());
+  a_->peer_faults.Set(FaultRule{"peer.read", FaultAction::kFail, milliseconds(0), 1});
+  std::vector<HolderRef> got = Fetch(Leaders({"f"}));
+  EXPECT_FALSE(got[0]);
+  EXPECT_EQ(a_->counters->remote_transfer_failures.load(), 1);
+  EXPECT_EQ(mc().get_revoke_calls.load(), 1);
+  EXPECT_EQ(mc().gets_revoked.load(), 1);
+  EXPECT_EQ(master().inflight_gets(), 0u);
+  EXPECT_EQ(Locations("f"), 1u);
+  ExpectNothingHeld({"f"});
+  EXPECT_EQ(b_->evictor->EvictSome(UINT64_MAX), static_cast<uint64_t>(kValueLen));
+}
+
+// T1: a BatchGetDone whose answer was lost is retried; the master recognises its own copy (same
+// key, put_id, target) and the fetch installs it once.
+TEST_F(RemoteFetcherTest, LostBatchGetDoneAnswerIsRetriedToTheSameEnd) {
+  TwoOwners();
+  ASSERT_TRUE(PutAndPublish(*b_, {"d"}).ok());
+  Fault("master.BatchGetDone", FaultAction::kDrop, 1);
+  const std::vector<RemoteLeader> leaders = Leaders({"d"});
+  std::vector<HolderRef> got = Fetch(leaders);
+  ExpectCopy(got[0], "d", leaders[0].put_id);
+  EXPECT_EQ(mc().get_done_calls.load(), 2);
+  EXPECT_EQ(mc().get_done_replayed.load(), 1);
+  EXPECT_EQ(Locations("d"), 2u);
+}
+
+// T1: a BatchGetDone that stays unanswered past the batch's deadline is a miss for the caller,
+// but the target is not freed (the master may publish it): the maintenance round retries the
+// Done with the same get_id and installs the copy.
+TEST_F(RemoteFetcherTest, UnansweredBatchGetDoneIsFinishedInTheBackground) {
+  PartsOptions requester;
+  requester.remote_get_timeout = milliseconds(1'000);
+  TwoOwners(requester);
+  ASSERT_TRUE(PutAndPublish(*b_, {"warm", "bg"}).ok());
+  ASSERT_TRUE(Fetch(Leaders({"warm"}))[0]);  // the data-plane connection is up
+  Fault("master.BatchGetDone", FaultAction::kFail, -1);
+  std::vector<HolderRef> got = Fetch(Leaders({"bg"}));
+  EXPECT_FALSE(got[0]);
+  EXPECT_EQ(a_->counters->remote_transfer_failures.load(), 0);  // the read itself succeeded
+  EXPECT_EQ(a_->counters->remote_unfinished.load(), 1);
+  EXPECT_EQ(a_->State("bg"), "reserved");  // still the fetch's
+  EXPECT_EQ(a_->SlotsIn(SlotState::kPending), 1);
+  EXPECT_EQ(Locations("bg"), 1u);
+
+  faults_.Clear("master.BatchGetDone");
+  a_->remote->RunMaintenance(Clock::now());
+  EXPECT_EQ(a_->counters->remote_unfinished.load(), 0);
+  EXPECT_EQ(a_->State("bg"), "committed");
+  EXPECT_EQ(a_->SlotsIn(SlotState::kPending), 0);
+  EXPECT_EQ(a_->SlotsIn(SlotState::kCommitted), 2);  // warm and bg
+  EXPECT_EQ(Locations("bg"), 2u);
+}
+
+// A key this owner is putting itself (reserved by a local put) is not fetched; the other leaders
+// of the batch are.
+TEST_F(RemoteFetcherTest, KeyReservedByALocalPutIsNotFetched) {
+  TwoOwners();
+  ASSERT_TRUE(PutAndPublish(*b_, {"mine", "theirs"}).ok());
+  auto local = a_->puts->Start(1, Args({"mine"}), nullptr);
+  ASSERT_TRUE(local.ok());
+  const std::vector<RemoteLeader> leaders = Leaders({"mine", "theirs"});
+  std::vector<HolderRef> got = Fetch(leaders);
+  EXPECT_FALSE(got[0]);
+  ExpectCopy(got[1], "theirs", leaders[1].put_id);
+  EXPECT_EQ(a_->State("mine"), "reserved");
+  EXPECT_EQ(mc().get_start_items.load(), 1);
+  EXPECT_TRUE(a_->puts->Abort(1, local->put_id).ok());
+}
+
+// Without a data plane every leader is a miss, decided without calling the master.
+TEST_F(RemoteFetcherTest, WithoutADataPlaneEveryLeaderIsAMiss) {
+  PartsOptions source;
+  source.node_id = 2;
+  source.data_plane = true;
+  b_ = &Make(source);
+  PartsOptions requester;
+  requester.node_id = 1;
+  a_ = &Make(requester);
+  ASSERT_TRUE(PutAndPublish(*b_, {"n"}).ok());
+  EXPECT_FALSE(a_->remote->enabled());
+  std::vector<HolderRef> got = Fetch(Leaders({"n"}));
+  EXPECT_FALSE(got[0]);
+  EXPECT_EQ(mc().get_start_calls.load(), 0);
+  EXPECT_EQ(a_->counters->remote_misses.load(), 1);
+  ExpectNothingHeld({"n"});
+}
+
+}  // namespace
+}  // namespace fluxon::testing
