@@ -7,17 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "fluxon/plan_blob.h"
 #include "fluxon/status.h"
-#include "slot/segment.h"
 
 namespace fluxon {
-
-HostMapping SegmentMapping(const Segment& segment, std::string label) {
-  return HostMapping{std::move(label), segment.base(), static_cast<size_t>(segment.total_bytes())};
-}
-
-HostMapping PlanArenaMapping(const PlanRegistry& plans) {
-  return HostMapping{"plan_arena", plans.arena_base(), plans.arena_bytes()};
-}
 
 absl::Status ValidateHostMappings(std::span<const HostMapping> mappings) {
   if (mappings.empty()) return absl::InvalidArgumentError("no host mappings to register");

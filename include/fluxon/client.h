@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "fluxon/batch.h"
 #include "fluxon/plan_blob.h"
 #include "fluxon/put_options.h"
 

@@ -12,8 +12,7 @@
 //   supports cudaDevAttrCanUseHostPointerForRegisteredMem). Plans carry host addresses and kernels
 //   dereference them unchanged, so a platform that needs translation is rejected at registration.
 // - A HostRegistration unregisters exactly what it registered, once, when destroyed; the memory
-// must
-//   stay mapped until then.
+//   must stay mapped until then.
 // - Mappings must not overlap one another (an address belongs to one registration).
 #pragma once
 
@@ -28,18 +27,12 @@
 
 namespace fluxon {
 
-class PlanRegistry;
-class Segment;
-
 // One host range visible to this process, as wait_local_segments_ready() reports it.
 struct HostMapping {
   std::string label;  // e.g. "cpu:0", "external_owner:0", "plan_arena"
   void* base = nullptr;
   size_t bytes = 0;
 };
-
-HostMapping SegmentMapping(const Segment& segment, std::string label);
-HostMapping PlanArenaMapping(const PlanRegistry& plans);
 
 // Checks mappings without touching CUDA: at least one, each non-null and non-empty, no overlaps.
 // Register calls this first.

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/batch.h"
 #include "common/mutex.h"
 #include "common/streaming_copy.h"
 #include "fluxon/client.h"

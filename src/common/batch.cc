@@ -1,4 +1,4 @@
-#include "fluxon/batch.h"
+#include "common/batch.h"
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"

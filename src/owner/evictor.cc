@@ -3,7 +3,7 @@
 #include <map>
 
 #include "common/check.h"
-#include "fluxon/batch.h"
+#include "common/batch.h"
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 #include "rpc/retry.h"

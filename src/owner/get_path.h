@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "fluxon/batch.h"
+#include "common/batch.h"
 #include "owner/handle_table.h"
 #include "owner/hot_tier.h"
 #include "owner/key_index.h"

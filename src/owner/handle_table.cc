@@ -1,7 +1,7 @@
 #include "owner/handle_table.h"
 
 #include "absl/strings/str_format.h"
-#include "fluxon/batch.h"
+#include "common/batch.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon {

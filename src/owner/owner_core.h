@@ -55,7 +55,7 @@
 #include "absl/status/statusor.h"
 #include "common/stop_signal.h"
 #include "config/config.h"
-#include "fluxon/batch.h"
+#include "common/batch.h"
 #include "owner/evictor.h"
 #include "owner/get_path.h"
 #include "owner/handle_table.h"

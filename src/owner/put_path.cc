@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/check.h"
-#include "fluxon/batch.h"
+#include "common/batch.h"
 #include "fluxon/status.h"
 #include "spdlog/spdlog.h"
 
