@@ -490,10 +490,7 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
   FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
   FLUXON_RETURN_IF_ERROR(ValidateGroups(groups, keys.size()));
   v1::ClientRequest req;
-  v1::GetStartRequest* g = req.mutable_get_start();
-  for (const std::string& k : keys) g->add_keys(k);
-  g->set_prefix_best_effort(prefix_best_effort);
-  for (uint32_t n : groups) g->add_atomic_group_lens(n);
+  EncodeGetStart(keys, prefix_best_effort, groups, req.mutable_get_start());
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
   FLUXON_RETURN_IF_ERROR(StatusOf(resp));
   const v1::GetStartReply& r = resp.get_start();
@@ -518,16 +515,7 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
   }
   GetStartHandle h;
   h.id = impl_->next_handle.fetch_add(1);
-  GetStartResult& res = h.result;
-  res.raw_prefix_hit_len = r.raw_prefix_hit_len();
-  res.transferable_len = r.transferable_len();
-  res.prefix_hit_groups = r.prefix_hit_groups();
-  if (r.first_miss_index() >= 0) res.first_miss_index = r.first_miss_index();
-  if (r.first_miss_group_index() >= 0) res.first_miss_group_index = r.first_miss_group_index();
-  res.all_hit = res.transferable_len == keys.size();
-  res.local_pinned = r.local_pinned();
-  res.inflight_joined = r.inflight_joined();
-  res.leader_started = r.leader_started();
+  h.result = DecodeGetStartResult(r, keys.size());
   HandleState hs;
   hs.owner_handle = r.handle_id();
   hs.offsets.assign(r.offsets().begin(), r.offsets().end());

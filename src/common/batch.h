@@ -55,6 +55,17 @@ struct PrefixResult {
   bool all_hit() const { return !first_miss_index.has_value(); }
 };
 
+// What the owner's get_start answers: the prefix, the handle and the transferable values.
+struct GetStartOutcome {
+  PrefixResult prefix;
+  uint64_t handle_id = 0;
+  std::vector<uint64_t> offsets;  // transferable prefix
+  std::vector<uint64_t> lens;
+  uint32_t local_pinned = 0;
+  uint32_t inflight_joined = 0;
+  uint32_t leader_started = 0;
+};
+
 // `hits[i]` says whether key i is available; `group_lens` may be empty (one key per group).
 PrefixResult ComputePrefix(const std::vector<bool>& hits, std::span<const uint32_t> group_lens);
 

@@ -133,8 +133,23 @@ class ClientServer::Impl {
   bool PeerAllowed(int fd, ucred* cred);
   void Serve(Connection* c);
   void ServeEvents(Connection* c);
-  // Handles one request; returns false when the connection must close.
+  // Handles one request; returns false when the connection must close. A short dispatch: Hello
+  // and PutCommit write their own answers (the segment fd rides on Hello's; PutCommit wakes the
+  // publisher after its answer), every other request is answered by Answer.
   bool Handle(Connection* c, v1::ClientRequest& req, bool* events);
+  bool HandleHello(Connection* c, const v1::Hello& h, v1::OwnerMessage* resp, bool* events);
+  bool HandlePutCommit(Connection* c, const v1::PutCommitRequest& r, v1::OwnerMessage* resp,
+                       std::chrono::steady_clock::time_point parsed_at);
+  // One handler per request type: converts with rpc/client_codec, calls the core, fills `resp`.
+  absl::Status Answer(Connection* c, v1::ClientRequest& req, v1::OwnerMessage* resp);
+  absl::Status AnswerPutStart(Connection* c, v1::PutStartRequest* r, v1::PutStartReply* out);
+  absl::Status AnswerGetStart(Connection* c, v1::GetStartRequest* r, v1::GetStartReply* out);
+  absl::Status AnswerDeletePrefix(const v1::DeletePrefixRequest& r, v1::DeletePrefixReply* out);
+  void AnswerStats(v1::StatsReply* out);
+  // The request's latency, recorded before its answer is written (a client that has its answer
+  // sees it counted). Untimed request types are not recorded.
+  void RecordLatency(v1::ClientRequest::BodyCase body,
+                     std::chrono::steady_clock::time_point parsed_at);
   // Opens a session for `c` or joins the one its Hello names.
   absl::Status OpenOrJoinSession(Connection* c, const v1::Hello& h, std::string* new_secret);
   // `c` leaves its session; the last connection out ends it (cleanup in the core).
@@ -406,158 +421,162 @@ void ClientServer::Impl::SendEvent(uint64_t client_id, const v1::OwnerMessage& m
   (void)!::write(c->wake_fd, &one, sizeof one);
 }
 
+void ClientServer::Impl::RecordLatency(v1::ClientRequest::BodyCase body,
+                                       std::chrono::steady_clock::time_point parsed_at) {
+  if (const std::optional<ClientRequestType> timed = TimedRequestType(body)) {
+    latencies_[static_cast<int>(*timed)].Record(std::chrono::steady_clock::now() - parsed_at);
+  }
+}
+
 bool ClientServer::Impl::Handle(Connection* c, v1::ClientRequest& req, bool* events) {
   v1::OwnerMessage resp;
   resp.set_id(req.id());
   const auto parsed_at = std::chrono::steady_clock::now();
-  const std::optional<ClientRequestType> timed = TimedRequestType(req.body_case());
-  // Recorded before the reply is written, so a client that has its reply sees it counted.
-  auto record = [&] {
-    if (timed) {
-      latencies_[static_cast<int>(*timed)].Record(std::chrono::steady_clock::now() - parsed_at);
-    }
-  };
-  absl::Status st;
   switch (req.body_case()) {
-    case v1::ClientRequest::kHello: {
-      const v1::Hello& h = req.hello();
-      if (h.protocol_version() != kProtocolVersion) {
-        st = absl::FailedPreconditionError(absl::StrFormat(
-            "client speaks protocol %d, owner speaks %d", h.protocol_version(), kProtocolVersion));
-        SetStatus(&resp, st);
-        (void)WriteFrame(c->fd, resp);
-        return false;
-      }
-      if (h.events()) {
-        c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (c->wake_fd < 0) {
-          st = absl::ResourceExhaustedError("eventfd for the events connection failed");
-          SetStatus(&resp, st);
-          (void)WriteFrame(c->fd, resp);
-          return false;
-        }
-      }
-      std::string secret;
-      st = OpenOrJoinSession(c, h, &secret);
-      if (!st.ok()) {
-        SetStatus(&resp, st);
-        (void)WriteFrame(c->fd, resp);
-        return false;  // a refused Hello closes the connection
-      }
-      if (h.events()) {
-        *events = true;
-        break;
-      }
-      const Segment& seg = core_->memory().segment();
-      v1::HelloReply* hr = resp.mutable_hello();
-      hr->set_client_id(c->session);
-      if (!secret.empty()) hr->set_session_secret(secret);
-      v1::SegmentInfo* si = hr->mutable_segment();
-      si->set_segment_label("external_owner:0");
-      si->set_generation(seg.generation());
-      si->set_total_bytes(seg.total_bytes());
-      si->set_data_offset(seg.data_offset());
-      si->set_node_id(seg.node_id());
-      si->set_path(seg.path());
-      SetStatus(&resp, absl::OkStatus());
-      // The segment fd rides on the reply frame.
-      return SendFrameWithFd(c->fd, EncodeFrame(resp), seg.fd()).ok();
-    }
-    case v1::ClientRequest::kPutStart: {
-      PutStartArgs a;
-      a.options = DecodePutStart(req.mutable_put_start(), &a.keys, &a.value_len);
-      std::vector<uint32_t> conflicts;
-      absl::StatusOr<PutStartOutcome> r = core_->PutStart(c->session, std::move(a), &conflicts);
-      v1::PutStartReply* pr = resp.mutable_put_start();
-      for (uint32_t i : conflicts) pr->add_conflict_indices(i);
-      if (r.ok()) {
-        pr->set_put_id(r->put_id);
-        for (uint64_t o : r->offsets) pr->add_offsets(o);
-      }
-      st = r.status();
-      break;
-    }
-    case v1::ClientRequest::kPutCommit: {
-      const uint64_t put_id = req.put_commit().put_id();
-      const uint64_t client = c->session;
-      st = core_->PutCommit(
-          client, put_id,
-          [this, client, put_id](const absl::Status& s) {
-            v1::OwnerMessage ev;
-            v1::PutDoneEvent* pd = ev.mutable_put_done();
-            pd->set_put_id(put_id);
-            pd->set_code(static_cast<int32_t>(s.code()));
-            pd->set_message(std::string(s.message()));
-            SendEvent(client, ev);
-          },
-          /*defer_publish_wake=*/true);
-      SetStatus(&resp, st);
-      record();
-      const bool written = WriteFrame(c->fd, resp).ok();
-      core_->WakePublisher();  // after the answer: the woken actor must not delay it
-      return written;
-    }
-    case v1::ClientRequest::kPutAbort:
-      st = core_->PutAbort(c->session, req.put_abort().put_id());
-      break;
-    case v1::ClientRequest::kGetStart: {
-      v1::GetStartRequest& g = *req.mutable_get_start();
-      std::vector<std::string> keys;
-      keys.reserve(g.keys_size());
-      for (std::string& k : *g.mutable_keys()) keys.push_back(std::move(k));
-      std::vector<uint32_t> groups(g.atomic_group_lens().begin(), g.atomic_group_lens().end());
-      absl::StatusOr<GetStartOutcome> r =
-          core_->GetStart(c->session, keys, groups, g.prefix_best_effort());
-      st = r.status();
-      if (r.ok()) {
-        v1::GetStartReply* gr = resp.mutable_get_start();
-        gr->set_handle_id(r->handle_id);
-        gr->set_raw_prefix_hit_len(r->prefix.raw_prefix_hit_len);
-        gr->set_transferable_len(r->prefix.transferable_len);
-        gr->set_prefix_hit_groups(r->prefix.prefix_hit_groups);
-        gr->set_first_miss_index(r->prefix.first_miss_index ? *r->prefix.first_miss_index : -1);
-        gr->set_first_miss_group_index(
-            r->prefix.first_miss_group_index ? *r->prefix.first_miss_group_index : -1);
-        for (uint64_t o : r->offsets) gr->add_offsets(o);
-        for (uint64_t l : r->lens) gr->add_lens(l);
-        gr->set_local_pinned(r->local_pinned);
-        gr->set_inflight_joined(r->inflight_joined);
-        gr->set_leader_started(r->leader_started);
-      }
-      break;
-    }
-    case v1::ClientRequest::kGetTransfer:
-      st = core_->GetTransfer(c->session, req.get_transfer().handle_id(),
-                              req.get_transfer().consume_prefix_len());
-      break;
-    case v1::ClientRequest::kCancelGet:
-      st = core_->CancelGet(c->session, req.cancel_get().handle_id());
-      break;
-    case v1::ClientRequest::kReleaseViews:
-      st = core_->ReleaseViews(c->session, req.release_views().handle_id());
-      break;
-    case v1::ClientRequest::kDeletePrefix: {
-      absl::StatusOr<DeleteOutcome> r = core_->DeletePrefix(req.delete_prefix().prefix());
-      if (r.ok()) {
-        resp.mutable_delete_prefix()->set_deleted(r->deleted);
-        resp.mutable_delete_prefix()->set_skipped_in_use(r->skipped_in_use);
-      }
-      st = r.status();
-      break;
-    }
-    case v1::ClientRequest::kStats: {
-      auto* counters = resp.mutable_stats()->mutable_counters();
-      for (const auto& [k, v] : core_->Stats()) (*counters)[k] = v;
-      (*counters)["client_sessions"] = static_cast<int64_t>(sessions());
-      break;
-    }
-    case v1::ClientRequest::BODY_NOT_SET:
-      st = absl::InvalidArgumentError("empty request");
+    case v1::ClientRequest::kHello:
+      return HandleHello(c, req.hello(), &resp, events);
+    case v1::ClientRequest::kPutCommit:
+      return HandlePutCommit(c, req.put_commit(), &resp, parsed_at);
+    default:
       break;
   }
-  SetStatus(&resp, st);
-  record();
+  SetStatus(&resp, Answer(c, req, &resp));
+  RecordLatency(req.body_case(), parsed_at);
   return WriteFrame(c->fd, resp).ok();
+}
+
+bool ClientServer::Impl::HandleHello(Connection* c, const v1::Hello& h, v1::OwnerMessage* resp,
+                                     bool* events) {
+  // A refused Hello is answered with the reason and closes the connection.
+  auto refuse = [&](const absl::Status& why) {
+    SetStatus(resp, why);
+    (void)WriteFrame(c->fd, *resp);
+    return false;
+  };
+  if (h.protocol_version() != kProtocolVersion) {
+    return refuse(absl::FailedPreconditionError(absl::StrFormat(
+        "client speaks protocol %d, owner speaks %d", h.protocol_version(), kProtocolVersion)));
+  }
+  if (h.events()) {
+    c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (c->wake_fd < 0) {
+      return refuse(absl::ResourceExhaustedError("eventfd for the events connection failed"));
+    }
+  }
+  std::string secret;
+  if (absl::Status joined = OpenOrJoinSession(c, h, &secret); !joined.ok()) return refuse(joined);
+  if (h.events()) {
+    // The events connection is answered like any request, then only carries PutDone events.
+    *events = true;
+    SetStatus(resp, absl::OkStatus());
+    return WriteFrame(c->fd, *resp).ok();
+  }
+  const Segment& seg = core_->memory().segment();
+  v1::HelloReply* hr = resp->mutable_hello();
+  hr->set_client_id(c->session);
+  if (!secret.empty()) hr->set_session_secret(secret);
+  v1::SegmentInfo* si = hr->mutable_segment();
+  si->set_segment_label("external_owner:0");
+  si->set_generation(seg.generation());
+  si->set_total_bytes(seg.total_bytes());
+  si->set_data_offset(seg.data_offset());
+  si->set_node_id(seg.node_id());
+  si->set_path(seg.path());
+  SetStatus(resp, absl::OkStatus());
+  // The segment fd rides on the reply frame.
+  return SendFrameWithFd(c->fd, EncodeFrame(*resp), seg.fd()).ok();
+}
+
+bool ClientServer::Impl::HandlePutCommit(Connection* c, const v1::PutCommitRequest& r,
+                                         v1::OwnerMessage* resp,
+                                         std::chrono::steady_clock::time_point parsed_at) {
+  const uint64_t put_id = r.put_id();
+  const uint64_t client = c->session;
+  const absl::Status st = core_->PutCommit(
+      client, put_id,
+      [this, client, put_id](const absl::Status& s) {
+        v1::OwnerMessage ev;
+        v1::PutDoneEvent* pd = ev.mutable_put_done();
+        pd->set_put_id(put_id);
+        pd->set_code(static_cast<int32_t>(s.code()));
+        pd->set_message(std::string(s.message()));
+        SendEvent(client, ev);
+      },
+      /*defer_publish_wake=*/true);
+  SetStatus(resp, st);
+  RecordLatency(v1::ClientRequest::kPutCommit, parsed_at);
+  const bool written = WriteFrame(c->fd, *resp).ok();
+  core_->WakePublisher();  // after the answer: the woken actor must not delay it
+  return written;
+}
+
+absl::Status ClientServer::Impl::Answer(Connection* c, v1::ClientRequest& req,
+                                        v1::OwnerMessage* resp) {
+  switch (req.body_case()) {
+    case v1::ClientRequest::kPutStart:
+      return AnswerPutStart(c, req.mutable_put_start(), resp->mutable_put_start());
+    case v1::ClientRequest::kPutAbort:
+      return core_->PutAbort(c->session, req.put_abort().put_id());
+    case v1::ClientRequest::kGetStart:
+      return AnswerGetStart(c, req.mutable_get_start(), resp->mutable_get_start());
+    case v1::ClientRequest::kGetTransfer:
+      return core_->GetTransfer(c->session, req.get_transfer().handle_id(),
+                                req.get_transfer().consume_prefix_len());
+    case v1::ClientRequest::kCancelGet:
+      return core_->CancelGet(c->session, req.cancel_get().handle_id());
+    case v1::ClientRequest::kReleaseViews:
+      return core_->ReleaseViews(c->session, req.release_views().handle_id());
+    case v1::ClientRequest::kDeletePrefix:
+      return AnswerDeletePrefix(req.delete_prefix(), resp->mutable_delete_prefix());
+    case v1::ClientRequest::kStats:
+      AnswerStats(resp->mutable_stats());
+      return absl::OkStatus();
+    case v1::ClientRequest::kHello:
+    case v1::ClientRequest::kPutCommit:
+      break;  // handled by Handle
+    case v1::ClientRequest::BODY_NOT_SET:
+      return absl::InvalidArgumentError("empty request");
+  }
+  return absl::InternalError("request type without a handler");
+}
+
+absl::Status ClientServer::Impl::AnswerPutStart(Connection* c, v1::PutStartRequest* r,
+                                                v1::PutStartReply* out) {
+  PutStartArgs a;
+  a.options = DecodePutStart(r, &a.keys, &a.value_len);
+  std::vector<uint32_t> conflicts;
+  absl::StatusOr<PutStartOutcome> started = core_->PutStart(c->session, std::move(a), &conflicts);
+  for (uint32_t i : conflicts) out->add_conflict_indices(i);
+  if (!started.ok()) return started.status();
+  out->set_put_id(started->put_id);
+  for (uint64_t o : started->offsets) out->add_offsets(o);
+  return absl::OkStatus();
+}
+
+absl::Status ClientServer::Impl::AnswerGetStart(Connection* c, v1::GetStartRequest* r,
+                                                v1::GetStartReply* out) {
+  std::vector<std::string> keys;
+  std::vector<uint32_t> groups;
+  const bool best_effort = DecodeGetStart(r, &keys, &groups);
+  absl::StatusOr<GetStartOutcome> started = core_->GetStart(c->session, keys, groups, best_effort);
+  if (!started.ok()) return started.status();
+  EncodeGetStartReply(*started, out);
+  return absl::OkStatus();
+}
+
+absl::Status ClientServer::Impl::AnswerDeletePrefix(const v1::DeletePrefixRequest& r,
+                                                    v1::DeletePrefixReply* out) {
+  absl::StatusOr<DeleteOutcome> deleted = core_->DeletePrefix(r.prefix());
+  if (!deleted.ok()) return deleted.status();
+  out->set_deleted(deleted->deleted);
+  out->set_skipped_in_use(deleted->skipped_in_use);
+  return absl::OkStatus();
+}
+
+void ClientServer::Impl::AnswerStats(v1::StatsReply* out) {
+  auto* counters = out->mutable_counters();
+  for (const auto& [k, v] : core_->Stats()) (*counters)[k] = v;
+  (*counters)["client_sessions"] = static_cast<int64_t>(sessions());
 }
 
 bool ClientServer::Impl::PeerAllowed(int fd, ucred* cred) {

@@ -34,16 +34,6 @@
 
 namespace fluxon {
 
-struct GetStartOutcome {
-  PrefixResult prefix;
-  uint64_t handle_id = 0;
-  std::vector<uint64_t> offsets;  // transferable prefix
-  std::vector<uint64_t> lens;
-  uint32_t local_pinned = 0;
-  uint32_t inflight_joined = 0;
-  uint32_t leader_started = 0;
-};
-
 class GetPath {
  public:
   GetPath(std::chrono::milliseconds join_timeout, const MasterRegistration* registration,

@@ -35,4 +35,49 @@ PutOptions DecodePutStart(v1::PutStartRequest* p, std::vector<std::string>* keys
   return o;
 }
 
+void EncodeGetStart(const std::vector<std::string>& keys, bool prefix_best_effort,
+                    const std::vector<uint32_t>& group_lens, v1::GetStartRequest* out) {
+  for (const std::string& k : keys) out->add_keys(k);
+  out->set_prefix_best_effort(prefix_best_effort);
+  for (uint32_t n : group_lens) out->add_atomic_group_lens(n);
+}
+
+bool DecodeGetStart(v1::GetStartRequest* request, std::vector<std::string>* keys,
+                    std::vector<uint32_t>* group_lens) {
+  keys->reserve(request->keys_size());
+  for (std::string& k : *request->mutable_keys()) keys->push_back(std::move(k));
+  group_lens->assign(request->atomic_group_lens().begin(), request->atomic_group_lens().end());
+  return request->prefix_best_effort();
+}
+
+void EncodeGetStartReply(const GetStartOutcome& r, v1::GetStartReply* out) {
+  out->set_handle_id(r.handle_id);
+  out->set_raw_prefix_hit_len(r.prefix.raw_prefix_hit_len);
+  out->set_transferable_len(r.prefix.transferable_len);
+  out->set_prefix_hit_groups(r.prefix.prefix_hit_groups);
+  // -1 on the wire: no miss.
+  out->set_first_miss_index(r.prefix.first_miss_index ? *r.prefix.first_miss_index : -1);
+  out->set_first_miss_group_index(r.prefix.first_miss_group_index ? *r.prefix.first_miss_group_index
+                                                                  : -1);
+  for (uint64_t o : r.offsets) out->add_offsets(o);
+  for (uint64_t l : r.lens) out->add_lens(l);
+  out->set_local_pinned(r.local_pinned);
+  out->set_inflight_joined(r.inflight_joined);
+  out->set_leader_started(r.leader_started);
+}
+
+GetStartResult DecodeGetStartResult(const v1::GetStartReply& r, size_t num_keys) {
+  GetStartResult res;
+  res.raw_prefix_hit_len = r.raw_prefix_hit_len();
+  res.transferable_len = r.transferable_len();
+  res.prefix_hit_groups = r.prefix_hit_groups();
+  if (r.first_miss_index() >= 0) res.first_miss_index = r.first_miss_index();
+  if (r.first_miss_group_index() >= 0) res.first_miss_group_index = r.first_miss_group_index();
+  res.all_hit = res.transferable_len == num_keys;
+  res.local_pinned = r.local_pinned();
+  res.inflight_joined = r.inflight_joined();
+  res.leader_started = r.leader_started();
+  return res;
+}
+
 }  // namespace fluxon
