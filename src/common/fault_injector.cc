@@ -6,31 +6,6 @@
 
 namespace fluxon {
 
-const char* FaultActionName(FaultAction a) {
-  switch (a) {
-    case FaultAction::kDelay:
-      return "delay";
-    case FaultAction::kDrop:
-      return "drop";
-    case FaultAction::kDuplicate:
-      return "duplicate";
-    case FaultAction::kFail:
-      return "fail";
-    case FaultAction::kRefuse:
-      return "refuse";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<FaultAction> ParseFaultAction(absl::string_view name) {
-  for (FaultAction a : {FaultAction::kDelay, FaultAction::kDrop, FaultAction::kDuplicate,
-                        FaultAction::kFail, FaultAction::kRefuse}) {
-    if (name == FaultActionName(a)) return a;
-  }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "fault action '%s' is not one of delay, drop, duplicate, fail, refuse", name));
-}
-
 void FaultInjector::Set(FaultRule rule) {
   MutexLock lock(&mu_);
   auto it = std::find_if(rules_.begin(), rules_.end(),

@@ -16,23 +16,19 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/fault_action.h"
 #include "common/mutex.h"
 
 namespace fluxon {
 
 // kFail: not delivered (Unavailable, uncertain); kRefuse: not applied and answered with a
 // definite error (Internal) — what a server-side failure or an oversized message looks like.
-enum class FaultAction { kDelay, kDrop, kDuplicate, kFail, kRefuse };
-
 struct FaultRule {
   std::string point;
   FaultAction action = FaultAction::kDelay;
   std::chrono::milliseconds delay{0};
   int count = -1;
 };
-
-const char* FaultActionName(FaultAction a);
-absl::StatusOr<FaultAction> ParseFaultAction(absl::string_view name);
 
 class FaultInjector {
  public:

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/fault_action.h"
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 
@@ -557,9 +558,8 @@ absl::StatusOr<FaultConfig> ParseFault(Section& f) {
       return f.Bad("point", "may hold only letters, digits, '.', '_' and '-'");
     }
   }
-  static const std::set<std::string> kActions = {"delay", "drop", "duplicate", "fail", "refuse"};
-  if (!kActions.contains(fc.action)) {
-    return f.Bad("action", "must be one of delay, drop, duplicate, fail, refuse");
+  if (!ParseFaultAction(fc.action).ok()) {
+    return f.Bad("action", "must be one of " + FaultActionList());
   }
   int64_t count = -1;
   FLUXON_RETURN_IF_ERROR(f.BoundedMs("delay_ms", 0, &fc.delay));

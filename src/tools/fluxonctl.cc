@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "common/fault_injector.h"
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "nlohmann/json.hpp"
@@ -470,12 +471,144 @@ std::string UsageMessage(const CLI::App& app, const CLI::ParseError& e) {
   return absl::StrCat(absl::StrJoin(path, " "), " needs a command: ", absl::StrJoin(names, ", "));
 }
 
-int Main(int argc, char** argv) {
-  // "fluxonctl help" and the single-dash "-help" ask for the help too.
+// The flags every command takes.
+struct GlobalFlags {
+  std::string address = "127.0.0.1:50152";
+  bool as_json = false;
+  int32_t timeout_ms = 5000;
+  TlsConfig tls;  // mutual TLS (the node's security.tls): all three files or none
+  std::string tls_name;
+};
+
+void AddGlobalFlags(CLI::App& app, GlobalFlags* g) {
+  app.add_option("--admin", g->address, "fluxond admin service")
+      ->type_name("ADDRESS")
+      ->capture_default_str();
+  app.add_option("--tls-cert", g->tls.cert_file, "client certificate (PEM) for a TLS admin service")
+      ->type_name("FILE")
+      ->envname("FLUXON_TLS_CERT");
+  app.add_option("--tls-key", g->tls.key_file, "its private key (PEM)")
+      ->type_name("FILE")
+      ->envname("FLUXON_TLS_KEY");
+  app.add_option("--tls-ca", g->tls.ca_file,
+                 "CA certificate the node's certificate chains to (PEM)")
+      ->type_name("FILE")
+      ->envname("FLUXON_TLS_CA");
+  app.add_option("--tls-name", g->tls_name,
+                 "name to verify the node's certificate against (default: the --admin host)")
+      ->type_name("NAME");
+  app.add_flag("--json", g->as_json, "print JSON instead of tables");
+  app.add_option("--timeout-ms", g->timeout_ms, "deadline of each RPC in milliseconds")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(DecimalWhere([](int64_t v) { return v > 0; }, "must be positive"));
+}
+
+// The arguments of the commands (CLI11 writes them while parsing; the runs read them after).
+struct CommandArgs {
+  std::string key;
+  std::string prefix;
+  uint32_t limit = 100;
+  std::string point, action;
+  uint32_t delay_ms = 0;
+  int32_t count = -1;
+  std::string clear_point;
+};
+// Each command's run, by the (leaf) subcommand that selects it.
+using Runs = std::map<const CLI::App*, std::function<std::optional<std::string>(Command&)>>;
+
+void AddInspectCommands(CLI::App& app, CommandArgs* a, Runs* runs) {
+  (*runs)[app.add_subcommand("status", "role, version, uptime, segment, grants, keys, clients")] =
+      [](Command& c) { return c.Status(); };
+  (*runs)[app.add_subcommand("owners", "owners registered with the master")] = [](Command& c) {
+    return c.Owners();
+  };
+  (*runs)[app.add_subcommand("slots", "slots by state and per size class")] = [](Command& c) {
+    return c.Slots();
+  };
+  CLI::App* route =
+      app.add_subcommand("route", "the master's route of KEY and the owner's local state of it");
+  route->add_option("KEY", a->key, "the key")->required();
+  (*runs)[route] = [a](Command& c) { return c.Route(a->key); };
+  CLI::App* keys = app.add_subcommand("keys", "published keys (sorted; default limit 100)");
+  keys->add_option("--prefix", a->prefix, "list only keys starting with P")->type_name("P");
+  keys->add_option("--limit", a->limit, "list at most N keys")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(DecimalWhere([](int64_t v) { return v > 0; }, "must be positive"));
+  (*runs)[keys] = [a](Command& c) { return c.Keys(a->prefix, a->limit); };
+  (*runs)[app.add_subcommand("stats", "every owner and master counter")] = [](Command& c) {
+    return c.Stats();
+  };
+}
+
+CLI::App* AddFaultCommands(CLI::App& app, CommandArgs* a, Runs* runs) {
+  CLI::App* fault = app.add_subcommand("fault", "fault injection: set, clear or list rules");
+  fault->require_subcommand(1);
+  const std::string actions = FaultActionList();
+  CLI::App* fault_set = fault->add_subcommand(
+      "set", absl::StrCat("inject a fault at POINT (e.g. master.PublishBatch); ACTION: ",
+                          absl::StrReplaceAll(actions, {{", ", "|"}}),
+                          "; --count -1 (default): until cleared"));
+  fault_set->add_option("POINT", a->point, "where the fault fires, e.g. master.PublishBatch")
+      ->required();
+  fault_set->add_option("ACTION", a->action, actions)
+      ->required()
+      ->check(CLI::Validator(
+          [actions](const std::string& name) {
+            return ParseFaultAction(name).ok()
+                       ? std::string()
+                       : absl::StrCat("unknown fault action '", name, "' (", actions, ")");
+          },
+          /*validator_desc=*/""));
+  fault_set->add_option("--delay-ms", a->delay_ms, "delay of a delay rule in milliseconds")
+      ->type_name("N")
+      ->check(DecimalWhere([](int64_t v) { return v >= 0; }, "must not be negative"));
+  fault_set->add_option("--count", a->count, "how many times the rule fires (-1: until cleared)")
+      ->type_name("N")
+      ->check(DecimalWhere([](int64_t v) { return v > 0 || v == -1; }, "must be positive or -1"));
+  (*runs)[fault_set] = [a](Command& c) {
+    return c.FaultSet(a->point, a->action, a->delay_ms, a->count);
+  };
+  CLI::App* fault_clear =
+      fault->add_subcommand("clear", "remove the rules of POINT (all rules without POINT)");
+  fault_clear->add_option("POINT", a->clear_point, "the fault point");
+  (*runs)[fault_clear] = [a](Command& c) { return c.FaultClear(a->clear_point); };
+  (*runs)[fault->add_subcommand("list", "the active fault rules")] = [](Command& c) {
+    return c.FaultList();
+  };
+  return fault;
+}
+
+// The channel security the TLS flags ask for, or the usage error that says why not.
+absl::StatusOr<GrpcSecurity> SecurityFromFlags(const GlobalFlags& g) {
+  const int tls_files = !g.tls.cert_file.empty() + !g.tls.key_file.empty() + !g.tls.ca_file.empty();
+  if (tls_files == 0) {
+    if (!g.tls_name.empty()) {
+      return absl::InvalidArgumentError("--tls-name needs --tls-cert, --tls-key and --tls-ca");
+    }
+    return GrpcSecurity::Plaintext();
+  }
+  if (tls_files != 3) {
+    return absl::InvalidArgumentError(
+        "--tls-cert, --tls-key and --tls-ca go together (mutual TLS)\nrun fluxonctl --help");
+  }
+  absl::StatusOr<security::TlsMaterial> material = security::LoadTlsMaterial(g.tls);
+  if (!material.ok()) return absl::InvalidArgumentError(material.status().message());
+  return GrpcSecurity::MutualTls(std::move(*material));
+}
+
+// "fluxonctl help" and the single-dash "-help" ask for the help too.
+std::vector<std::string> NormalizeHelpWords(int argc, char** argv) {
   std::vector<std::string> words(argv, argv + argc);
   for (size_t i = 1; i < words.size() && words[i] != "--"; ++i) {
     if (words[i] == "-help" || (i == 1 && words[i] == "help")) words[i] = "--help";
   }
+  return words;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> words = NormalizeHelpWords(argc, argv);
   std::vector<char*> args;
   for (std::string& w : words) args.push_back(w.data());
 
@@ -485,101 +618,12 @@ int Main(int argc, char** argv) {
   app.footer("Exit status: 0 ok, 1 RPC failure, 2 usage error.");
   app.fallthrough();  // subcommands hand the global flags up: fluxonctl route KEY --json
   app.require_subcommand(1);
-  std::string address = "127.0.0.1:50152";
-  bool as_json = false;
-  int32_t timeout_ms = 5000;
-  app.add_option("--admin", address, "fluxond admin service")
-      ->type_name("ADDRESS")
-      ->capture_default_str();
-  // Mutual TLS (the node's security.tls): all three files or none; also from the environment.
-  TlsConfig tls;
-  std::string tls_name;
-  app.add_option("--tls-cert", tls.cert_file, "client certificate (PEM) for a TLS admin service")
-      ->type_name("FILE")
-      ->envname("FLUXON_TLS_CERT");
-  app.add_option("--tls-key", tls.key_file, "its private key (PEM)")
-      ->type_name("FILE")
-      ->envname("FLUXON_TLS_KEY");
-  app.add_option("--tls-ca", tls.ca_file, "CA certificate the node's certificate chains to (PEM)")
-      ->type_name("FILE")
-      ->envname("FLUXON_TLS_CA");
-  app.add_option("--tls-name", tls_name,
-                 "name to verify the node's certificate against (default: the --admin host)")
-      ->type_name("NAME");
-  app.add_flag("--json", as_json, "print JSON instead of tables");
-  app.add_option("--timeout-ms", timeout_ms, "deadline of each RPC in milliseconds")
-      ->type_name("N")
-      ->capture_default_str()
-      ->check(DecimalWhere([](int64_t v) { return v > 0; }, "must be positive"));
-
-  // Each command's run, by the (leaf) subcommand that selects it.
-  std::map<const CLI::App*, std::function<std::optional<std::string>(Command&)>> runs;
-  runs[app.add_subcommand("status", "role, version, uptime, segment, grants, keys, clients")] =
-      [](Command& c) { return c.Status(); };
-  runs[app.add_subcommand("owners", "owners registered with the master")] = [](Command& c) {
-    return c.Owners();
-  };
-  runs[app.add_subcommand("slots", "slots by state and per size class")] = [](Command& c) {
-    return c.Slots();
-  };
-
-  std::string key;
-  CLI::App* route =
-      app.add_subcommand("route", "the master's route of KEY and the owner's local state of it");
-  route->add_option("KEY", key, "the key")->required();
-  runs[route] = [&](Command& c) { return c.Route(key); };
-
-  std::string prefix;
-  uint32_t limit = 100;
-  CLI::App* keys = app.add_subcommand("keys", "published keys (sorted; default limit 100)");
-  keys->add_option("--prefix", prefix, "list only keys starting with P")->type_name("P");
-  keys->add_option("--limit", limit, "list at most N keys")
-      ->type_name("N")
-      ->capture_default_str()
-      ->check(DecimalWhere([](int64_t v) { return v > 0; }, "must be positive"));
-  runs[keys] = [&](Command& c) { return c.Keys(prefix, limit); };
-
-  runs[app.add_subcommand("stats", "every owner and master counter")] = [](Command& c) {
-    return c.Stats();
-  };
-
-  CLI::App* fault = app.add_subcommand("fault", "fault injection: set, clear or list rules");
-  fault->require_subcommand(1);
-  std::string point, action;
-  uint32_t delay_ms = 0;
-  int32_t count = -1;
-  CLI::App* fault_set = fault->add_subcommand(
-      "set",
-      "inject a fault at POINT (e.g. master.PublishBatch); ACTION: delay|drop|duplicate|fail; "
-      "--count -1 (default): until cleared");
-  fault_set->add_option("POINT", point, "where the fault fires, e.g. master.PublishBatch")
-      ->required();
-  fault_set->add_option("ACTION", action, "delay, drop, duplicate or fail")
-      ->required()
-      ->check(CLI::Validator(
-          [](const std::string& a) {
-            return ParseFaultAction(a).ok() ? std::string()
-                                            : absl::StrCat("unknown fault action '", a,
-                                                           "' (delay, drop, duplicate or fail)");
-          },
-          /*validator_desc=*/""));
-  fault_set->add_option("--delay-ms", delay_ms, "delay of a delay rule in milliseconds")
-      ->type_name("N")
-      ->check(DecimalWhere([](int64_t v) { return v >= 0; }, "must not be negative"));
-  fault_set->add_option("--count", count, "how many times the rule fires (-1: until cleared)")
-      ->type_name("N")
-      ->check(DecimalWhere([](int64_t v) { return v > 0 || v == -1; }, "must be positive or -1"));
-  runs[fault_set] = [&](Command& c) { return c.FaultSet(point, action, delay_ms, count); };
-
-  std::string clear_point;
-  CLI::App* fault_clear =
-      fault->add_subcommand("clear", "remove the rules of POINT (all rules without POINT)");
-  fault_clear->add_option("POINT", clear_point, "the fault point");
-  runs[fault_clear] = [&](Command& c) { return c.FaultClear(clear_point); };
-  runs[fault->add_subcommand("list", "the active fault rules")] = [](Command& c) {
-    return c.FaultList();
-  };
-
+  GlobalFlags flags;
+  AddGlobalFlags(app, &flags);
+  CommandArgs command_args;
+  Runs runs;
+  AddInspectCommands(app, &command_args, &runs);
+  CLI::App* fault = AddFaultCommands(app, &command_args, &runs);
   for (CLI::App* sub : app.get_subcommands({})) sub->group("Commands");
   for (CLI::App* sub : fault->get_subcommands({})) sub->group("Commands");
 
@@ -594,29 +638,15 @@ int Main(int argc, char** argv) {
     std::cerr << "fluxonctl: " << UsageMessage(app, e) << "\nrun fluxonctl --help\n";
     return kExitUsage;
   }
-
   const CLI::App* selected = &app;
   while (!selected->get_subcommands().empty()) selected = selected->get_subcommands().front();
-  GrpcSecurity security = GrpcSecurity::Plaintext();
-  const int tls_files = !tls.cert_file.empty() + !tls.key_file.empty() + !tls.ca_file.empty();
-  if (tls_files != 0) {
-    if (tls_files != 3) {
-      std::cerr << "fluxonctl: --tls-cert, --tls-key and --tls-ca go together (mutual TLS)\n"
-                   "run fluxonctl --help\n";
-      return kExitUsage;
-    }
-    absl::StatusOr<security::TlsMaterial> material = security::LoadTlsMaterial(tls);
-    if (!material.ok()) {
-      std::cerr << "fluxonctl: " << material.status().message() << "\n";
-      return kExitUsage;
-    }
-    security = GrpcSecurity::MutualTls(std::move(*material));
-  } else if (!tls_name.empty()) {
-    std::cerr << "fluxonctl: --tls-name needs --tls-cert, --tls-key and --tls-ca\n";
+  absl::StatusOr<GrpcSecurity> security = SecurityFromFlags(flags);
+  if (!security.ok()) {
+    std::cerr << "fluxonctl: " << security.status().message() << "\n";
     return kExitUsage;
   }
-  Command command(v1::AdminService::NewStub(security.Channel(address, {}, tls_name)), address,
-                  std::chrono::milliseconds(timeout_ms), as_json);
+  Command command(v1::AdminService::NewStub(security->Channel(flags.address, {}, flags.tls_name)),
+                  flags.address, std::chrono::milliseconds(flags.timeout_ms), flags.as_json);
   try {
     if (std::optional<std::string> error = runs.at(selected)(command)) {
       std::cerr << "fluxonctl: " << *error << "\n";
