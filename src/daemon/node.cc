@@ -14,97 +14,114 @@
 
 namespace fluxon {
 
+namespace {
+
+// The data plane's secret: the configured file, else (a loopback cluster on one machine: the
+// start-up rule refuses anything else) the machine-local one every fluxond of this user shares;
+// only security.insecure serves with no secret at all. Empty without a data plane.
+absl::StatusOr<std::string> DataPlaneSecret(const Config& config) {
+  if (!config.security.cluster_secret_file.empty()) {
+    return security::LoadClusterSecret(config.security.cluster_secret_file);
+  }
+  if (!config.owner || config.owner->data_address.empty()) return std::string();
+  if (config.security.insecure) {
+    spdlog::warn(
+        "data plane without a cluster secret (security.insecure): any local process can read "
+        "this owner's segment through it");
+    return std::string();
+  }
+  const std::string path = security::MachineSecretPath();
+  FLUXON_ASSIGN_OR_RETURN(std::string secret, security::LoadOrCreateMachineSecret(path));
+  spdlog::info("data plane: machine-local cluster secret {}", path);
+  return secret;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& config) {
   FLUXON_RETURN_IF_ERROR(CheckListenSecurity(config));
   std::unique_ptr<FluxonNode> node(new FluxonNode(config));
-  {
-    FLUXON_ASSIGN_OR_RETURN(GrpcSecurity grpc_security, GrpcSecurity::FromConfig(config.security));
-    node->grpc_security_ = std::make_unique<GrpcSecurity>(std::move(grpc_security));
-    if (node->grpc_security_->tls()) {
-      spdlog::info("gRPC: mutual TLS (certificate {}, CA {})", config.security.tls->cert_file,
-                   config.security.tls->ca_file);
-    }
+  FLUXON_ASSIGN_OR_RETURN(GrpcSecurity grpc_security, GrpcSecurity::FromConfig(config.security));
+  node->grpc_security_ = std::make_unique<GrpcSecurity>(std::move(grpc_security));
+  if (node->grpc_security_->tls()) {
+    spdlog::info("gRPC: mutual TLS (certificate {}, CA {})", config.security.tls->cert_file,
+                 config.security.tls->ca_file);
   }
-  std::string cluster_secret;
-  if (!config.security.cluster_secret_file.empty()) {
-    FLUXON_ASSIGN_OR_RETURN(cluster_secret,
-                            security::LoadClusterSecret(config.security.cluster_secret_file));
-  } else if (config.owner && !config.owner->data_address.empty()) {
-    // The data plane always authenticates: without a configured secret (a loopback cluster on
-    // one machine, the start-up rule refuses anything else) it uses the machine-local one every
-    // fluxond of this user shares; only security.insecure serves with no secret at all.
-    if (config.security.insecure) {
-      spdlog::warn(
-          "data plane without a cluster secret (security.insecure): any local process can read "
-          "this owner's segment through it");
-    } else {
-      const std::string path = security::MachineSecretPath();
-      FLUXON_ASSIGN_OR_RETURN(cluster_secret, security::LoadOrCreateMachineSecret(path));
-      spdlog::info("data plane: machine-local cluster secret {}", path);
-    }
-  }
+  FLUXON_ASSIGN_OR_RETURN(const std::string cluster_secret, DataPlaneSecret(config));
   for (const FaultConfig& f : config.faults) {
     FLUXON_ASSIGN_OR_RETURN(FaultAction action, ParseFaultAction(f.action));
     node->faults_.Set(FaultRule{f.point, action, f.delay, f.count});
   }
-  if (RoleHasMaster(config.role)) {
-    node->master_ = std::make_unique<MasterCore>(MasterOptions::FromConfig(*config.master));
-    node->master_->StartMaintenance(std::chrono::milliseconds(100));
-  }
-  if (RoleHasOwner(config.role)) {
-    MasterApi* master = node->master_.get();
-    if (master == nullptr) {
-      FLUXON_ASSIGN_OR_RETURN(
-          node->remote_master_,
-          MakeGrpcMasterClient(config.owner->master_address, *node->grpc_security_));
-      master = node->remote_master_.get();
-    }
-    node->master_for_owner_ = std::make_unique<FaultInjectingMaster>(master, &node->faults_);
-    OwnerRuntime rt;
-    rt.node_id = config.node_id;
-    rt.role = config.role;
-    rt.faults = &node->faults_;
-    if (!config.owner->data_address.empty()) {
-      // Bound before the owner registers, so the master learns the endpoint peers can reach.
-      transport::TcpTransportOptions to;
-      to.listen_address = config.owner->data_address;
-      to.cluster_secret = cluster_secret;
-      FLUXON_ASSIGN_OR_RETURN(node->data_plane_, transport::TcpTransport::Create(to));
-      rt.data_address = node->data_plane_->endpoint();
-      rt.data_plane = node->data_plane_.get();
-    }
-    FLUXON_ASSIGN_OR_RETURN(node->owner_,
-                            OwnerCore::Create(*config.owner, node->master_for_owner_.get(), rt));
-  }
-  if (node->data_plane_) {
-    const Segment& seg = node->owner_->memory().segment();
-    FLUXON_RETURN_IF_ERROR(
-        node->data_plane_->RegisterRegion(seg.generation(), seg.base(), seg.total_bytes()));
-    // A new registration generation (the master expired this owner) is served from then on:
-    // reads naming the old one, whose routes the master dropped, are refused.
-    transport::Transport* plane = node->data_plane_.get();
-    node->owner_->SetGenerationListener(
-        [plane](uint64_t generation) { return plane->SetRegionGeneration(generation); });
-    spdlog::info("data plane ({}) serving the segment on {}", node->data_plane_->name(),
-                 node->data_plane_->endpoint());
-  }
-  FLUXON_ASSIGN_OR_RETURN(node->grpc_, GrpcServers::Start(node.get()));
-  if (node->owner_) {
-    FLUXON_RETURN_IF_ERROR(node->owner_->Start());
-    if (config.role != Role::kRemoteCache) {
-      FLUXON_ASSIGN_OR_RETURN(
-          node->clients_,
-          ClientServer::Start(node->owner_.get(), ClientServerOptions::FromConfig(*config.owner)));
-    }
-  }
-  if (config.admin.metrics_port != 0) {
-    FLUXON_ASSIGN_OR_RETURN(
-        node->metrics_, MetricsExposer::Start(config.admin.metrics_address,
-                                              config.admin.metrics_port, NodeCollectables(*node)));
-    spdlog::info("metrics on http://{}:{}/metrics", config.admin.metrics_address,
-                 node->metrics_->port());
-  }
+  if (RoleHasMaster(config.role)) FLUXON_RETURN_IF_ERROR(node->StartMaster());
+  if (RoleHasOwner(config.role)) FLUXON_RETURN_IF_ERROR(node->StartOwner(cluster_secret));
+  if (node->data_plane_) FLUXON_RETURN_IF_ERROR(node->ServeSegment());
+  FLUXON_RETURN_IF_ERROR(node->StartServers());
   return node;
+}
+
+absl::Status FluxonNode::StartMaster() {
+  master_ = std::make_unique<MasterCore>(MasterOptions::FromConfig(*config_.master));
+  master_->StartMaintenance(std::chrono::milliseconds(100));
+  return absl::OkStatus();
+}
+
+absl::Status FluxonNode::StartOwner(const std::string& cluster_secret) {
+  MasterApi* master = master_.get();
+  if (master == nullptr) {
+    FLUXON_ASSIGN_OR_RETURN(remote_master_,
+                            MakeGrpcMasterClient(config_.owner->master_address, *grpc_security_));
+    master = remote_master_.get();
+  }
+  master_for_owner_ = std::make_unique<FaultInjectingMaster>(master, &faults_);
+  OwnerRuntime rt;
+  rt.node_id = config_.node_id;
+  rt.role = config_.role;
+  rt.faults = &faults_;
+  if (!config_.owner->data_address.empty()) {
+    // Bound before the owner registers, so the master learns the endpoint peers can reach.
+    transport::TcpTransportOptions to;
+    to.listen_address = config_.owner->data_address;
+    to.cluster_secret = cluster_secret;
+    FLUXON_ASSIGN_OR_RETURN(data_plane_, transport::TcpTransport::Create(to));
+    rt.data_address = data_plane_->endpoint();
+    rt.data_plane = data_plane_.get();
+  }
+  FLUXON_ASSIGN_OR_RETURN(owner_, OwnerCore::Create(*config_.owner, master_for_owner_.get(), rt));
+  return absl::OkStatus();
+}
+
+absl::Status FluxonNode::ServeSegment() {
+  const Segment& seg = owner_->memory().segment();
+  FLUXON_RETURN_IF_ERROR(
+      data_plane_->RegisterRegion(seg.generation(), seg.base(), seg.total_bytes()));
+  // A new registration generation (the master expired this owner) is served from then on:
+  // reads naming the old one, whose routes the master dropped, are refused.
+  transport::Transport* plane = data_plane_.get();
+  owner_->SetGenerationListener(
+      [plane](uint64_t generation) { return plane->SetRegionGeneration(generation); });
+  spdlog::info("data plane ({}) serving the segment on {}", data_plane_->name(),
+               data_plane_->endpoint());
+  return absl::OkStatus();
+}
+
+absl::Status FluxonNode::StartServers() {
+  FLUXON_ASSIGN_OR_RETURN(grpc_, GrpcServers::Start(this));
+  if (owner_) {
+    FLUXON_RETURN_IF_ERROR(owner_->Start());
+    if (config_.role != Role::kRemoteCache) {
+      FLUXON_ASSIGN_OR_RETURN(
+          clients_,
+          ClientServer::Start(owner_.get(), ClientServerOptions::FromConfig(*config_.owner)));
+    }
+  }
+  if (config_.admin.metrics_port != 0) {
+    FLUXON_ASSIGN_OR_RETURN(
+        metrics_, MetricsExposer::Start(config_.admin.metrics_address, config_.admin.metrics_port,
+                                        NodeCollectables(*this)));
+    spdlog::info("metrics on http://{}:{}/metrics", config_.admin.metrics_address,
+                 metrics_->port());
+  }
+  return absl::OkStatus();
 }
 
 FluxonNode::FluxonNode(Config config) : config_(std::move(config)) {}

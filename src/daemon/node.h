@@ -65,6 +65,11 @@ class FluxonNode {
 
  private:
   explicit FluxonNode(Config config);
+  // The start-up steps, in order (each owns one part of the node).
+  absl::Status StartMaster();
+  absl::Status StartOwner(const std::string& cluster_secret);
+  absl::Status ServeSegment();  // the data plane serves the owner's segment
+  absl::Status StartServers();  // gRPC, the owner and its client socket, /metrics
 
   Config config_;
   std::unique_ptr<GrpcSecurity> grpc_security_;

@@ -53,6 +53,18 @@ class Republisher {
   bool RunRound();
 
  private:
+  struct Offered {
+    std::string key;
+    uint64_t put_id = 0;
+    uint64_t offset = 0;
+    uint64_t len = 0;
+  };
+  struct Tally {
+    uint64_t published = 0, dropped = 0, skipped = 0;
+  };
+  // One PublishBatch of `chunk` (each value pinned for the call); false when the round must stop
+  // (the master refused or stayed uncertain, or the generation was renewed meanwhile).
+  bool RepublishChunk(std::span<const Offered> chunk, Tally* tally);
   const Options options_;
   MasterRegistration* const registration_;
   MasterApi* const master_;

@@ -675,7 +675,28 @@ class TcpTransport::Server {
     });
   }
 
+  // One served connection: the handshake, then requests until the peer goes, idles past
+  // idle_timeout or sends something malformed.
   void Serve(int fd, std::atomic<bool>* authenticated);
+  bool Authenticate(int fd, std::atomic<bool>* authenticated);
+  // A connection's reusable buffers (sized once, for the largest request).
+  struct RequestBuffers {
+    tcp::RequestHeader header;
+    std::vector<tcp::WireDescriptor> wire;
+    std::vector<uint8_t> codes;  // per descriptor: 0, or the absl::StatusCode refusing it
+    std::vector<iovec> iov;
+    std::vector<uint8_t> scratch;  // discards refused write payload
+    std::string message;           // why the whole request was refused (stale generation)
+  };
+  // Reads one request's header and descriptors; false: close the connection.
+  bool ReadRequest(int fd, int idle_ms, RequestBuffers& b);
+  // The per-descriptor verdicts (range, write filter); the bytes that will move.
+  uint64_t CheckDescriptors(const absl::StatusOr<RegisteredRegion::Lease>& lease,
+                            RequestBuffers& b);
+  // A write's payload: into the region for accepted descriptors, discarded for refused ones.
+  bool ReceiveWritePayload(int fd, uint8_t* base, RequestBuffers& b);
+  bool SendReply(int fd, const absl::StatusOr<RegisteredRegion::Lease>& lease, uint8_t* base,
+                 uint64_t ok_bytes, RequestBuffers& b);
 
   const TcpTransportOptions& options_;
   RegisteredRegion& region_;
@@ -691,7 +712,7 @@ class TcpTransport::Server {
   std::list<ServingConnection> conns_ ABSL_GUARDED_BY(mu_);  // stable addresses
 };
 
-void TcpTransport::Server::Serve(int fd, std::atomic<bool>* authenticated) {
+bool TcpTransport::Server::Authenticate(int fd, std::atomic<bool>* authenticated) {
   const auto handshake_deadline =
       Clock::now() + absl::ToChronoNanoseconds(options_.handshake_timeout);
   const absl::Status hs = tcp::ServerHandshake(fd, options_.cluster_secret, handshake_deadline);
@@ -701,107 +722,124 @@ void TcpTransport::Server::Serve(int fd, std::atomic<bool>* authenticated) {
     handshakes_refused_.fetch_add(1);
     spdlog::warn("tcp transport: closing a connection before any request: {}",
                  std::string(hs.message()));
-    return;
   }
-  const int idle_ms = static_cast<int>(std::min<int64_t>(
-      absl::ToInt64Milliseconds(options_.idle_timeout), std::numeric_limits<int>::max()));
-  std::vector<tcp::WireDescriptor> wire;
-  std::vector<uint8_t> codes;
-  std::vector<iovec> iov;
-  std::vector<uint8_t> scratch(64 << 10);  // discards refused write payload
-  wire.reserve(tcp::kMaxDescriptorsPerRequest);
-  codes.reserve(tcp::kMaxDescriptorsPerRequest);
-  iov.reserve(tcp::kMaxDescriptorsPerRequest + 4);
-  const int send_flags = options_.zerocopy_send ? MSG_ZEROCOPY : 0;
-  for (;;) {
-    // Idle bound: an authenticated connection with no request for idle_timeout is closed.
-    pollfd pfd{fd, POLLIN, 0};
-    int ready;
-    do {
-      ready = ::poll(&pfd, 1, idle_ms);
-    } while (ready < 0 && errno == EINTR);
-    if (ready == 0) {
-      idle_closed_.fetch_add(1);
-      return;
-    }
-    tcp::RequestHeader h;
-    iov.assign(1, iovec{&h, sizeof(h)});
-    if (!RecvAll(fd, iov).ok()) return;
-    absl::Status s = tcp::ValidateRequestHeader(h);
-    if (!s.ok()) {
-      spdlog::warn("tcp transport: closing a connection: {}", s.ToString());
-      return;
-    }
-    wire.resize(h.descriptor_count);
-    iov.assign(1, iovec{wire.data(), wire.size() * sizeof(tcp::WireDescriptor)});
-    if (!RecvAll(fd, iov).ok()) return;
-    s = tcp::ValidateRequestDescriptors(h, wire);
-    if (!s.ok()) {
-      spdlog::warn("tcp transport: closing a connection: {}", s.ToString());
-      return;
-    }
-    absl::StatusOr<RegisteredRegion::Lease> lease = region_.Acquire(h.generation);
-    std::string message;
-    codes.assign(h.descriptor_count, 0);
-    uint64_t ok_bytes = 0;
-    if (!lease.ok()) {
-      message = std::string(lease.status().message());
-      codes.assign(h.descriptor_count, static_cast<uint8_t>(lease.status().code()));
+  return hs.ok();
+}
+
+bool TcpTransport::Server::ReadRequest(int fd, int idle_ms, RequestBuffers& b) {
+  // Idle bound: an authenticated connection with no request for idle_timeout is closed.
+  pollfd pfd{fd, POLLIN, 0};
+  int ready;
+  do {
+    ready = ::poll(&pfd, 1, idle_ms);
+  } while (ready < 0 && errno == EINTR);
+  if (ready == 0) {
+    idle_closed_.fetch_add(1);
+    return false;
+  }
+  b.iov.assign(1, iovec{&b.header, sizeof(b.header)});
+  if (!RecvAll(fd, b.iov).ok()) return false;
+  absl::Status s = tcp::ValidateRequestHeader(b.header);
+  if (s.ok()) {
+    b.wire.resize(b.header.descriptor_count);
+    b.iov.assign(1, iovec{b.wire.data(), b.wire.size() * sizeof(tcp::WireDescriptor)});
+    if (!RecvAll(fd, b.iov).ok()) return false;
+    s = tcp::ValidateRequestDescriptors(b.header, b.wire);
+  }
+  if (!s.ok()) spdlog::warn("tcp transport: closing a connection: {}", s.ToString());
+  return s.ok();
+}
+
+uint64_t TcpTransport::Server::CheckDescriptors(
+    const absl::StatusOr<RegisteredRegion::Lease>& lease, RequestBuffers& b) {
+  const tcp::RequestHeader& h = b.header;
+  b.message.clear();
+  if (!lease.ok()) {
+    b.message = std::string(lease.status().message());
+    b.codes.assign(h.descriptor_count, static_cast<uint8_t>(lease.status().code()));
+    refused_.fetch_add(1);
+    return 0;
+  }
+  b.codes.assign(h.descriptor_count, 0);
+  uint64_t ok_bytes = 0;
+  const bool write = h.op == static_cast<uint8_t>(OpKind::kWrite);
+  for (uint32_t i = 0; i < h.descriptor_count; ++i) {
+    if (!CheckRange(lease->view().len, b.wire[i].offset, b.wire[i].len).ok()) {
+      b.codes[i] = static_cast<uint8_t>(absl::StatusCode::kOutOfRange);
+      refused_.fetch_add(1);
+    } else if (write && (!options_.write_filter ||
+                         !options_.write_filter(b.wire[i].offset, b.wire[i].len))) {
+      b.codes[i] = static_cast<uint8_t>(absl::StatusCode::kPermissionDenied);
       refused_.fetch_add(1);
     } else {
-      const bool write = h.op == static_cast<uint8_t>(OpKind::kWrite);
-      for (uint32_t i = 0; i < h.descriptor_count; ++i) {
-        if (!CheckRange(lease->view().len, wire[i].offset, wire[i].len).ok()) {
-          codes[i] = static_cast<uint8_t>(absl::StatusCode::kOutOfRange);
-          refused_.fetch_add(1);
-        } else if (write && (!options_.write_filter ||
-                             !options_.write_filter(wire[i].offset, wire[i].len))) {
-          codes[i] = static_cast<uint8_t>(absl::StatusCode::kPermissionDenied);
-          refused_.fetch_add(1);
-        } else {
-          ok_bytes += wire[i].len;
-        }
-      }
+      ok_bytes += b.wire[i].len;
     }
+  }
+  return ok_bytes;
+}
+
+bool TcpTransport::Server::ReceiveWritePayload(int fd, uint8_t* base, RequestBuffers& b) {
+  b.iov.clear();
+  for (uint32_t i = 0; i < b.header.descriptor_count; ++i) {
+    if (b.codes[i] == 0) {
+      b.iov.push_back({base + b.wire[i].offset, b.wire[i].len});
+      continue;
+    }
+    for (uint64_t left = b.wire[i].len; left > 0;) {
+      const uint64_t n = std::min<uint64_t>(left, b.scratch.size());
+      b.iov.push_back({b.scratch.data(), n});
+      left -= n;
+    }
+  }
+  return RecvAll(fd, b.iov).ok();
+}
+
+bool TcpTransport::Server::SendReply(int fd, const absl::StatusOr<RegisteredRegion::Lease>& lease,
+                                     uint8_t* base, uint64_t ok_bytes, RequestBuffers& b) {
+  const tcp::RequestHeader& h = b.header;
+  const bool read = h.op == static_cast<uint8_t>(OpKind::kRead);
+  tcp::ReplyHeader reply;
+  reply.descriptor_count = h.descriptor_count;
+  reply.request_id = h.request_id;
+  reply.status_code =
+      static_cast<uint8_t>(lease.ok() ? absl::StatusCode::kOk : lease.status().code());
+  b.message.resize(std::min<size_t>(b.message.size(), tcp::kMaxReplyMessageBytes));
+  reply.message_bytes = static_cast<uint32_t>(b.message.size());
+  reply.payload_bytes = read ? ok_bytes : 0;
+  b.iov.clear();
+  b.iov.push_back({&reply, sizeof(reply)});
+  if (!b.message.empty()) b.iov.push_back({b.message.data(), b.message.size()});
+  b.iov.push_back({b.codes.data(), b.codes.size()});
+  int flags = 0;
+  if (read) {
+    for (uint32_t i = 0; i < h.descriptor_count; ++i) {
+      if (b.codes[i] == 0) b.iov.push_back({base + b.wire[i].offset, b.wire[i].len});
+    }
+    flags = options_.zerocopy_send ? MSG_ZEROCOPY : 0;
+  }
+  const absl::Status s = SendAll(fd, b.iov, flags);
+  if (flags != 0) DrainZerocopyCompletions(fd);
+  return s.ok();
+}
+
+void TcpTransport::Server::Serve(int fd, std::atomic<bool>* authenticated) {
+  if (!Authenticate(fd, authenticated)) return;
+  const int idle_ms = static_cast<int>(std::min<int64_t>(
+      absl::ToInt64Milliseconds(options_.idle_timeout), std::numeric_limits<int>::max()));
+  RequestBuffers b;
+  b.scratch.resize(64 << 10);
+  b.wire.reserve(tcp::kMaxDescriptorsPerRequest);
+  b.codes.reserve(tcp::kMaxDescriptorsPerRequest);
+  b.iov.reserve(tcp::kMaxDescriptorsPerRequest + 4);
+  while (ReadRequest(fd, idle_ms, b)) {
+    // The lease keeps the region mapped (and its generation current) until the reply is sent.
+    const absl::StatusOr<RegisteredRegion::Lease> lease = region_.Acquire(b.header.generation);
+    const uint64_t ok_bytes = CheckDescriptors(lease, b);
     uint8_t* const base = lease.ok() ? lease->view().base : nullptr;
-    if (h.op == static_cast<uint8_t>(OpKind::kWrite)) {
-      // Payload first: straight into the region for accepted descriptors, discarded otherwise.
-      iov.clear();
-      for (uint32_t i = 0; i < h.descriptor_count; ++i) {
-        if (codes[i] == 0) {
-          iov.push_back({base + wire[i].offset, wire[i].len});
-        } else {
-          for (uint64_t left = wire[i].len; left > 0;) {
-            const uint64_t n = std::min<uint64_t>(left, scratch.size());
-            iov.push_back({scratch.data(), n});
-            left -= n;
-          }
-        }
-      }
-      if (!RecvAll(fd, iov).ok()) return;
+    if (b.header.op == static_cast<uint8_t>(OpKind::kWrite) && !ReceiveWritePayload(fd, base, b)) {
+      return;
     }
-    tcp::ReplyHeader reply;
-    reply.descriptor_count = h.descriptor_count;
-    reply.request_id = h.request_id;
-    reply.status_code =
-        static_cast<uint8_t>(lease.ok() ? absl::StatusCode::kOk : lease.status().code());
-    message.resize(std::min<size_t>(message.size(), tcp::kMaxReplyMessageBytes));
-    reply.message_bytes = static_cast<uint32_t>(message.size());
-    reply.payload_bytes = h.op == static_cast<uint8_t>(OpKind::kRead) ? ok_bytes : 0;
-    iov.clear();
-    iov.push_back({&reply, sizeof(reply)});
-    if (!message.empty()) iov.push_back({message.data(), message.size()});
-    iov.push_back({codes.data(), codes.size()});
-    int flags = 0;
-    if (h.op == static_cast<uint8_t>(OpKind::kRead)) {
-      for (uint32_t i = 0; i < h.descriptor_count; ++i) {
-        if (codes[i] == 0) iov.push_back({base + wire[i].offset, wire[i].len});
-      }
-      flags = send_flags;
-    }
-    s = SendAll(fd, iov, flags);
-    if (flags != 0) DrainZerocopyCompletions(fd);
-    if (!s.ok()) return;
+    if (!SendReply(fd, lease, base, ok_bytes, b)) return;
   }
 }
 
