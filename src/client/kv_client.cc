@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -190,6 +191,23 @@ class KvClient::Impl {
   Mutex handles_mu;
   absl::flat_hash_map<uint64_t, HandleState> handles ABSL_GUARDED_BY(handles_mu);
   std::atomic<uint64_t> next_handle{1};
+
+  // Removes and returns the handle if `check` accepts it (a handle is consumed once: by a
+  // transfer or a cancel); NotFound when it is unknown or already consumed, else check's error
+  // with the handle kept.
+  absl::StatusOr<HandleState> TakeHandle(
+      uint64_t id, const std::function<absl::Status(const HandleState&)>& check) {
+    MutexLock lock(&handles_mu);
+    auto it = handles.find(id);
+    if (it == handles.end()) {
+      return absl::NotFoundError(
+          absl::StrFormat("get handle %d is unknown or was already consumed or cancelled", id));
+    }
+    FLUXON_RETURN_IF_ERROR(check(it->second));
+    HandleState hs = std::move(it->second);
+    handles.erase(it);
+    return hs;
+  }
 
   ~Impl() {
     closing = true;
@@ -528,33 +546,26 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
 
 absl::StatusOr<uint64_t> KvClient::GetTransfer(const GetStartHandle& handle,
                                                std::optional<uint32_t> consume_prefix_len) {
-  HandleState hs;
-  {
-    MutexLock lock(&impl_->handles_mu);
-    auto it = impl_->handles.find(handle.id);
-    if (it == impl_->handles.end()) {
-      return absl::NotFoundError(absl::StrFormat(
-          "get handle %d is unknown or was already consumed or cancelled", handle.id));
-    }
-    const uint32_t t = it->second.transferable;
-    if (consume_prefix_len.has_value()) {
-      const uint32_t c = *consume_prefix_len;
-      if (c == 0 || c > t) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "consume_prefix_len must be in [1, transferable_len=%d], got %d", t, c));
-      }
-      if (!IsGroupBoundary(c, it->second.group_lens)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("consume_prefix_len %d is not on an atomic group boundary", c));
-      }
-    }
-    if (t == 0) {
-      return absl::FailedPreconditionError(
-          "nothing to transfer (transferable_len is 0): call cancel_get_transfer");
-    }
-    hs = std::move(it->second);
-    impl_->handles.erase(it);
-  }
+  FLUXON_ASSIGN_OR_RETURN(
+      HandleState hs, impl_->TakeHandle(handle.id, [&](const HandleState& h) -> absl::Status {
+        const uint32_t t = h.transferable;
+        if (consume_prefix_len.has_value()) {
+          const uint32_t c = *consume_prefix_len;
+          if (c == 0 || c > t) {
+            return absl::InvalidArgumentError(absl::StrFormat(
+                "consume_prefix_len must be in [1, transferable_len=%d], got %d", t, c));
+          }
+          if (!IsGroupBoundary(c, h.group_lens)) {
+            return absl::InvalidArgumentError(
+                absl::StrFormat("consume_prefix_len %d is not on an atomic group boundary", c));
+          }
+        }
+        if (t == 0) {
+          return absl::FailedPreconditionError(
+              "nothing to transfer (transferable_len is 0): call cancel_get_transfer");
+        }
+        return absl::OkStatus();
+      }));
   const uint32_t consume = consume_prefix_len.value_or(hs.transferable);
   v1::ClientRequest req;
   req.mutable_get_transfer()->set_handle_id(hs.owner_handle);
@@ -577,17 +588,9 @@ absl::StatusOr<uint64_t> KvClient::GetTransfer(const GetStartHandle& handle,
 }
 
 absl::Status KvClient::CancelGetTransfer(const GetStartHandle& handle) {
-  HandleState hs;
-  {
-    MutexLock lock(&impl_->handles_mu);
-    auto it = impl_->handles.find(handle.id);
-    if (it == impl_->handles.end()) {
-      return absl::NotFoundError(absl::StrFormat(
-          "get handle %d is unknown or was already consumed or cancelled", handle.id));
-    }
-    hs = std::move(it->second);
-    impl_->handles.erase(it);
-  }
+  FLUXON_ASSIGN_OR_RETURN(HandleState hs, impl_->TakeHandle(handle.id, [](const HandleState&) {
+    return absl::OkStatus();
+  }));
   if (hs.owner_handle == 0) return absl::OkStatus();  // nothing was pinned
   v1::ClientRequest req;
   req.mutable_cancel_get()->set_handle_id(hs.owner_handle);

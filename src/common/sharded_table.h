@@ -61,27 +61,21 @@ class ShardedTable {
 
   // Removes the entry and returns it.
   std::optional<V> Take(const K& key) {
-    Shard& s = shards_[ShardOf(key)];
-    MutexLock lock(&s.mu);
-    auto it = s.map.find(key);
-    if (it == s.map.end()) return std::nullopt;
-    std::optional<V> out(std::move(it->second));
-    s.map.erase(it);
-    size_.fetch_sub(1, std::memory_order_relaxed);
-    return out;
+    return Update(key, [](V* current, bool* erase) -> std::optional<V> {
+      if (current == nullptr) return std::nullopt;
+      *erase = true;
+      return std::optional<V>(std::move(*current));
+    });
   }
 
   // Removes the entry only if `pred(value)` holds: cleanup compares identity, so a newer entry
   // that replaced the one being cleaned up is never removed (no ABA).
   template <typename Pred>
   bool EraseIf(const K& key, Pred&& pred) {
-    Shard& s = shards_[ShardOf(key)];
-    MutexLock lock(&s.mu);
-    auto it = s.map.find(key);
-    if (it == s.map.end() || !pred(static_cast<const V&>(it->second))) return false;
-    s.map.erase(it);
-    size_.fetch_sub(1, std::memory_order_relaxed);
-    return true;
+    return Update(key, [&](V* current, bool* erase) {
+      *erase = current != nullptr && pred(static_cast<const V&>(*current));
+      return *erase;
+    });
   }
 
   // Runs `fn(V* current_or_null, bool* erase)` under the key's shard lock and returns its result.

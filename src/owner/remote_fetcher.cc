@@ -157,13 +157,12 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
     item->set_target_offset(pool_->OffsetOf(*t->slot));
     item->set_len(t->len);
   }
-  absl::StatusOr<v1::BatchGetStartReply> reply = RetryUncertain(
+  absl::StatusOr<v1::BatchGetStartReply> reply = RetryUncertainUntil(
       [&] {
         counters_->remote_get_batches.fetch_add(1, std::memory_order_relaxed);
         return master_->BatchGetStart(req);
       },
-      stop_, [](const absl::Status&, std::chrono::milliseconds) {},
-      [&](const absl::Status& s) { return IsUncertain(s) && Clock::now() < deadline; });
+      stop_, deadline);
   if (!reply.ok()) {
     if (IsUncertain(reply.status())) {
       // The master may have started these gets; their ids are unknown, so nothing can revoke
@@ -419,13 +418,12 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
     item->set_target_offset(t->holder->offset);
     item->set_len(t->len);
   }
-  absl::StatusOr<v1::BatchGetDoneReply> reply = RetryUncertain(
+  absl::StatusOr<v1::BatchGetDoneReply> reply = RetryUncertainUntil(
       [&] {
         counters_->remote_get_done_calls.fetch_add(1, std::memory_order_relaxed);
         return master_->BatchGetDone(req);
       },
-      stop_, [](const absl::Status&, std::chrono::milliseconds) {},
-      [&](const absl::Status& s) { return IsUncertain(s) && Clock::now() < until; });
+      stop_, until);
   if (!reply.ok() && IsUncertain(reply.status())) return false;
   if (reply.ok() && reply->outcomes_size() != req.items_size()) {
     spdlog::error("BatchGetDone answered {} outcomes for {} items; retrying",
@@ -491,13 +489,12 @@ bool RemoteFetcher::TryRevoke(std::vector<Target*>& items, Clock::time_point unt
   req.set_requester_node_id(registration_->identity().node_id);
   req.set_requester_generation(registration_->generation());
   for (Target* t : items) req.add_get_ids(t->get_id);
-  absl::StatusOr<v1::BatchGetRevokeReply> reply = RetryUncertain(
+  absl::StatusOr<v1::BatchGetRevokeReply> reply = RetryUncertainUntil(
       [&] {
         counters_->remote_get_revoke_calls.fetch_add(1, std::memory_order_relaxed);
         return master_->BatchGetRevoke(req);
       },
-      stop_, [](const absl::Status&, std::chrono::milliseconds) {},
-      [&](const absl::Status& s) { return IsUncertain(s) && Clock::now() < until; });
+      stop_, until);
   if (!reply.ok() && IsUncertain(reply.status())) return false;
   // Revoked, or refused definitely (the master does not know this generation: it publishes
   // nothing for it): the targets are free either way. Revoke never publishes.

@@ -52,4 +52,14 @@ auto RetryUncertain(Call&& call, StopSignal* stop, OnRetry&& on_retry, RetryOpti
       [](const absl::Status& s) { return IsUncertain(s); }, options);
 }
 
+// RetryUncertain bounded by a deadline: an uncertain outcome is retried while `deadline` (a
+// time point of any clock) has not passed; then the last result is returned.
+template <typename Call, typename Deadline>
+auto RetryUncertainUntil(Call&& call, StopSignal* stop, Deadline deadline) -> decltype(call()) {
+  using DeadlineClock = typename Deadline::clock;
+  return RetryUncertain(
+      std::forward<Call>(call), stop, [](const absl::Status&, std::chrono::milliseconds) {},
+      [&](const absl::Status& s) { return IsUncertain(s) && DeadlineClock::now() < deadline; });
+}
+
 }  // namespace fluxon

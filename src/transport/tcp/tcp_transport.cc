@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "transport/peer_window.h"
 #include "transport/tcp/socket_io.h"
 #include "transport/tcp/tcp_handshake.h"
 #include "transport/tcp/tcp_wire.h"
@@ -187,13 +188,9 @@ class TcpTransport::Peer {
   void FailQueued(const absl::Status& why);
   void Close();
 
-  uint64_t inflight_bytes() const {
+  PeerWindow window() const {
     MutexLock lock(&mu_);
-    return inflight_bytes_;
-  }
-  uint64_t queued_bytes() const {
-    MutexLock lock(&mu_);
-    return queued_bytes_;
+    return window_;
   }
   uint64_t live_connections() const {
     MutexLock lock(&mu_);
@@ -221,8 +218,7 @@ class TcpTransport::Peer {
   mutable Mutex mu_;
   CondVar work_cv_;
   std::deque<Unit> queue_ ABSL_GUARDED_BY(mu_);
-  uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  PeerWindow window_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
 };
@@ -279,7 +275,7 @@ absl::Status TcpTransport::Peer::EnsureConnections(Clock::time_point deadline) {
 void TcpTransport::Peer::Enqueue(std::vector<Unit> units) {
   MutexLock lock(&mu_);
   for (Unit& u : units) {
-    queued_bytes_ += u.bytes;
+    window_.Queue(u.bytes);
     queue_.push_back(std::move(u));
   }
   work_cv_.SignalAll();
@@ -291,7 +287,7 @@ void TcpTransport::Peer::AbortBatch(const TcpBatch* b) {
     MutexLock lock(&mu_);
     for (auto it = queue_.begin(); it != queue_.end();) {
       if (it->batch.get() == b) {
-        queued_bytes_ -= it->bytes;
+        window_.Dequeue(it->bytes);
         dropped.push_back(std::move(*it));
         it = queue_.erase(it);
       } else {
@@ -325,20 +321,20 @@ void TcpTransport::Peer::SenderLoop(Connection* c) {
           MutexLock clock(&c->mu_);
           if (c->failed_) return;
         }
-        if (!queue_.empty() && (inflight_bytes_ == 0 || inflight_bytes_ + queue_.front().bytes <=
-                                                            options_.max_inflight_bytes_per_peer)) {
+        if (!queue_.empty() &&
+            window_.Admits(queue_.front().bytes, options_.max_inflight_bytes_per_peer)) {
           break;
         }
         work_cv_.WaitUntil(&mu_, Clock::now() + std::chrono::seconds(1));
       }
       unit = std::move(queue_.front());
       queue_.pop_front();
-      queued_bytes_ -= unit.bytes;
+      window_.Dequeue(unit.bytes);
       if (unit.batch->state->aborted()) {
         unit.batch->state->FinishUnit();
         continue;
       }
-      inflight_bytes_ += unit.bytes;
+      window_.Launch(unit.bytes);
       MutexLock clock(&c->mu_);
       request_id = c->next_request_id_++;
       c->sending_ = true;
@@ -452,7 +448,7 @@ void TcpTransport::Peer::ReceiverLoop(Connection* c) {
     ++expected_id;
     {
       MutexLock lock(&mu_);
-      inflight_bytes_ -= unit.bytes;
+      window_.Land(unit.bytes);
       {
         MutexLock clock(&c->mu_);
         c->sent_.pop_front();
@@ -488,11 +484,11 @@ void TcpTransport::Peer::TearDown(Connection* c) {
     }
     c->dead_.store(true);
     for (Unit& u : units) {
-      inflight_bytes_ -= u.bytes;
+      window_.Land(u.bytes);
       if (u.batch->state->aborted()) continue;
       if (deliberate && !closing_ && u.attempts + 1 < kMaxAttempts) {
         ++u.attempts;
-        queued_bytes_ += u.bytes;
+        window_.Queue(u.bytes);
         queue_.push_front(u);
       } else {
         to_fail.push_back(u.batch);
@@ -1005,8 +1001,9 @@ void TcpTransport::AddStats(TransportStats* out) const {
   {
     MutexLock lock(&peers_mu_);
     for (const auto& [address, p] : peers_) {
-      s.inflight_bytes += p->inflight_bytes();
-      s.queued_bytes += p->queued_bytes();
+      const PeerWindow w = p->window();
+      s.inflight_bytes += w.inflight();
+      s.queued_bytes += w.queued();
       s.open_connections += p->live_connections();
     }
   }

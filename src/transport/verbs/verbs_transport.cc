@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "transport/peer_window.h"
 
 namespace fluxon::transport::verbs {
 
@@ -132,7 +133,7 @@ class VerbsTransport::Peer {
     {
       MutexLock lock(&mu_);
       for (VWr& w : wrs) {
-        queued_bytes_ += w.len;
+        window_.Queue(w.len);
         queue_.push_back(std::move(w));
       }
       PumpLocked(finish);
@@ -146,7 +147,7 @@ class VerbsTransport::Peer {
       MutexLock lock(&mu_);
       for (auto it = queue_.begin(); it != queue_.end();) {
         if (it->batch.get() == b) {
-          queued_bytes_ -= it->len;
+          window_.Dequeue(it->len);
           finish.push_back(it->batch);
           it = queue_.erase(it);
         } else {
@@ -234,13 +235,9 @@ class VerbsTransport::Peer {
     (void)t_->api_->DestroyCq(cq_);
   }
 
-  uint64_t inflight_bytes() const {
+  PeerWindow window() const {
     MutexLock lock(&mu_);
-    return inflight_bytes_;
-  }
-  uint64_t queued_bytes() const {
-    MutexLock lock(&mu_);
-    return queued_bytes_;
+    return window_;
   }
   uint64_t live_qps() const {
     MutexLock lock(&mu_);
@@ -278,10 +275,10 @@ class VerbsTransport::Peer {
         const size_t first = slot.posted.size();
         while (!queue_.empty() && slot.posted.size() < o.max_outstanding_wr_per_qp) {
           VWr& w = queue_.front();
-          if (inflight_bytes_ > 0 && inflight_bytes_ + w.len > o.max_inflight_bytes_per_peer) break;
+          if (!window_.Admits(w.len, o.max_inflight_bytes_per_peer)) break;
           VWr wr = std::move(w);
           queue_.pop_front();
-          queued_bytes_ -= wr.len;
+          window_.Dequeue(wr.len);
           if (wr.batch->state->aborted()) {
             finish.push_back(wr.batch);
             continue;
@@ -297,7 +294,7 @@ class VerbsTransport::Peer {
           s.rkey = wr.rkey;
           s.signaled = (list_.size() + 1) % o.signal_every == 0;
           list_.push_back(s);
-          inflight_bytes_ += wr.len;
+          window_.Launch(wr.len);
           slot.posted.push_back(PostedWr{std::move(wr), s.wr_id});
         }
         if (list_.empty()) return;     // budget exhausted
@@ -309,8 +306,8 @@ class VerbsTransport::Peer {
           while (slot.posted.size() > first) {
             VWr wr = std::move(slot.posted.back().wr);
             slot.posted.pop_back();
-            inflight_bytes_ -= wr.len;
-            queued_bytes_ += wr.len;
+            window_.Land(wr.len);
+            window_.Queue(wr.len);
             queue_.push_front(std::move(wr));
           }
           BreakLocked(slot, /*deliberate=*/true);
@@ -331,7 +328,7 @@ class VerbsTransport::Peer {
     while (!slot.posted.empty()) {
       PostedWr p = std::move(slot.posted.front());
       slot.posted.pop_front();
-      inflight_bytes_ -= p.wr.len;
+      window_.Land(p.wr.len);
       const bool matching = p.wr_id == wc.wr_id;
       BatchState& b = *p.wr.batch->state;
       if (!matching || wc.status == WcStatus::kSuccess) {
@@ -341,7 +338,7 @@ class VerbsTransport::Peer {
       } else if (wc.status == WcStatus::kFlushError) {
         if (!b.aborted() && slot.deliberate && p.wr.attempts + 1 < kMaxAttempts) {
           ++p.wr.attempts;
-          queued_bytes_ += p.wr.len;
+          window_.Queue(p.wr.len);
           queue_.push_back(std::move(p.wr));
         } else {
           if (!b.aborted()) {
@@ -382,8 +379,7 @@ class VerbsTransport::Peer {
   std::vector<QpSlot> slots_ ABSL_GUARDED_BY(mu_);
   std::deque<VWr> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<SendWr> list_ ABSL_GUARDED_BY(mu_);  // reused for each post
-  uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  PeerWindow window_ ABSL_GUARDED_BY(mu_);
   uint64_t next_wr_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
@@ -621,8 +617,9 @@ void VerbsTransport::AddStats(TransportStats* out) const {
   {
     MutexLock lock(&peers_mu_);
     for (const auto& [a, p] : peers_) {
-      s.inflight_bytes += p->inflight_bytes();
-      s.queued_bytes += p->queued_bytes();
+      const PeerWindow w = p->window();
+      s.inflight_bytes += w.inflight();
+      s.queued_bytes += w.queued();
       s.open_connections += p->live_qps();
     }
   }
