@@ -1,4 +1,4 @@
-// Fuzzes config parsing (src/common/config.cc): ParseConfig on arbitrary YAML text, with fixed
+// Fuzzes config parsing (src/config/config.cc): ParseConfig on arbitrary YAML text, with fixed
 // machine limits so that a run does not depend on the machine. Any text must give a Config or
 // an error status: no crash, no uncaught exception (yaml-cpp throws; ParseConfig must catch),
 // no UB. A config that is accepted must survive DumpConfig -> ParseConfig with the same dump
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "fluxon/config.h"
+#include "config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > (64 << 10)) return 0;

@@ -167,6 +167,11 @@ TEST_F(KeyIndexTest, CommitCopyPublishesTheRouteOfAFetchReservationOnly) {
   EXPECT_EQ(keys().CommittedCohort("f"), 3u);
   hidden->reset();
   keys().ReleaseReservation(put_key, 41, {});
+  // Evicted the way the evictor does it: the slot ends Free.
+  ASSERT_EQ(keys().MarkEvicting("f", 42), KeyIndex::MarkResult::kMarked);
+  keys().EraseEvicting("f", 42).reset();
+  EXPECT_EQ(Slots(SlotState::kCommitted), 0);
+  EXPECT_EQ(Slots(SlotState::kPending), 0);
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ TEST_F(SingleFlightTest, G7JoinersSeeTheLeadersCanonicalHolder) {
   for (int j = 0; j < 3; ++j) {
     auto [joined, joins_leads] = flights.LeadOrJoin("k");
     ASSERT_FALSE(joins_leads);
-    joiners.emplace_back([&seen, j, joined] { seen[j] = joined->Wait(Clock::now() + kWait); });
+    joiners.emplace_back([&seen, j, op = joined] { seen[j] = op->Wait(Clock::now() + kWait); });
   }
   HolderRef canonical = LocalHolder(o, "k", 42);
   ASSERT_TRUE(canonical);
@@ -90,7 +90,7 @@ TEST_F(SingleFlightTest, G7JoinersSeeTheLeadersFailure) {
   ASSERT_FALSE(joins_leads);
   HolderRef seen = LocalHolder(o, "not-the-answer");  // overwritten by the wait
   ASSERT_TRUE(seen);
-  std::thread joiner([&seen, joined] { seen = joined->Wait(Clock::now() + kWait); });
+  std::thread joiner([&seen, op = joined] { seen = op->Wait(Clock::now() + kWait); });
   flights.Finish("missing", op, HolderRef());
   joiner.join();
   EXPECT_FALSE(seen);
