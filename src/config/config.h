@@ -70,7 +70,7 @@ struct OwnerConfig {
   FLUXON_OWNER_SETTINGS(FLUXON_DECLARE_SETTING)
   // The data plane's transports (owner.transports). Only "tcp" is served today; "rdma" is
   // refused: the verbs transport and its queue-pair exchange over the gRPC peer service
-  // (rpc/grpc_verbs_exchange.h, mutual TLS) pass the conformance suite on the emulator, but an
+  // (rpc_grpc/grpc_verbs_exchange.h, mutual TLS) pass the conformance suite on the emulator, but an
   // owner serves a single transport so far.
   std::vector<std::string> transports = {"tcp"};
 };

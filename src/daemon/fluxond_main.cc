@@ -19,13 +19,13 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
-#include "common/cli_flags.h"
+#include "daemon/cli_flags.h"
 #include "config/config.h"
 #include "daemon/node.h"
 #include "daemon/systemd_notify.h"
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "fluxon/version.h"
-#include "rpc/grpc_security.h"
+#include "rpc_grpc/grpc_security.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, config, "", "config file (YAML); empty: the built-in embedded config");

@@ -9,8 +9,8 @@
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "fluxon/v1/master.grpc.pb.h"
 #include "fluxon/version.h"
-#include "rpc/grpc_master.h"
-#include "rpc/grpc_security.h"
+#include "rpc_grpc/grpc_master.h"
+#include "rpc_grpc/grpc_security.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon {

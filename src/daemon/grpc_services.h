@@ -1,12 +1,12 @@
 // gRPC control services of one fluxond: MasterService (master and embedded roles, from
-// rpc/grpc_master.h) and AdminService (every role; what fluxonctl talks to).
+// rpc_grpc/grpc_master.h) and AdminService (every role; what fluxonctl talks to).
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "rpc/grpc_master.h"
+#include "rpc_grpc/grpc_master.h"
 
 namespace fluxon {
 

@@ -7,7 +7,7 @@
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 #include "rpc/fault_injecting_master.h"
-#include "rpc/grpc_security.h"
+#include "rpc_grpc/grpc_security.h"
 #include "security/security_files.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp/tcp_transport.h"

@@ -34,7 +34,7 @@
 #include "common/fault_injector.h"
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "nlohmann/json.hpp"
-#include "rpc/grpc_security.h"
+#include "rpc_grpc/grpc_security.h"
 #include "security/security_files.h"
 
 namespace fluxon {

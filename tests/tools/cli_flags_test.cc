@@ -1,6 +1,6 @@
 // The shared flag helpers: '-' spelled flag names, positional arguments, and usage errors
 // reported as statuses (never an exit).
-#include "common/cli_flags.h"
+#include "daemon/cli_flags.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fluxon/v1/peer.grpc.pb.h"
-#include "rpc/grpc_verbs_exchange.h"
+#include "rpc_grpc/grpc_verbs_exchange.h"
 #include "security/security_files.h"
 #include "tests/transport/test_pki.h"
 #include "transport/verbs/verbs_emulator.h"

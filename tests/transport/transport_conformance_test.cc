@@ -29,7 +29,7 @@
 
 #include <map>
 
-#include "rpc/grpc_verbs_exchange.h"
+#include "rpc_grpc/grpc_verbs_exchange.h"
 #include "security/security_files.h"
 #include "tests/transport/test_pki.h"
 #endif

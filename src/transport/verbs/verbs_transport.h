@@ -10,7 +10,7 @@
 // polls every peer's CQ; a signaled completion retires every earlier WR of its QP (RC order).
 //
 // QP/MR information is exchanged through VerbsExchange: across processes over the owners' gRPC
-// peer service on the node's credentials (GrpcVerbsExchange, rpc/grpc_verbs_exchange.h: mutual
+// peer service on the node's credentials (GrpcVerbsExchange, rpc_grpc/grpc_verbs_exchange.h: mutual
 // TLS, so no unauthenticated peer learns a QP or an rkey); InProcessVerbsExchange connects
 // transports of one process (the emulator tests).
 //

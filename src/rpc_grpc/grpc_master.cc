@@ -1,4 +1,4 @@
-#include "rpc/grpc_master.h"
+#include "rpc_grpc/grpc_master.h"
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"

@@ -1,4 +1,4 @@
-#include "rpc/grpc_security.h"
+#include "rpc_grpc/grpc_security.h"
 
 #include "absl/strings/str_join.h"
 

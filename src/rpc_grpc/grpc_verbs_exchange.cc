@@ -1,9 +1,9 @@
-#include "rpc/grpc_verbs_exchange.h"
+#include "rpc_grpc/grpc_verbs_exchange.h"
 
 #include <cstring>
 
 #include "absl/strings/str_format.h"
-#include "rpc/grpc_master.h"
+#include "rpc_grpc/grpc_master.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon {

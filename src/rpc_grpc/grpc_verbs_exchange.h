@@ -28,7 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/mutex.h"
 #include "fluxon/v1/peer.grpc.pb.h"
-#include "rpc/grpc_security.h"
+#include "rpc_grpc/grpc_security.h"
 #include "transport/verbs/verbs_transport.h"
 
 namespace fluxon {

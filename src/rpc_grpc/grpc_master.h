@@ -13,7 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "rpc/grpc_security.h"
+#include "rpc_grpc/grpc_security.h"
 #include "rpc/master_api.h"
 
 namespace fluxon {

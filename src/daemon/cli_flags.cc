@@ -1,4 +1,4 @@
-#include "common/cli_flags.h"
+#include "daemon/cli_flags.h"
 
 #include <algorithm>
 
