@@ -54,22 +54,17 @@ void PutValues(KvClient& c, const std::vector<std::string>& keys, PutOptions o =
 // Owner counters that must return to zero after any workload.
 void ExpectBaseline(FluxonNode& node, KvClient* c = nullptr) {
   auto s = node.owner()->Stats();
-  EXPECT_EQ(s["live_handles"], 0);
-  EXPECT_EQ(s["live_views"], 0);
-  EXPECT_EQ(s["prepared_puts"], 0);
-  EXPECT_EQ(s["reserved_entries"], 0);
-  EXPECT_EQ(s["inflight_gets"], 0);
-  EXPECT_EQ(s["slots_Prepared"], 0);
-  EXPECT_EQ(s["slots_Pending"], 0);
-  EXPECT_EQ(s["slots_Releasing"], 0);
-  EXPECT_EQ(s["slots_PendingLocalVisible"], 0);
-  EXPECT_EQ(s["publish_queue"], 0);
+  for (const char* k : {"live_handles", "live_views", "prepared_puts", "reserved_entries",
+                        "inflight_gets", "slots_Prepared", "slots_Pending", "slots_Releasing",
+                        "slots_PendingLocalVisible", "publish_queue"}) {
+    EXPECT_EQ(s[k], 0) << k;
+  }
   if (c != nullptr) {
     auto cs = c->Stats();
     ASSERT_TRUE(cs.ok());
-    EXPECT_EQ((*cs)["client_active_plans"], 0);
-    EXPECT_EQ((*cs)["client_handles"], 0);
-    EXPECT_EQ((*cs)["client_pending_futures"], 0);
+    for (const char* k : {"client_active_plans", "client_handles", "client_pending_futures"}) {
+      EXPECT_EQ((*cs)[k], 0) << k;
+    }
   }
 }
 
@@ -80,10 +75,22 @@ bool RoutePublished(FluxonNode& node, const std::string& key) {
   return reply.ok() && reply->found(0);
 }
 
-TEST(OwnerSemantics, PutThenGetRoundTripsBytes) {
+// A node on cfg and a client of it: a test adjusts cfg, then calls Start (or, managing its own
+// clients, starts the node alone).
+class OwnerSemantics : public ::testing::Test {
+ protected:
+  void Start() {
+    node = StartNode(cfg);
+    c = Connect(cfg);
+  }
+
   Config cfg = TestConfig();
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+  std::unique_ptr<FluxonNode> node;
+  std::unique_ptr<KvClient> c;
+};
+
+TEST_F(OwnerSemantics, PutThenGetRoundTripsBytes) {
+  Start();
   auto segs = c->WaitLocalSegmentsReady();
   ASSERT_EQ(segs.size(), 1u);
   EXPECT_EQ(segs[0].segment_label, "external_owner:0");
@@ -110,11 +117,9 @@ TEST(OwnerSemantics, PutThenGetRoundTripsBytes) {
   EXPECT_EQ(node->owner()->Stats()["slots_Committed"], 8);
 }
 
-TEST(OwnerSemantics, V1LocalReadBeforeMasterPublishAndFutureAfter) {
-  Config cfg = TestConfig();
+TEST_F(OwnerSemantics, V1LocalReadBeforeMasterPublishAndFutureAfter) {
   cfg.faults.push_back({"master.PublishBatch", "delay", milliseconds(600), 1});
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+  Start();
   auto keys = Keys("v1-", 4);
   auto plan = c->LocalFastPutStart(keys, kValueLen, {});
   ASSERT_TRUE(plan.ok());
@@ -141,10 +146,8 @@ TEST(OwnerSemantics, V1LocalReadBeforeMasterPublishAndFutureAfter) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, ConflictReportsIndicesAndReservesNothing) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+TEST_F(OwnerSemantics, ConflictReportsIndicesAndReservesNothing) {
+  Start();
   auto first = c->LocalFastPutStart({"a", "b"}, kValueLen, {});
   ASSERT_TRUE(first.ok());
   std::vector<uint32_t> conflicts;
@@ -164,10 +167,8 @@ TEST(OwnerSemantics, ConflictReportsIndicesAndReservesNothing) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, BadInputsFailAndLeaveNothingBehind) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+TEST_F(OwnerSemantics, BadInputsFailAndLeaveNothingBehind) {
+  Start();
   const auto code = [](const absl::Status& s) { return s.code(); };
   EXPECT_EQ(code(c->LocalFastPutStart({}, kValueLen, {}).status()),
             absl::StatusCode::kInvalidArgument);
@@ -220,10 +221,8 @@ TEST(OwnerSemantics, BadInputsFailAndLeaveNothingBehind) {
   EXPECT_EQ(node->owner()->KeyState("k1"), "absent");
 }
 
-TEST(OwnerSemantics, PrefixRespectsGroupsAndReleasesTheSuffix) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+TEST_F(OwnerSemantics, PrefixRespectsGroupsAndReleasesTheSuffix) {
+  Start();
   auto keys = Keys("g", 6);
   PutValues(*c, {keys[0], keys[1], keys[2], keys[4]});
   auto h = c->GetStart(keys, true, {2, 2, 2});
@@ -256,10 +255,8 @@ TEST(OwnerSemantics, PrefixRespectsGroupsAndReleasesTheSuffix) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, ShorterConsumeReleasesTheTail) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+TEST_F(OwnerSemantics, ShorterConsumeReleasesTheTail) {
+  Start();
   auto keys = Keys("t", 4);
   PutValues(*c, keys);
   auto h = c->GetStart(keys, true, {2, 2});
@@ -272,11 +269,9 @@ TEST(OwnerSemantics, ShorterConsumeReleasesTheTail) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, CancelAndTtlExpiryReleaseHandles) {
-  Config cfg = TestConfig();
+TEST_F(OwnerSemantics, CancelAndTtlExpiryReleaseHandles) {
   cfg.owner->handle_ttl = milliseconds(200);
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+  Start();
   auto keys = Keys("ttl", 3);
   PutValues(*c, keys);
   auto h1 = c->GetStart(keys);
@@ -292,10 +287,8 @@ TEST(OwnerSemantics, CancelAndTtlExpiryReleaseHandles) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, DroppedAndDuplicatedPublishRollForwardOnce) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+TEST_F(OwnerSemantics, DroppedAndDuplicatedPublishRollForwardOnce) {
+  Start();
   node->faults().Set({"master.PublishBatch", FaultAction::kDrop, milliseconds(0), 2});
   auto keys = Keys("drop", 5);
   PutValues(*c, keys, {});
@@ -316,9 +309,8 @@ TEST(OwnerSemantics, DroppedAndDuplicatedPublishRollForwardOnce) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, OverlappingGetsShareOneLeaderPerKey) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
+TEST_F(OwnerSemantics, OverlappingGetsShareOneLeaderPerKey) {
+  node = StartNode(cfg);
   auto c1 = Connect(cfg);
   auto c2 = Connect(cfg);
   PutValues(*c1, {"s0"});
@@ -343,10 +335,8 @@ TEST(OwnerSemantics, OverlappingGetsShareOneLeaderPerKey) {
   ExpectBaseline(*node, c1.get());
 }
 
-TEST(OwnerSemantics, ParentKeyContinuesAChainThatIsEvictedFromItsTail) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+TEST_F(OwnerSemantics, ParentKeyContinuesAChainThatIsEvictedFromItsTail) {
+  Start();
   auto a = Keys("chain-a", 4);
   auto b = Keys("chain-b", 4);
   PutValues(*c, a);
@@ -368,10 +358,8 @@ TEST(OwnerSemantics, ParentKeyContinuesAChainThatIsEvictedFromItsTail) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, DeletePrefixRemovesRoutesThenSlotsAndKeepsWhatIsInUse) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+TEST_F(OwnerSemantics, DeletePrefixRemovesRoutesThenSlotsAndKeepsWhatIsInUse) {
+  Start();
   auto gone = Keys("ns1:a", 3);
   auto held = Keys("ns1:b", 2);
   auto other = Keys("ns2:a", 2);
@@ -416,10 +404,8 @@ TEST(OwnerSemantics, DeletePrefixRemovesRoutesThenSlotsAndKeepsWhatIsInUse) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, ParentKeyInsideTheBatchIsRejectedWithNothingReserved) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+TEST_F(OwnerSemantics, ParentKeyInsideTheBatchIsRejectedWithNothingReserved) {
+  Start();
   auto keys = Keys("pk", 3);
   PutOptions o;
   o.parent_key = keys[1];
@@ -437,13 +423,12 @@ TEST(OwnerSemantics, ParentKeyInsideTheBatchIsRejectedWithNothingReserved) {
 // Design §7: the hot tier over its capacity window evicts the overage at once, like a
 // size-bounded cache on insert; only the NoSpace fallback for waiting claims is rate-limited
 // (<= eviction_max_bytes_per_round per round, rounds >= eviction_interval apart).
-TEST(OwnerSemantics, WatermarkOverageIsEvictedAtOnceNotInRateLimitedRounds) {
-  Config cfg = TestConfig(2 * kGrantBytes);  // 256 slots of 4 MiB
-  cfg.owner->hot_capacity_ratio = 0.5;       // window: 128 slots
+TEST_F(OwnerSemantics, WatermarkOverageIsEvictedAtOnceNotInRateLimitedRounds) {
+  cfg = TestConfig(2 * kGrantBytes);    // 256 slots of 4 MiB
+  cfg.owner->hot_capacity_ratio = 0.5;  // window: 128 slots
   cfg.owner->eviction_interval = milliseconds(30'000);
   cfg.owner->eviction_max_bytes_per_round = 64ull << 20;  // 16 slots per fallback round
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+  Start();
   const int64_t vlen = 4 << 20;
   PutValues(*c, Keys("w", 192), {}, vlen);  // one batch, one admission
   // 192 committed against a window of 128: 64 over, four fallback rounds' worth (two minutes at
@@ -461,13 +446,12 @@ TEST(OwnerSemantics, WatermarkOverageIsEvictedAtOnceNotInRateLimitedRounds) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, CapacityEvictionKeepsPinnedValuesAndRemovesRoutesFirst) {
-  Config cfg = TestConfig(kGrantBytes);  // one grant: 128 slots of 4 MiB
+TEST_F(OwnerSemantics, CapacityEvictionKeepsPinnedValuesAndRemovesRoutesFirst) {
+  cfg = TestConfig(kGrantBytes);  // one grant: 128 slots of 4 MiB
   cfg.owner->local_reserve.claim_soft_timeout = milliseconds(5);
   cfg.owner->local_reserve.claim_hard_timeout = milliseconds(5000);
   cfg.owner->eviction_interval = milliseconds(10);
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+  Start();
   const int64_t vlen = 4 << 20;
   // 120 values in groups of 4 fill the grant past the 0.95 watermark.
   for (int b = 0; b < 30; ++b) {
@@ -508,13 +492,12 @@ TEST(OwnerSemantics, CapacityEvictionKeepsPinnedValuesAndRemovesRoutesFirst) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, PutFailsWithNoSpaceWhenEverythingIsPinnedOrInFlight) {
-  Config cfg = TestConfig(kGrantBytes);
+TEST_F(OwnerSemantics, PutFailsWithNoSpaceWhenEverythingIsPinnedOrInFlight) {
+  cfg = TestConfig(kGrantBytes);
   cfg.owner->local_reserve.claim_soft_timeout = milliseconds(5);
   cfg.owner->local_reserve.claim_hard_timeout = milliseconds(400);
   cfg.owner->eviction_interval = milliseconds(10);
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+  Start();
   const int64_t vlen = 64 << 20;  // 8 slots per grant
   // 7 committed values (under the 0.95 watermark), all pinned by a reader...
   auto keys = Keys("full", 7);
@@ -541,9 +524,8 @@ TEST(OwnerSemantics, PutFailsWithNoSpaceWhenEverythingIsPinnedOrInFlight) {
   ExpectBaseline(*node, c.get());
 }
 
-TEST(OwnerSemantics, DisconnectReleasesPreparedPutsAndHandles) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
+TEST_F(OwnerSemantics, DisconnectReleasesPreparedPutsAndHandles) {
+  node = StartNode(cfg);
   {
     auto writer = Connect(cfg);
     PutValues(*writer, Keys("d", 2));
@@ -566,11 +548,10 @@ TEST(OwnerSemantics, DisconnectReleasesPreparedPutsAndHandles) {
   EXPECT_EQ(node->owner()->KeyState("pending"), "absent");
 }
 
-TEST(OwnerSemantics, ThreadsSharingOneClientStayInOneSession) {
+TEST_F(OwnerSemantics, ThreadsSharingOneClientStayInOneSession) {
   // Concurrent calls open more pooled control connections; their puts must still complete
   // through the session's events connection, and disconnect must clean up all of them.
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
+  node = StartNode(cfg);
   {
     auto c = Connect(cfg);
     std::atomic<int> failures{0};
@@ -610,10 +591,8 @@ TEST(OwnerSemantics, ThreadsSharingOneClientStayInOneSession) {
   ExpectBaseline(*node);
 }
 
-TEST(OwnerSemantics, AnotherProcessReadsCommittedValues) {
-  Config cfg = TestConfig();
-  auto node = StartNode(cfg);
-  auto c = Connect(cfg);
+TEST_F(OwnerSemantics, AnotherProcessReadsCommittedValues) {
+  Start();
   auto keys = Keys("xp", 3);
   PutValues(*c, keys);
   const std::string socket = cfg.owner->socket_path;

@@ -98,13 +98,41 @@ size_t Locations(MasterCore& m, const std::string& key) {
   return static_cast<size_t>(reply->routes(0).locations_size());
 }
 
+// Registers owners 1 .. `owners` (owner n under generation 11 * n) and publishes `keys` on owner
+// 1 as put_id 7.
+void PublishOnOwnerOne(MasterCore& m, const std::vector<std::string>& keys, uint32_t owners = 2) {
+  for (uint32_t n = 1; n <= owners; ++n) Register(m, n, 11 * n);
+  Publish(m, 1, 11, 7, keys);
+}
+
+// A get that owner 2 (generation 22) started of what owner 1 (generation 11) published under
+// put_id 7: the request, and the master's answer.
+struct StartedGet {
+  v1::BatchGetStartRequest request;
+  absl::StatusOr<v1::BatchGetStartReply> reply;
+};
+
+// Registers owners 1 and 2, publishes `keys` on owner 1 as put_id 7, and sends owner 2's
+// BatchGetStart of them with `request_id`.
+StartedGet StartGetFromOwnerOne(MasterCore& m, uint64_t request_id,
+                                const std::vector<std::string>& keys) {
+  PublishOnOwnerOne(m, keys);
+  v1::BatchGetStartRequest request = Start(2, 22, request_id, keys, 7);
+  auto reply = m.BatchGetStart(request);
+  return {std::move(request), std::move(reply)};
+}
+
+v1::BatchGetRevokeRequest Revoke(uint32_t node, uint64_t gen, const std::vector<uint64_t>& ids) {
+  v1::BatchGetRevokeRequest r;
+  r.set_requester_node_id(node);
+  r.set_requester_generation(gen);
+  for (uint64_t id : ids) r.add_get_ids(id);
+  return r;
+}
+
 TEST(RemoteGetMaster, StartPinsTheSourceUntilDoneWhichAddsTheCopy) {
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"k"});
-  const auto start = Start(2, 22, 100, {"k"}, 7);
-  auto s = m.BatchGetStart(start);
+  const auto [start, s] = StartGetFromOwnerOne(m, 100, {"k"});
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_EQ(s->results_size(), 1);
   EXPECT_EQ(s->results(0).outcome(), v1::GET_STARTED);
@@ -139,10 +167,7 @@ TEST(RemoteGetMaster, StartPinsTheSourceUntilDoneWhichAddsTheCopy) {
 
 TEST(RemoteGetMaster, DedupIsPerKeyAndRequesterOwner) {  // G7
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Register(m, 3, 33);
-  Publish(m, 1, 11, 7, {"k"});
+  PublishOnOwnerOne(m, {"k"}, /*owners=*/3);
   auto a = m.BatchGetStart(Start(2, 22, 1, {"k"}, 7));
   auto again = m.BatchGetStart(Start(2, 22, 2, {"k"}, 7));
   auto other = m.BatchGetStart(Start(3, 33, 1, {"k"}, 7));
@@ -155,13 +180,9 @@ TEST(RemoteGetMaster, DedupIsPerKeyAndRequesterOwner) {  // G7
 
 TEST(RemoteGetMaster, OneCallPerBatchWhateverTheKeyCount) {  // G8
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
   std::vector<std::string> keys;
   for (int i = 0; i < 128; ++i) keys.push_back("page-" + std::to_string(i));
-  Publish(m, 1, 11, 7, keys);
-  const auto start = Start(2, 22, 5, keys, 7);
-  auto s = m.BatchGetStart(start);
+  const auto [start, s] = StartGetFromOwnerOne(m, 5, keys);
   ASSERT_TRUE(s.ok());
   auto d = m.BatchGetDone(Done(start, *s));
   ASSERT_TRUE(d.ok());
@@ -173,11 +194,7 @@ TEST(RemoteGetMaster, OneCallPerBatchWhateverTheKeyCount) {  // G8
 
 TEST(RemoteGetMaster, RetriedStartWithTheSameRequestIdGetsTheSameAnswer) {  // T1
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"a", "b"});
-  const auto start = Start(2, 22, 42, {"a", "b"}, 7);
-  auto first = m.BatchGetStart(start);
+  const auto [start, first] = StartGetFromOwnerOne(m, 42, {"a", "b"});
   auto retry = m.BatchGetStart(start);
   ASSERT_TRUE(first.ok() && retry.ok());
   EXPECT_EQ(first->SerializeAsString(), retry->SerializeAsString());
@@ -189,11 +206,7 @@ TEST(RemoteGetMaster, RetriedStartWithTheSameRequestIdGetsTheSameAnswer) {  // T
 
 TEST(RemoteGetMaster, DoneAndRevokeRetriesAreIdempotent) {  // T1
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"a", "b"});
-  const auto start = Start(2, 22, 1, {"a", "b"}, 7);
-  auto s = m.BatchGetStart(start);
+  const auto [start, s] = StartGetFromOwnerOne(m, 1, {"a", "b"});
   ASSERT_TRUE(s.ok());
   const auto done = Done(start, *s);
   auto d1 = m.BatchGetDone(done);
@@ -204,11 +217,7 @@ TEST(RemoteGetMaster, DoneAndRevokeRetriesAreIdempotent) {  // T1
   EXPECT_EQ(Locations(m, "a"), 2u);  // one copy, not two
 
   // Revoke of a finished or unknown get: acknowledged, nothing changes.
-  v1::BatchGetRevokeRequest rv;
-  rv.set_requester_node_id(2);
-  rv.set_requester_generation(22);
-  rv.add_get_ids(s->results(0).get_id());
-  rv.add_get_ids(987654);
+  const auto rv = Revoke(2, 22, {s->results(0).get_id(), 987654});
   auto r1 = m.BatchGetRevoke(rv);
   auto r2 = m.BatchGetRevoke(rv);
   ASSERT_TRUE(r1.ok() && r2.ok());
@@ -219,17 +228,9 @@ TEST(RemoteGetMaster, DoneAndRevokeRetriesAreIdempotent) {  // T1
 
 TEST(RemoteGetMaster, RevokedGetReleasesItsPinAndItsDoneIsUnknown) {
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"k"});
-  const auto start = Start(2, 22, 1, {"k"}, 7);
-  auto s = m.BatchGetStart(start);
+  const auto [start, s] = StartGetFromOwnerOne(m, 1, {"k"});
   ASSERT_TRUE(s.ok());
-  v1::BatchGetRevokeRequest rv;
-  rv.set_requester_node_id(2);
-  rv.set_requester_generation(22);
-  rv.add_get_ids(s->results(0).get_id());
-  ASSERT_TRUE(m.BatchGetRevoke(rv).ok());
+  ASSERT_TRUE(m.BatchGetRevoke(Revoke(2, 22, {s->results(0).get_id()})).ok());
   EXPECT_EQ(m.inflight_gets(), 0u);
   auto d = m.BatchGetDone(Done(start, *s));
   ASSERT_TRUE(d.ok());
@@ -242,11 +243,7 @@ TEST(RemoteGetMaster, RevokedGetReleasesItsPinAndItsDoneIsUnknown) {
 
 TEST(RemoteGetMaster, DoneNamingAnotherTargetOrLengthPublishesNothing) {
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"k"});
-  const auto start = Start(2, 22, 1, {"k"}, 7);
-  auto s = m.BatchGetStart(start);
+  const auto [start, s] = StartGetFromOwnerOne(m, 1, {"k"});
   ASSERT_TRUE(s.ok());
   auto wrong_len = Done(start, *s);
   wrong_len.mutable_items(0)->set_len(kLen * 2);
@@ -268,11 +265,7 @@ TEST(RemoteGetMaster, InflightTtlEndsGetsOfASilentRequester) {
   MasterOptions o;
   o.inflight_get_ttl = milliseconds(200);
   MasterCore m(o);
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"k"});
-  const auto start = Start(2, 22, 1, {"k"}, 7);
-  auto s = m.BatchGetStart(start);
+  const auto [start, s] = StartGetFromOwnerOne(m, 1, {"k"});
   ASSERT_TRUE(s.ok());
   m.ExpireDue(Clock::now() + milliseconds(100));
   EXPECT_EQ(m.inflight_gets(), 1u);
@@ -289,10 +282,7 @@ TEST(RemoteGetMaster, InflightTtlEndsGetsOfASilentRequester) {
 
 TEST(RemoteGetMaster, SamePutIdConvergesOnlyAnotherPutIdIsStale) {  // T2
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Register(m, 3, 33);
-  Publish(m, 1, 11, 7, {"k"});
+  PublishOnOwnerOne(m, {"k"}, /*owners=*/3);
   // Another version asked for: stale.
   auto stale = m.BatchGetStart(Start(2, 22, 1, {"k"}, 8));
   ASSERT_TRUE(stale.ok());
@@ -317,10 +307,7 @@ TEST(RemoteGetMaster, SamePutIdConvergesOnlyAnotherPutIdIsStale) {  // T2
 
 TEST(RemoteGetMaster, DoneAgainstALiveLocationOfTheSameVersionConverges) {  // T2
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Register(m, 3, 33);
-  Publish(m, 1, 11, 7, {"k"});
+  PublishOnOwnerOne(m, {"k"}, /*owners=*/3);
   const auto first = Start(2, 22, 1, {"k"}, 7);
   auto s1 = m.BatchGetStart(first);
   ASSERT_TRUE(s1.ok());
@@ -371,9 +358,7 @@ TEST(RemoteGetMaster, ExpiredOwnerLosesItsRoutesGetsAndGeneration) {
   o.owner_lease = milliseconds(100);
   o.owner_grace = milliseconds(100);
   MasterCore m(o);
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"k"});
+  PublishOnOwnerOne(m, {"k"});
   Publish(m, 2, 22, 3, {"other"});
   ASSERT_TRUE(m.BatchGetStart(Start(2, 22, 1, {"k"}, 7)).ok());
   ASSERT_EQ(m.inflight_gets(), 1u);
@@ -401,11 +386,7 @@ TEST(RemoteGetMaster, ExpiryOfASourceEndsTheGetsReadingFromIt) {
   o.owner_lease = milliseconds(100);
   o.owner_grace = milliseconds(100);
   MasterCore m(o);
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"k"});
-  const auto start = Start(2, 22, 5, {"k"}, 7);
-  auto s = m.BatchGetStart(start);
+  const auto [start, s] = StartGetFromOwnerOne(m, 5, {"k"});
   ASSERT_TRUE(s.ok());
   ASSERT_EQ(s->results(0).outcome(), v1::GET_STARTED);
   for (int i = 0; i < 6; ++i) {  // the requester stays heard, the source does not
@@ -424,11 +405,7 @@ TEST(RemoteGetMaster, ExpiryOfASourceEndsTheGetsReadingFromIt) {
 // The same when the source re-registers under a new generation (its memory was reset).
 TEST(RemoteGetMaster, SourceReregisteringEndsTheGetsReadingFromIt) {
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"k"});
-  const auto start = Start(2, 22, 5, {"k"}, 7);
-  auto s = m.BatchGetStart(start);
+  const auto [start, s] = StartGetFromOwnerOne(m, 5, {"k"});
   ASSERT_TRUE(s.ok());
   ASSERT_EQ(m.UnregisterOwner([] {
                v1::UnregisterOwnerRequest r;
@@ -448,11 +425,7 @@ TEST(RemoteGetMaster, SourceReregisteringEndsTheGetsReadingFromIt) {
 // flight; an answer that started nothing is not kept at all.
 TEST(RemoteGetMaster, StoredAnswersGoWithTheirLastGet) {
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"a", "b"});
-  const auto start = Start(2, 22, 9, {"a", "b"}, 7);
-  auto s = m.BatchGetStart(start);
+  const auto [start, s] = StartGetFromOwnerOne(m, 9, {"a", "b"});
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(m.stored_get_replies(), 1u);
   auto replay = m.BatchGetStart(start);  // T1: the stored answer
@@ -484,9 +457,7 @@ TEST(RemoteGetMaster, EveryAnswerCarriesTheMastersEpoch) {
 // another put_id is still superseded (T2).
 TEST(RemoteGetMaster, RepublishedCopyOfTheRoutedVersionJoinsTheRoute) {
   MasterCore m;
-  Register(m, 1, 11);
-  Register(m, 2, 22);
-  Publish(m, 1, 11, 7, {"k"});
+  PublishOnOwnerOne(m, {"k"});
   Publish(m, 2, 22, 7, {"k"});
   EXPECT_EQ(Locations(m, "k"), 2u);
   v1::PublishBatchRequest other;

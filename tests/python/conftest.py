@@ -65,6 +65,27 @@ owner:
 """
 
 
+def owner_config(node: int, admin_port: int, master_address: str, sock: str,
+                 remote_get_timeout_ms: int, extra: str = "") -> str:
+    """A cluster owner: mutations allowed on its admin port, a 1 GiB segment, a heartbeat every
+    200 ms and a data plane on 127.0.0.1; `extra` follows the owner section (more of its keys,
+    indented, or top-level sections)."""
+    return f"""
+role: owner
+node_id: {node}
+log_level: info
+admin: {{listen_address: "127.0.0.1:{admin_port}", metrics_port: 0, allow_mutations: true}}
+owner:
+  master_address: "{master_address}"
+  socket_path: {sock}
+  segment: {{size: 1GiB}}
+  heartbeat_interval_ms: 200
+  data_address: "127.0.0.1:0"
+  remote_get_timeout_ms: {remote_get_timeout_ms}
+{extra}
+"""
+
+
 @pytest.fixture
 def tmp(tmp_path):
     return tmp_path

@@ -1,5 +1,6 @@
-"""Pages of a known pattern through the hostless API, shared by the multi-process tests: page i
-of a batch put with `seed` holds the byte (seed + i) % 251."""
+"""Pages through the hostless API, shared by the client and multi-process tests: page i of a
+batch put with `seed` holds the byte (seed + i) % 251; read_hit reads back values that must all
+hit."""
 
 import numpy as np
 
@@ -27,3 +28,14 @@ def get_pages(client, keys, value_len):
     fluxon.copy_from_plan(plan, out.ctypes.data, value_len)
     client.release_views(plan)
     return t, out
+
+
+def read_hit(client, keys, value_len):
+    """The values of `keys`, one row each; every key must hit."""
+    h = client.get_start(keys)
+    assert h.result.all_hit, h.result
+    plan = client.get_transfer(h)
+    out = np.empty((len(keys), value_len), dtype=np.uint8)
+    fluxon.copy_from_plan(plan, out.ctypes.data, value_len)
+    client.release_views(plan)
+    return out

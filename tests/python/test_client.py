@@ -2,6 +2,7 @@
 futures, prefixes, and several client processes on one segment."""
 
 import ctypes
+import functools
 import inspect
 import multiprocessing as mp
 import time
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import fluxon
+import kv_pages
 from conftest import embedded_config, free_port
 
 VALUE_LEN = 64 * 1024
@@ -24,14 +26,7 @@ def put(client, keys, value_len=VALUE_LEN, opts=None, seed=0):
     return data
 
 
-def read(client, keys, value_len=VALUE_LEN):
-    h = client.get_start(keys)
-    assert h.result.all_hit, h.result
-    plan = client.get_transfer(h)
-    out = np.empty((len(keys), value_len), dtype=np.uint8)
-    fluxon.copy_from_plan(plan, out.ctypes.data, value_len)
-    client.release_views(plan)
-    return out
+read = functools.partial(kv_pages.read_hit, value_len=VALUE_LEN)
 
 
 def assert_baseline(client):

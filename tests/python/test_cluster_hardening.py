@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import fluxon
-from test_cluster_remote_get import (Cluster, expect_pages, get_pages, keys_of, put_pages,
-                                     wait_baseline, wait_pins, VALUE_LEN)
+# `cluster`: the fixture of the remote get tests, a master and two owners.
+from test_cluster_remote_get import (cluster, expect_pages, get_pages, keys_of,  # noqa: F401
+                                     put_pages, wait_baseline, wait_pins, VALUE_LEN)
 
 SMALL = 4096
 
@@ -54,11 +55,6 @@ def wait_until(pred, timeout, what):
     while not pred():
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
-
-
-@pytest.fixture
-def cluster(daemon_factory, tmp_path):
-    return Cluster(daemon_factory, tmp_path)
 
 
 def test_unconfirmed_route_removal_keeps_the_value(cluster):

@@ -23,7 +23,7 @@ import pytest
 
 import fluxon
 import kv_pages
-from conftest import FLUXOND, Daemon, free_port
+from conftest import FLUXOND, Daemon, free_port, owner_config
 
 FLUXONCTL = os.environ.get("FLUXONCTL", str(Path(FLUXOND).parent / "fluxonctl"))
 VALUE_LEN = 256 * 1024
@@ -61,23 +61,12 @@ admin: {{listen_address: "127.0.0.1:{self.master_admin}", metrics_port: 0}}
 
     def start_owner(self, node, name=None):
         self.admin[node] = free_port()
-        d = self.factory(f"""
-role: owner
-node_id: {node}
-log_level: info
-admin: {{listen_address: "127.0.0.1:{self.admin[node]}", metrics_port: 0, allow_mutations: true}}
-owner:
-  master_address: "127.0.0.1:{self.master_port}"
-  socket_path: {self.sock(node)}
-  segment: {{size: 1GiB}}
+        d = self.factory(owner_config(node, self.admin[node], f"127.0.0.1:{self.master_port}",
+                                      self.sock(node), self.remote_timeout_ms, f"""\
   local_reserve: {{claim_soft_timeout_ms: 5, claim_hard_timeout_ms: 1000}}
-  heartbeat_interval_ms: 200
-  data_address: "127.0.0.1:0"
   transports: [tcp]
-  remote_get_timeout_ms: {self.remote_timeout_ms}
   eviction_interval_ms: 10
-{self.owner_extra}
-""", name=name or f"owner-{node}")
+{self.owner_extra}"""), name=name or f"owner-{node}")
         self.daemons[node] = d
         return d
 
@@ -119,6 +108,16 @@ def keys_of(tag, n):
 
 put_pages = functools.partial(kv_pages.put_pages, value_len=VALUE_LEN)
 get_pages = functools.partial(kv_pages.get_pages, value_len=VALUE_LEN)
+
+
+def put_behind_a_slow_read(cluster, tag, n, seed):
+    """Clients of owners 1 and 2, `n` pages put on owner 1, and owner 2's next peer read held back
+    3 s; returns (client 1, client 2, the keys)."""
+    a, b = cluster.client(1), cluster.client(2)
+    keys = keys_of(tag, n)
+    put_pages(a, keys, seed=seed)
+    cluster.fault(2, "peer.read", "delay", delay_ms=3000, count=1)
+    return a, b, keys
 
 
 def expect_pages(data, n, seed):
@@ -227,10 +226,7 @@ def test_mixed_batch_of_local_and_remote_pages_keeps_the_order(cluster):  # G4
 
 
 def test_source_killed_mid_transfer_ends_as_misses_in_bounded_time(cluster):
-    a, b = cluster.client(1), cluster.client(2)
-    keys = keys_of("kill", 16)
-    put_pages(a, keys, seed=1)
-    cluster.fault(2, "peer.read", "delay", delay_ms=3000, count=1)
+    a, b, keys = put_behind_a_slow_read(cluster, "kill", 16, seed=1)
     result = {}
 
     def get():
@@ -331,10 +327,7 @@ def test_failed_read_with_lost_revoke_answers_frees_targets_after_the_retry(clus
 
 
 def test_source_eviction_keeps_a_value_a_peer_is_reading(cluster):
-    a, b = cluster.client(1), cluster.client(2)
-    keys = keys_of("pinned", 8)
-    put_pages(a, keys, seed=4)
-    cluster.fault(2, "peer.read", "delay", delay_ms=3000, count=1)
+    a, b, keys = put_behind_a_slow_read(cluster, "pinned", 8, seed=4)
     result = {}
     th = threading.Thread(target=lambda: result.update(got=get_pages(b, keys)))
     th.start()

@@ -2,6 +2,7 @@
 anything is reserved or sent, forged or stale plan pointers never crash the process, and a killed
 client's temporary state is released by the owner."""
 
+import functools
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import fluxon
+import kv_pages
 from fluxon import _native
 from conftest import embedded_config
 
@@ -42,14 +44,7 @@ def put(client, keys, value_len=VALUE_LEN, fill=7):
     client.local_fast_put_commit(plan).wait(timeout=10)
 
 
-def read(client, keys, value_len=VALUE_LEN):
-    h = client.get_start(keys)
-    assert h.result.all_hit, h.result
-    plan = client.get_transfer(h)
-    out = np.empty((len(keys), value_len), dtype=np.uint8)
-    fluxon.copy_from_plan(plan, out.ctypes.data, value_len)
-    client.release_views(plan)
-    return out
+read = functools.partial(kv_pages.read_hit, value_len=VALUE_LEN)
 
 
 def run_script(sock, body: str, timeout=60) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ import pytest
 
 import fluxon
 import kv_pages
-from conftest import FLUXOND, free_port
+from conftest import FLUXOND, free_port, owner_config
 
 FLUXONCTL = os.environ.get("FLUXONCTL", str(Path(FLUXOND).parent / "fluxonctl"))
 VALUE_LEN = 64 * 1024
@@ -135,20 +135,9 @@ admin: {{listen_address: "127.0.0.1:{self.master_admin}", metrics_port: 0}}
 
     def start_owner(self, node, secret=1):
         self.admin[node] = free_port()
-        return self.factory(f"""
-role: owner
-node_id: {node}
-log_level: info
-admin: {{listen_address: "127.0.0.1:{self.admin[node]}", metrics_port: 0, allow_mutations: true}}
-owner:
-  master_address: "localhost:{self.master_port}"
-  socket_path: {self.sock(node)}
-  segment: {{size: 1GiB}}
-  heartbeat_interval_ms: 200
-  data_address: "127.0.0.1:0"
-  remote_get_timeout_ms: 3000
-{tls_section(self.pki, secret)}
-""", name=f"owner-{node}")
+        return self.factory(owner_config(node, self.admin[node], f"localhost:{self.master_port}",
+                                         self.sock(node), 3000, tls_section(self.pki, secret)),
+                            name=f"owner-{node}")
 
     def client(self, node):
         return fluxon.KvClient(socket_path=self.sock(node))

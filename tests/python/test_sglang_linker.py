@@ -27,23 +27,10 @@ from fluxon.sglang_linker import (LINKER_LAYOUT, FluxonLinker, LinkerConfig, Poo
                                   pages_from_token_slots)
 from hostpool import NumpyHostPool
 from test_hicache import storage_config
+from test_sglang_backend import _class, _sglang_dir
 
 PAGE = 4
 LAYERS = 3
-
-
-def _sglang_dir() -> Path:
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("sglang is not installed (scripts/install-deps.sh installs it)")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _class(path: Path, name: str) -> ast.ClassDef:
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return node
-    raise AssertionError(f"{name} not found in {path}")
 
 
 # ---- stand-ins --------------------------------------------------------------------------------
@@ -186,6 +173,19 @@ def wait_results(linker, n, timeout=10):
         assert time.time() < deadline, "offloads did not complete"
         time.sleep(0.01)
     return [linker.pop_completed_offload() for _ in range(n)]
+
+
+def daemon_linker(sock, **kw):
+    """A linker whose clients connect to the fluxond on `sock`."""
+    return make(client_factory=lambda s: fluxon.KvClient(socket_path=sock), **kw)
+
+
+def offloaded_pair(lk, tag):
+    """Two pages (from slots 1 and 2) offloaded through `lk` and reported done; their keys."""
+    keys = hashes(2, tag)
+    lk.offload(kv(keys, [1, 2]))
+    assert wait_results(lk, 1) == [True]
+    return keys
 
 
 # ---- the contract with SGLang, from its source ------------------------------------------------
@@ -337,7 +337,7 @@ def test_value_length_is_the_kernel_layout():
 
 
 def test_keys_use_the_backend_key_function_and_never_meet_its_pages(daemon, sock):
-    lk = make(client_factory=lambda s: fluxon.KvClient(socket_path=sock))
+    lk = daemon_linker(sock)
     try:
         ident = RankIdentity(model="org-model-7b", tp_rank=0, tp_size=1)
         view = PoolView.of(MHATokenToKVPool())
@@ -391,7 +391,7 @@ def test_keys_follow_rank_pipeline_and_context_parallel(daemon, sock):
 
 def test_offload_lookup_load_consumes_the_lookup_handle(daemon, sock):
     ops = FakeOps()
-    lk = make(ops=ops, client_factory=lambda s: fluxon.KvClient(socket_path=sock))
+    lk = daemon_linker(sock, ops=ops)
     try:
         keys = hashes(6)
         assert lk.lookup("r0", kv(keys)) == []
@@ -422,11 +422,9 @@ def test_offload_lookup_load_consumes_the_lookup_handle(daemon, sock):
 
 
 def test_unclaimed_handles_are_cancelled(daemon, sock):
-    lk = make(client_factory=lambda s: fluxon.KvClient(socket_path=sock), lookup_hold_s=0.2)
+    lk = daemon_linker(sock, lookup_hold_s=0.2)
     try:
-        keys = hashes(2, "u")
-        lk.offload(kv(keys, [1, 2]))
-        assert wait_results(lk, 1) == [True]
+        keys = offloaded_pair(lk, "u")
         assert lk.lookup("a", kv(keys)) == [1, 2]
         assert lk.lookup("a", kv(keys)) == [1, 2]  # the first handle is cancelled
         assert list(lk._held) == ["a"]
@@ -445,11 +443,9 @@ def test_unclaimed_handles_are_cancelled(daemon, sock):
 
 
 def test_load_of_pages_gone_since_lookup_is_reported(daemon, sock):
-    lk = make(client_factory=lambda s: fluxon.KvClient(socket_path=sock))
+    lk = daemon_linker(sock)
     try:
-        keys = hashes(2, "g")
-        lk.offload(kv(keys, [1, 2]))
-        assert wait_results(lk, 1) == [True]
+        keys = offloaded_pair(lk, "g")
         assert lk.load("r", kv(keys + ["gone"], [3, 4, 5])) is True  # no lookup handle
         idx = lk.start_layer_wise_loading()
         assert lk.finish_layer_wise_loading(idx) is False
@@ -478,11 +474,9 @@ def test_mla_rank_one_reads_and_never_writes(daemon, sock):
 
 
 def test_daemon_gone_gives_no_hit_and_failed_offloads(daemon, sock):
-    lk = make(client_factory=lambda s: fluxon.KvClient(socket_path=sock))
+    lk = daemon_linker(sock)
     try:
-        keys = hashes(2, "d")
-        lk.offload(kv(keys, [1, 2]))
-        assert wait_results(lk, 1) == [True]
+        keys = offloaded_pair(lk, "d")
         daemon.stop()
         assert lk.lookup("r", kv(keys)) == []
         assert lk.lookup("r", kv(keys)) == []

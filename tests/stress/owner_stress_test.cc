@@ -129,13 +129,10 @@ TEST(OwnerStress, WritersReadersAndEvictionKeepValuesIntact) {
   EXPECT_EQ(violations.load(), 0);
   EXPECT_GT(published.load(), 0);
   auto s = owner.Stats();
-  EXPECT_EQ(s["live_handles"], 0);
-  EXPECT_EQ(s["live_views"], 0);
-  EXPECT_EQ(s["prepared_puts"], 0);
-  EXPECT_EQ(s["inflight_gets"], 0);
-  EXPECT_EQ(s["slots_Prepared"], 0);
-  EXPECT_EQ(s["slots_Releasing"], 0);
-  EXPECT_EQ(s["slots_PendingLocalVisible"], 0);
+  for (const char* k : {"live_handles", "live_views", "prepared_puts", "inflight_gets",
+                        "slots_Prepared", "slots_Releasing", "slots_PendingLocalVisible"}) {
+    EXPECT_EQ(s[k], 0) << k;
+  }
   // Every committed value has exactly one live route, and nothing else is held.
   EXPECT_EQ(static_cast<size_t>(s["slots_Committed"]), master.route_count());
   EXPECT_EQ(s["keys"], s["slots_Committed"]);

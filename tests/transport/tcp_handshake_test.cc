@@ -66,18 +66,23 @@ TEST(TcpHandshake, WrongSecretIsRefusedOnBothSides) {
   EXPECT_EQ(none.server.code(), absl::StatusCode::kPermissionDenied);
 }
 
+// A fake server's first steps on `fd`: sends a fresh challenge, reads the client's proof.
+void ChallengeAndReadProof(int fd, uint8_t (&proof)[72]) {
+  uint8_t challenge[40] = {};
+  const uint32_t magic = tcp::kChallengeMagic;
+  std::memcpy(challenge, &magic, 4);
+  challenge[4] = tcp::kHandshakeVersion;
+  ASSERT_EQ(::send(fd, challenge, sizeof(challenge), 0), 40);
+  ASSERT_EQ(::recv(fd, proof, sizeof(proof), MSG_WAITALL), 72);
+}
+
 TEST(TcpHandshake, ServerThatCannotProveTheSecretIsRefusedByTheClient) {
   // A fake server: a fresh challenge, then an "accepted" verdict with a MAC it could not compute.
   SocketPair p;
   absl::Status client;
   std::thread fake([&] {
-    uint8_t challenge[40] = {};
-    const uint32_t magic = tcp::kChallengeMagic;
-    std::memcpy(challenge, &magic, 4);
-    challenge[4] = tcp::kHandshakeVersion;
-    ASSERT_EQ(::send(p.fds[1], challenge, sizeof(challenge), 0), 40);
     uint8_t proof[72];
-    ASSERT_EQ(::recv(p.fds[1], proof, sizeof(proof), MSG_WAITALL), 72);
+    ASSERT_NO_FATAL_FAILURE(ChallengeAndReadProof(p.fds[1], proof));
     uint8_t verdict[40] = {};
     const uint32_t vmagic = tcp::kVerdictMagic;
     std::memcpy(verdict, &vmagic, 4);
@@ -94,13 +99,8 @@ TEST(TcpHandshake, ServerThatCannotProveTheSecretIsRefusedByTheClient) {
 TEST(TcpHandshake, PeerThatDiesBeforeItsVerdictIsAnOutageNotARefusal) {
   SocketPair p;
   std::thread dying([&] {
-    uint8_t challenge[40] = {};
-    const uint32_t magic = tcp::kChallengeMagic;
-    std::memcpy(challenge, &magic, 4);
-    challenge[4] = tcp::kHandshakeVersion;
-    ASSERT_EQ(::send(p.fds[1], challenge, sizeof(challenge), 0), 40);
     uint8_t proof[72];
-    ASSERT_EQ(::recv(p.fds[1], proof, sizeof(proof), MSG_WAITALL), 72);
+    ASSERT_NO_FATAL_FAILURE(ChallengeAndReadProof(p.fds[1], proof));
     ::shutdown(p.fds[1], SHUT_RDWR);  // gone before the verdict
   });
   const absl::Status s = tcp::ClientHandshake(p.fds[0], "the cluster secret, 16+ bytes",
@@ -120,11 +120,6 @@ TEST(TcpHandshake, SilentPeerEndsAtTheDeadline) {
 
 // ----- Through TcpTransport: serving side and initiator with their own secrets -------------
 
-struct Served {
-  std::vector<uint8_t> region = std::vector<uint8_t>(1 << 20, 0x5a);
-  std::unique_ptr<TcpTransport> transport;
-};
-
 std::unique_ptr<TcpTransport> MakeTransport(const std::string& secret, bool listen,
                                             absl::Duration handshake_timeout = absl::Seconds(5)) {
   TcpTransportOptions o;
@@ -139,10 +134,34 @@ std::unique_ptr<TcpTransport> MakeTransport(const std::string& secret, bool list
   return t.ok() ? std::move(*t) : nullptr;
 }
 
+struct Served {
+  // Serves the region through `t` under `generation`.
+  absl::Status Serve(std::unique_ptr<TcpTransport> t, uint64_t generation) {
+    transport = std::move(t);
+    return transport->RegisterRegion(generation, region.data(), region.size());
+  }
+  // ... through a listening transport of `secret`.
+  absl::Status Serve(const std::string& secret, uint64_t generation,
+                     absl::Duration handshake_timeout = absl::Seconds(5)) {
+    return Serve(MakeTransport(secret, /*listen=*/true, handshake_timeout), generation);
+  }
+
+  std::vector<uint8_t> region = std::vector<uint8_t>(1 << 20, 0x5a);
+  std::unique_ptr<TcpTransport> transport;
+};
+
+// The server's handshakes_refused once it reached `at_least`, or after 2 s: it counts a refusal
+// after sending its verdict.
+uint64_t RefusalsWithin2s(TcpTransport& server, uint64_t at_least) {
+  for (int i = 0; i < 200 && server.stats().handshakes_refused < at_least; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return server.stats().handshakes_refused;
+}
+
 TEST(TcpTransportSecret, MembersMoveBytesOthersAreRefusedAndTouchNothing) {
   Served server;
-  server.transport = MakeTransport("cluster secret: fluxon-test-1", /*listen=*/true);
-  ASSERT_TRUE(server.transport->RegisterRegion(7, server.region.data(), server.region.size()).ok());
+  ASSERT_TRUE(server.Serve("cluster secret: fluxon-test-1", 7).ok());
 
   std::vector<uint8_t> local(1 << 16, 0x11);
   auto member = MakeTransport("cluster secret: fluxon-test-1", /*listen=*/false);
@@ -168,10 +187,7 @@ TEST(TcpTransportSecret, MembersMoveBytesOthersAreRefusedAndTouchNothing) {
   EXPECT_EQ(server.region[0], 0x5a) << "a refused write changed the region";
   EXPECT_EQ(other_mem[0], 0x22) << "a refused read filled local memory";
   // The server counts a refusal after sending its verdict: poll (bounded) for both.
-  for (int i = 0; i < 200 && server.transport->stats().handshakes_refused < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_GE(server.transport->stats().handshakes_refused, 2u);
+  EXPECT_GE(RefusalsWithin2s(*server.transport, 2), 2u);
 
   // A member that served nothing to the outsider still serves members afterwards.
   auto again =
@@ -208,8 +224,7 @@ size_t DrainUntilClosed(int fd) {
 
 TEST(TcpTransportSecret, RequestWithoutHandshakeIsNeverServed) {
   Served server;
-  server.transport = MakeTransport("cluster secret: fluxon-test-2", /*listen=*/true);
-  ASSERT_TRUE(server.transport->RegisterRegion(9, server.region.data(), server.region.size()).ok());
+  ASSERT_TRUE(server.Serve("cluster secret: fluxon-test-2", 9).ok());
   // A raw peer skips the handshake and sends a well-formed write request for offset 0.
   const int fd = ConnectLoopback(server.transport->endpoint());
   std::vector<uint8_t> msg(sizeof(tcp::RequestHeader) + sizeof(tcp::WireDescriptor) + 4096, 0x77);
@@ -228,35 +243,25 @@ TEST(TcpTransportSecret, RequestWithoutHandshakeIsNeverServed) {
   EXPECT_EQ(DrainUntilClosed(fd), 0u);
   ::close(fd);
   EXPECT_EQ(server.region[0], 0x5a);
-  for (int i = 0; i < 200 && server.transport->stats().handshakes_refused < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(server.transport->stats().handshakes_refused, 1u);
+  EXPECT_EQ(RefusalsWithin2s(*server.transport, 1), 1u);
 }
 
 TEST(TcpTransportSecret, ConnectionThatNeverProvesIsClosedByTheHandshakeTimeout) {
   Served server;
-  server.transport =
-      MakeTransport("s3cret-s3cret-s3cret", /*listen=*/true, absl::Milliseconds(300));
-  ASSERT_TRUE(server.transport->RegisterRegion(3, server.region.data(), server.region.size()).ok());
+  ASSERT_TRUE(server.Serve("s3cret-s3cret-s3cret", 3, absl::Milliseconds(300)).ok());
   const int fd = ConnectLoopback(server.transport->endpoint());
   const auto start = Clock::now();
   EXPECT_EQ(DrainUntilClosed(fd), 40u) << "only the challenge, then the close";
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(4));
   ::close(fd);
-  for (int i = 0; i < 200 && server.transport->stats().handshakes_refused < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(server.transport->stats().handshakes_refused, 1u);
+  EXPECT_EQ(RefusalsWithin2s(*server.transport, 1), 1u);
 }
 
 // Cluster hardening, item 6: silent TCP connects (no handshake) cannot lock members out; the
 // oldest unauthenticated connection makes room, and members keep reading throughout.
 TEST(TcpTransportSecret, SilentConnectsDoNotLockMembersOut) {
   Served server;
-  server.transport =
-      MakeTransport("cluster secret: fluxon-test-6", /*listen=*/true, absl::Seconds(5));
-  ASSERT_TRUE(server.transport->RegisterRegion(6, server.region.data(), server.region.size()).ok());
+  ASSERT_TRUE(server.Serve("cluster secret: fluxon-test-6", 6, absl::Seconds(5)).ok());
   std::vector<int> silent;
   for (int i = 0; i < 300; ++i) silent.push_back(ConnectLoopback(server.transport->endpoint()));
   std::vector<uint8_t> local(1 << 16, 0x11);
@@ -283,8 +288,7 @@ TEST(TcpTransportSecret, IdleConnectionIsClosedAndTheMemberReconnects) {
   o.idle_timeout = absl::Milliseconds(200);
   auto t = TcpTransport::Create(o);
   ASSERT_TRUE(t.ok());
-  server.transport = std::move(*t);
-  ASSERT_TRUE(server.transport->RegisterRegion(7, server.region.data(), server.region.size()).ok());
+  ASSERT_TRUE(server.Serve(std::move(*t), 7).ok());
   std::vector<uint8_t> local(1 << 16, 0x11);
   auto member = MakeTransport("cluster secret: fluxon-test-7", /*listen=*/false);
   ASSERT_TRUE(member->RegisterRegion(1, local.data(), local.size()).ok());
@@ -311,8 +315,7 @@ TEST(TcpTransportSecret, IdleConnectionIsClosedAndTheMemberReconnects) {
 // More than 64 requesters (each with several connections) are served by one source at once.
 TEST(TcpTransportSecret, OneSourceServes128Requesters) {
   Served server;
-  server.transport = MakeTransport("cluster secret: fluxon-test-8", /*listen=*/true);
-  ASSERT_TRUE(server.transport->RegisterRegion(8, server.region.data(), server.region.size()).ok());
+  ASSERT_TRUE(server.Serve("cluster secret: fluxon-test-8", 8).ok());
   constexpr int kRequesters = 128;
   std::vector<std::vector<uint8_t>> locals(kRequesters, std::vector<uint8_t>(8192, 0));
   std::vector<std::unique_ptr<TcpTransport>> members;

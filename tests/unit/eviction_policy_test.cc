@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort_test_util.h"
 #include "eviction/eviction_replay.h"
 #include "owner/hot_tier.h"
 
@@ -19,24 +20,15 @@ namespace {
 
 using namespace eviction_replay;
 
+using testing::Ids;
+
+// Every cohort here carries a fingerprint (1000 + id) for the ghost lists.
+constexpr uint64_t kFingerprintBase = 1000;
 Cohort Make(uint64_t id, uint64_t weight = 1) {
-  Cohort c;
-  c.id = id;
-  c.weight = weight;
-  c.fingerprint = 1000 + id;
-  return c;
+  return testing::MakeCohort(id, weight, kFingerprintBase);
 }
-
 std::vector<Cohort> Chain(uint64_t first, uint64_t n) {
-  std::vector<Cohort> out;
-  for (uint64_t i = 0; i < n; ++i) out.push_back(Make(first + i));
-  return out;
-}
-
-std::vector<uint64_t> Ids(const std::vector<Cohort>& cs) {
-  std::vector<uint64_t> out;
-  for (const Cohort& c : cs) out.push_back(c.id);
-  return out;
+  return testing::MakeChain(first, n, kFingerprintBase);
 }
 
 size_t IndexOf(const std::vector<uint64_t>& v, uint64_t id) {

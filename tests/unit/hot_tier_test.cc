@@ -6,30 +6,18 @@
 
 #include <vector>
 
+#include "cohort_test_util.h"
 #include "eviction/baseline_policies.h"
 #include "eviction/eviction_replay.h"
 
 namespace fluxon {
 namespace {
 
-Cohort Make(uint64_t id, uint64_t weight = 1) {
-  Cohort c;
-  c.id = id;
-  c.weight = weight;
-  return c;
-}
+using testing::Ids;
 
-std::vector<Cohort> Chain(uint64_t first, uint64_t n) {
-  std::vector<Cohort> out;
-  for (uint64_t i = 0; i < n; ++i) out.push_back(Make(first + i));
-  return out;
-}
-
-std::vector<uint64_t> Ids(const std::vector<Cohort>& cs) {
-  std::vector<uint64_t> out;
-  for (const Cohort& c : cs) out.push_back(c.id);
-  return out;
-}
+// No fingerprints: the cohorts have no keys to derive one from.
+Cohort Make(uint64_t id, uint64_t weight = 1) { return testing::MakeCohort(id, weight, 0); }
+std::vector<Cohort> Chain(uint64_t first, uint64_t n) { return testing::MakeChain(first, n, 0); }
 
 TEST(HotTierTest, VictimsComeFromTheTailOfTheirChain) {
   HotTier<> tier;

@@ -116,10 +116,7 @@ TEST_F(EvictorTest, LocationPinnedByARemoteGetIsKept) {
   ASSERT_TRUE(PutAndPublish(o, {"read-by-peer"}).ok());
   auto route = RouteOf(master(), "read-by-peer");
   ASSERT_TRUE(route.has_value());
-  v1::RegisterOwnerRequest peer;
-  peer.set_node_id(2);
-  peer.set_generation(22);
-  ASSERT_TRUE(master().RegisterOwner(peer).ok());
+  ASSERT_TRUE(RegisterPeer(master(), 2, 22).ok());
   v1::BatchGetStartRequest start;
   start.set_requester_node_id(2);
   start.set_requester_generation(22);

@@ -10,7 +10,37 @@
 namespace fluxon::testing {
 namespace {
 
-class GetPathTest : public OwnerPartsTest {};
+// Runs GetPath::Start on a thread (a second client of the owner).
+struct AsyncGet {
+  AsyncGet(OwnerParts& o, uint64_t client, std::vector<std::string> keys)
+      : thread([&o, client, keys = std::move(keys), this] {
+          result = o.gets->Start(client, keys, {}, true);
+        }) {}
+  ~AsyncGet() {
+    if (thread.joinable()) thread.join();
+  }
+  absl::StatusOr<GetStartOutcome> Join() {
+    thread.join();
+    return result;
+  }
+  absl::StatusOr<GetStartOutcome> result = absl::UnknownError("not run");
+  std::thread thread;
+};
+
+class GetPathTest : public OwnerPartsTest {
+ protected:
+  // Holds the master's Lookup back, starts client 1's get of `key` (it leads) and then client 2's
+  // (it joins), and returns once the joiner has classified the key.
+  void StartLeaderAndJoiner(OwnerParts& o, const std::string& key, std::optional<AsyncGet>& leader,
+                            std::optional<AsyncGet>& joiner) {
+    Fault("master.Lookup", FaultAction::kDelay, 1, milliseconds(10'000));
+    leader.emplace(o, 1, std::vector<std::string>{key});
+    ASSERT_TRUE(WaitUntil([&] { return o.flights->size() == 1; }));
+    joiner.emplace(o, 2, std::vector<std::string>{key});
+    ASSERT_TRUE(WaitUntil([&] { return o.counters->get_batches.load() == 2; }));
+    std::this_thread::sleep_for(milliseconds(100));  // the joiner has classified the key
+  }
+};
 
 // Evicts what it can of `keys` (each is one cohort) and says which went.
 std::vector<bool> Evictable(OwnerParts& o, const std::vector<std::string>& keys) {
@@ -148,38 +178,17 @@ TEST_F(GetPathTest, ExpiredAndSessionHandlesAreReleased) {
   EXPECT_EQ(Evictable(o, {"e0", "e1"}), std::vector<bool>({true, true}));
 }
 
-// Runs GetPath::Start on a thread (a second client of the owner).
-struct AsyncGet {
-  AsyncGet(OwnerParts& o, uint64_t client, std::vector<std::string> keys)
-      : thread([&o, client, keys = std::move(keys), this] {
-          result = o.gets->Start(client, keys, {}, true);
-        }) {}
-  ~AsyncGet() {
-    if (thread.joinable()) thread.join();
-  }
-  absl::StatusOr<GetStartOutcome> Join() {
-    thread.join();
-    return result;
-  }
-  absl::StatusOr<GetStartOutcome> result = absl::UnknownError("not run");
-  std::thread thread;
-};
-
 // G6/G7: a key has one leader on this owner; a get of it while the leader's lookup is in flight
 // joins, and sees the leader's terminal state and its one canonical holder (here: the value a
 // put committed while the leader was looking it up; the route names this owner, T2).
 TEST_F(GetPathTest, G7JoinerSharesTheLeadersHolder) {
   OwnerParts& o = Make();
-  Fault("master.Lookup", FaultAction::kDelay, 1, milliseconds(10'000));
-  AsyncGet leader(o, 1, {"late"});
-  ASSERT_TRUE(WaitUntil([&] { return o.flights->size() == 1; }));
-  AsyncGet joiner(o, 2, {"late"});
-  ASSERT_TRUE(WaitUntil([&] { return o.counters->get_batches.load() == 2; }));
-  std::this_thread::sleep_for(milliseconds(100));  // the joiner has classified the key
+  std::optional<AsyncGet> leader, joiner;
+  ASSERT_NO_FATAL_FAILURE(StartLeaderAndJoiner(o, "late", leader, joiner));
   ASSERT_TRUE(PutAndPublish(o, {"late"}).ok());
   faults_.Clear("master.Lookup");  // the leader's Lookup runs now and finds the route here
-  auto led = leader.Join();
-  auto joined = joiner.Join();
+  auto led = leader->Join();
+  auto joined = joiner->Join();
   ASSERT_TRUE(led.ok() && joined.ok());
   EXPECT_EQ(led->leader_started, 1u);
   EXPECT_EQ(joined->inflight_joined, 1u);
@@ -198,15 +207,11 @@ TEST_F(GetPathTest, G7JoinerSharesTheLeadersHolder) {
 // left, so the next get leads again.
 TEST_F(GetPathTest, G7JoinerSeesTheLeadersMiss) {
   OwnerParts& o = Make();
-  Fault("master.Lookup", FaultAction::kDelay, 1, milliseconds(10'000));
-  AsyncGet leader(o, 1, {"gone"});
-  ASSERT_TRUE(WaitUntil([&] { return o.flights->size() == 1; }));
-  AsyncGet joiner(o, 2, {"gone"});
-  ASSERT_TRUE(WaitUntil([&] { return o.counters->get_batches.load() == 2; }));
-  std::this_thread::sleep_for(milliseconds(100));
+  std::optional<AsyncGet> leader, joiner;
+  ASSERT_NO_FATAL_FAILURE(StartLeaderAndJoiner(o, "gone", leader, joiner));
   faults_.Clear("master.Lookup");
-  auto led = leader.Join();
-  auto joined = joiner.Join();
+  auto led = leader->Join();
+  auto joined = joiner->Join();
   ASSERT_TRUE(led.ok() && joined.ok());
   EXPECT_EQ(joined->inflight_joined, 1u);
   EXPECT_EQ(led->prefix.transferable_len, 0u);

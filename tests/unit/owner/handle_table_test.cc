@@ -12,8 +12,16 @@ namespace {
 
 class HandleTableTest : public OwnerPartsTest {
  protected:
-  // `n` holders, each on its own slot; the test keeps these copies, the table gets others.
-  std::vector<HolderRef> Holders(OwnerParts& o, int n) {
+  // The table under test, counting into `counters`.
+  HandleTable& Table(milliseconds handle_ttl = milliseconds(30'000),
+                     milliseconds view_lease = milliseconds(300'000)) {
+    table_.emplace(&counters, handle_ttl, view_lease);
+    return *table_;
+  }
+  // `n` holders, each on its own slot of a new owner; the test keeps these copies, the table gets
+  // others.
+  std::vector<HolderRef> Holders(int n) {
+    OwnerParts& o = Make();
     std::vector<HolderRef> out;
     for (int i = 0; i < n; ++i) out.push_back(LocalHolder(o, "h" + std::to_string(i)));
     return out;
@@ -24,13 +32,14 @@ class HandleTableTest : public OwnerPartsTest {
     for (const HolderRef& h : mine) out.push_back(h.use_count() > 1);
     return out;
   }
+
+  OwnerCounters counters;
+  std::optional<HandleTable> table_;
 };
 
 TEST_F(HandleTableTest, OpenHoldsThePinsAndCountsALiveHandle) {
-  OwnerParts& o = Make();
-  OwnerCounters counters;
-  HandleTable table(&counters, milliseconds(30'000), milliseconds(300'000));
-  std::vector<HolderRef> mine = Holders(o, 2);
+  HandleTable& table = Table();
+  std::vector<HolderRef> mine = Holders(2);
   const uint64_t a = table.Open(1, mine, {});
   const uint64_t b = table.Open(1, {mine[0]}, {});
   EXPECT_NE(a, 0u);
@@ -49,10 +58,8 @@ TEST_F(HandleTableTest, OpenHoldsThePinsAndCountsALiveHandle) {
 // G5: consume keeps a prefix on a group boundary and drops the rest of the pins at once; the
 // handle becomes views (live_handles -> live_views), consumed once, released once.
 TEST_F(HandleTableTest, G5ConsumeKeepsAGroupPrefixAndDropsTheRestAtOnce) {
-  OwnerParts& o = Make();
-  OwnerCounters counters;
-  HandleTable table(&counters, milliseconds(30'000), milliseconds(300'000));
-  std::vector<HolderRef> mine = Holders(o, 5);
+  HandleTable& table = Table();
+  std::vector<HolderRef> mine = Holders(5);
   const uint64_t id = table.Open(1, mine, {2, 2, 1});
   EXPECT_EQ(table.Consume(1, id, 3).code(), absl::StatusCode::kInvalidArgument);  // mid-group
   EXPECT_EQ(table.Consume(1, id, 6).code(), absl::StatusCode::kInvalidArgument);  // too long
@@ -73,10 +80,8 @@ TEST_F(HandleTableTest, G5ConsumeKeepsAGroupPrefixAndDropsTheRestAtOnce) {
 // Consume 0 keeps every pin; views are released by Release only, never by Cancel; an unconsumed
 // handle has no views to release.
 TEST_F(HandleTableTest, ConsumeAllKeepsEveryPinAndReleaseNeedsAConsume) {
-  OwnerParts& o = Make();
-  OwnerCounters counters;
-  HandleTable table(&counters, milliseconds(30'000), milliseconds(300'000));
-  std::vector<HolderRef> mine = Holders(o, 3);
+  HandleTable& table = Table();
+  std::vector<HolderRef> mine = Holders(3);
   const uint64_t id = table.Open(1, mine, {});
   EXPECT_EQ(table.Release(1, id).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(table.Consume(1, id, 0).ok());
@@ -88,10 +93,8 @@ TEST_F(HandleTableTest, ConsumeAllKeepsEveryPinAndReleaseNeedsAConsume) {
 // A handle belongs to the session that opened it: another session's calls are NotFound and
 // change nothing.
 TEST_F(HandleTableTest, AnotherSessionsHandleIsNotFound) {
-  OwnerParts& o = Make();
-  OwnerCounters counters;
-  HandleTable table(&counters, milliseconds(30'000), milliseconds(300'000));
-  std::vector<HolderRef> mine = Holders(o, 1);
+  HandleTable& table = Table();
+  std::vector<HolderRef> mine = Holders(1);
   const uint64_t id = table.Open(1, mine, {});
   EXPECT_EQ(table.Consume(2, id, 0).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(table.Cancel(2, id).code(), absl::StatusCode::kNotFound);
@@ -104,10 +107,8 @@ TEST_F(HandleTableTest, AnotherSessionsHandleIsNotFound) {
 
 // An unconsumed handle expires handle_ttl after it was opened, through the same drop path.
 TEST_F(HandleTableTest, UnconsumedHandleExpiresAfterHandleTtl) {
-  OwnerParts& o = Make();
-  OwnerCounters counters;
-  HandleTable table(&counters, milliseconds(100), milliseconds(300'000));
-  std::vector<HolderRef> mine = Holders(o, 2);
+  HandleTable& table = Table(milliseconds(100));
+  std::vector<HolderRef> mine = Holders(2);
   const auto before = Clock::now();
   const uint64_t id = table.Open(1, mine, {});
   EXPECT_EQ(table.ExpireDue(before + milliseconds(99)), 0u);
@@ -123,10 +124,8 @@ TEST_F(HandleTableTest, UnconsumedHandleExpiresAfterHandleTtl) {
 // Views live for view_lease from the consume, not for handle_ttl: past handle_ttl they stay;
 // past view_lease they are released (views_expired) and a later release_views is NotFound.
 TEST_F(HandleTableTest, ViewsExpireAfterViewLeaseNotHandleTtl) {
-  OwnerParts& o = Make();
-  OwnerCounters counters;
-  HandleTable table(&counters, milliseconds(100), milliseconds(1'000));
-  std::vector<HolderRef> mine = Holders(o, 2);
+  HandleTable& table = Table(milliseconds(100), milliseconds(1'000));
+  std::vector<HolderRef> mine = Holders(2);
   const uint64_t id = table.Open(1, mine, {});
   ASSERT_TRUE(table.Consume(1, id, 0).ok());
   const auto consumed = Clock::now();
@@ -142,10 +141,8 @@ TEST_F(HandleTableTest, ViewsExpireAfterViewLeaseNotHandleTtl) {
 
 // A session that ended drops its handles and views (both gauges), and only its own.
 TEST_F(HandleTableTest, DropSessionDropsThatSessionsHandlesAndViewsOnly) {
-  OwnerParts& o = Make();
-  OwnerCounters counters;
-  HandleTable table(&counters, milliseconds(30'000), milliseconds(300'000));
-  std::vector<HolderRef> mine = Holders(o, 3);
+  HandleTable& table = Table();
+  std::vector<HolderRef> mine = Holders(3);
   const uint64_t handle = table.Open(1, {mine[0]}, {});
   const uint64_t views = table.Open(1, {mine[1]}, {});
   ASSERT_TRUE(table.Consume(1, views, 0).ok());

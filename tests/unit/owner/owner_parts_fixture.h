@@ -324,6 +324,31 @@ inline std::optional<v1::Route> RouteOf(MasterApi& master, const std::string& ke
   return reply->routes(0);
 }
 
+// Registers node `node_id` under `generation` at `master`, with no data plane: a peer that
+// exists only at the master.
+inline absl::Status RegisterPeer(MasterCore& master, uint32_t node_id, uint64_t generation) {
+  v1::RegisterOwnerRequest r;
+  r.set_node_id(node_id);
+  r.set_generation(generation);
+  return master.RegisterOwner(r).status();
+}
+
+// Publishes, as node `node_id` under `generation`, the one route of `key` as `put_id` (a value at
+// offset 4096 of that node's segment).
+inline absl::Status PublishOne(MasterCore& master, uint32_t node_id, uint64_t generation,
+                               uint64_t put_id, const std::string& key) {
+  v1::PublishBatchRequest r;
+  r.set_node_id(node_id);
+  r.set_generation(generation);
+  r.set_put_id(put_id);
+  v1::RouteItem* item = r.add_items();
+  item->set_key(key);
+  item->set_put_id(put_id);
+  item->set_offset(4096);
+  item->set_len(kValueLen);
+  return master.PublishBatch(r).status();
+}
+
 // The tag the value at `offset` of `o`'s segment carries.
 inline uint64_t TagAt(OwnerParts& o, uint64_t offset) {
   uint64_t tag = 0;

@@ -128,20 +128,8 @@ TEST_F(PublisherTest, RefusedPublishDropsTheLocalValues) {
 // local value is dropped, the rest of the batch is committed, and PutDone says AlreadyExists.
 TEST_F(PublisherTest, SupersededKeysAreDroppedTheRestCommitted) {
   OwnerParts& o = Make();
-  v1::RegisterOwnerRequest reg;
-  reg.set_node_id(2);
-  reg.set_generation(22);
-  ASSERT_TRUE(master().RegisterOwner(reg).ok());
-  v1::PublishBatchRequest other;
-  other.set_node_id(2);
-  other.set_generation(22);
-  other.set_put_id(5);
-  v1::RouteItem* item = other.add_items();
-  item->set_key("b");
-  item->set_put_id(5);
-  item->set_offset(4096);
-  item->set_len(kValueLen);
-  ASSERT_TRUE(master().PublishBatch(other).ok());
+  ASSERT_TRUE(RegisterPeer(master(), 2, 22).ok());
+  ASSERT_TRUE(PublishOne(master(), 2, 22, 5, "b").ok());
 
   const absl::Status s = PutAndPublish(o, {"a", "b"});
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;

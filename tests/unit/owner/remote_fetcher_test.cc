@@ -128,20 +128,8 @@ TEST_F(RemoteFetcherTest, RouteToAnOwnerThatIsNotLiveIsAMiss) {
   UseMaster(mo);
   TwoOwners();
   ASSERT_TRUE(PutAndPublish(*b_, {"stale"}).ok());
-  v1::RegisterOwnerRequest plain;  // node 3: no data plane
-  plain.set_node_id(3);
-  plain.set_generation(33);
-  ASSERT_TRUE(master().RegisterOwner(plain).ok());
-  v1::PublishBatchRequest pub;
-  pub.set_node_id(3);
-  pub.set_generation(33);
-  pub.set_put_id(9);
-  v1::RouteItem* item = pub.add_items();
-  item->set_key("planeless");
-  item->set_put_id(9);
-  item->set_offset(4096);
-  item->set_len(kValueLen);
-  ASSERT_TRUE(master().PublishBatch(pub).ok());
+  ASSERT_TRUE(RegisterPeer(master(), 3, 33).ok());  // node 3: no data plane
+  ASSERT_TRUE(PublishOne(master(), 3, 33, 9, "planeless").ok());
   std::this_thread::sleep_for(milliseconds(400));  // node 2 is silent past its lease
 
   std::vector<HolderRef> got = Fetch(Leaders({"stale", "planeless"}));

@@ -11,13 +11,27 @@
 namespace fluxon::testing {
 namespace {
 
-class SingleFlightTest : public OwnerPartsTest {};
+class SingleFlightTest : public OwnerPartsTest {
+ protected:
+  // Two LeadOrJoin calls of one key: the first's op and whether it leads, then the second's.
+  struct LeadAndJoin {
+    std::shared_ptr<SharedGetOp> op;
+    bool leads;
+    std::shared_ptr<SharedGetOp> joined;
+    bool joins_leads;
+  };
+  LeadAndJoin LeadThenJoin(const std::string& key) {
+    auto [op, leads] = flights.LeadOrJoin(key);
+    auto [joined, joins_leads] = flights.LeadOrJoin(key);
+    return {op, leads, joined, joins_leads};
+  }
+
+  SingleFlight flights;
+};
 
 // G6: the first caller of a key leads, later ones join the same op; keys are independent.
 TEST_F(SingleFlightTest, FirstCallerLeadsLaterCallersJoinTheSameOp) {
-  SingleFlight flights;
-  auto [op, leads] = flights.LeadOrJoin("k");
-  auto [joined, joins_leads] = flights.LeadOrJoin("k");
+  auto [op, leads, joined, joins_leads] = LeadThenJoin("k");
   auto [other, other_leads] = flights.LeadOrJoin("other");
   EXPECT_TRUE(leads);
   EXPECT_FALSE(joins_leads);
@@ -32,7 +46,6 @@ TEST_F(SingleFlightTest, FirstCallerLeadsLaterCallersJoinTheSameOp) {
 
 // G3/G6: callers racing on one key get exactly one leader and all share its op.
 TEST_F(SingleFlightTest, ConcurrentCallersGetExactlyOneLeader) {
-  SingleFlight flights;
   constexpr int kThreads = 8;
   std::atomic<int> leaders{0};
   std::vector<std::shared_ptr<SharedGetOp>> ops(kThreads);
@@ -58,7 +71,6 @@ TEST_F(SingleFlightTest, ConcurrentCallersGetExactlyOneLeader) {
 // canonical holder (the same MemoryInfo, not a copy).
 TEST_F(SingleFlightTest, G7JoinersSeeTheLeadersCanonicalHolder) {
   OwnerParts& o = Make();
-  SingleFlight flights;
   auto [op, leads] = flights.LeadOrJoin("k");
   ASSERT_TRUE(leads);
   std::vector<HolderRef> seen(3);
@@ -83,9 +95,7 @@ TEST_F(SingleFlightTest, G7JoinersSeeTheLeadersCanonicalHolder) {
 // G7: a leader that found nothing ends Failed: its joiners see a miss (an empty holder).
 TEST_F(SingleFlightTest, G7JoinersSeeTheLeadersFailure) {
   OwnerParts& o = Make();
-  SingleFlight flights;
-  auto [op, leads] = flights.LeadOrJoin("missing");
-  auto [joined, joins_leads] = flights.LeadOrJoin("missing");
+  auto [op, leads, joined, joins_leads] = LeadThenJoin("missing");
   ASSERT_TRUE(leads);
   ASSERT_FALSE(joins_leads);
   HolderRef seen = LocalHolder(o, "not-the-answer");  // overwritten by the wait
@@ -101,9 +111,7 @@ TEST_F(SingleFlightTest, G7JoinersSeeTheLeadersFailure) {
 // state, and the op stays the leader's.
 TEST_F(SingleFlightTest, JoinerPastItsDeadlineSeesAMiss) {
   OwnerParts& o = Make();
-  SingleFlight flights;
-  auto [op, leads] = flights.LeadOrJoin("slow");
-  auto [joined, joins_leads] = flights.LeadOrJoin("slow");
+  auto [op, leads, joined, joins_leads] = LeadThenJoin("slow");
   ASSERT_TRUE(leads && !joins_leads);
   const auto begin = Clock::now();
   EXPECT_FALSE(joined->Wait(begin + milliseconds(50)));
@@ -118,7 +126,6 @@ TEST_F(SingleFlightTest, JoinerPastItsDeadlineSeesAMiss) {
 // no marker and the next get leads a new op; a stale Finish of the old op never removes the
 // newer one.
 TEST_F(SingleFlightTest, G10FinishLeavesNoMarkerAndNeverRemovesANewerOp) {
-  SingleFlight flights;
   auto [first, first_leads] = flights.LeadOrJoin("k");
   ASSERT_TRUE(first_leads);
   flights.Finish("k", first, HolderRef());
