@@ -453,10 +453,14 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
         const SlotRef slot = t.holder->slot;
         HolderRef canonical = t.holder;
         if (!keys_->CommitCopy(t.key, t.put_id, &t.holder, c.id)) {
-          // Cannot happen while our reservation stands; never leave a live route unowned.
-          spdlog::error("installing the remote copy of {} failed; its route stays until evicted",
-                        t.key);
+          // Cannot happen while our reservation stands. The master routes readers to this slot
+          // now (GET_DONE), so it must never return to Free and be reused for another value:
+          // its route is marked live on the slot (it then outlives its holder) and stays until
+          // the master drops it (S2, T2).
+          spdlog::error("installing the remote copy of {} failed; its slot stays allocated", t.key);
           FLUXON_DCHECK(false, "a remote copy lost its reservation");
+          const absl::Status kept = pool_->PublishRoute(slot);
+          if (!kept.ok()) spdlog::error("keeping the slot of {}: {}", t.key, kept.ToString());
           t.fate = Target::Fate::kFreed;
           break;
         }
