@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "fluxon/host_registration.h"
-#include "kernels/host_mappings.h"
 #include "fluxon/kv_transfer.h"
 #include "fluxon/plan_blob.h"
+#include "kernels/host_mappings.h"
 #include "slot/segment.h"
 
 namespace fluxon {

@@ -15,8 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "fluxon/client.h"
 #include "config/config.h"
+#include "fluxon/client.h"
 #include "fluxon/plan_blob_abi.h"
 #include "fluxon/units.h"
 #include "fluxon/version.h"

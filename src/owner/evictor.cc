@@ -2,8 +2,8 @@
 
 #include <map>
 
-#include "common/check.h"
 #include "common/batch.h"
+#include "common/check.h"
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 #include "rpc/retry.h"

@@ -53,9 +53,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/batch.h"
 #include "common/stop_signal.h"
 #include "config/config.h"
-#include "common/batch.h"
 #include "owner/evictor.h"
 #include "owner/get_path.h"
 #include "owner/handle_table.h"
