@@ -3,8 +3,8 @@
 #include <chrono>
 
 #include "absl/strings/str_format.h"
-#include "common/check.h"
 #include "common/batch.h"
+#include "common/check.h"
 #include "fluxon/status.h"
 #include "spdlog/spdlog.h"
 

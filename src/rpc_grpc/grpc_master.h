@@ -13,8 +13,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "rpc_grpc/grpc_security.h"
 #include "rpc/master_api.h"
+#include "rpc_grpc/grpc_security.h"
 
 namespace fluxon {
 
