@@ -55,10 +55,16 @@ case $mode in
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUXON_CUDA=ON \
       -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$PYBIND_DIR" >/dev/null
     cmake -S . -B "$BUILD_DIR" -DFLUXON_PYTHON=ON >/dev/null
-    cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target kv_transfer_bench
+    cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target kv_transfer_bench _fluxon_kernels_testing
     rm -rf "$DEST"
     mkdir -p "$DEST/bin" "$DEST/lib" "$DEST/wheel" "$DEST/tests"
-    JOBS=${JOBS:-2} DIST="$DEST/wheel" scripts/build-wheel.sh "$PY"
+    # The wheel's kernels module and the tests' support module share a class registration
+    # (pybind11 internals), so both are built with the same pybind11: the one found above.
+    PYBIND_VERSION=$(python3 -m pybind11 --version 2>/dev/null || "$PY" -m pybind11 --version)
+    CONSTRAINTS=$(mktemp)
+    echo "pybind11==$PYBIND_VERSION" >"$CONSTRAINTS"
+    PIP_CONSTRAINT="$CONSTRAINTS" JOBS=${JOBS:-2} DIST="$DEST/wheel" scripts/build-wheel.sh "$PY"
+    rm -f "$CONSTRAINTS"
     WHEEL=$(ls "$DEST"/wheel/fluxon-*-cp312-*.whl)
     "$PY" - "$WHEEL" <<'PY'
 import sys, zipfile
@@ -70,6 +76,8 @@ PY
     strip "$DEST"/bin/*
     cp tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py tests/gpu/test_sglang_real.py \
       tests/gpu/test_linker_real.py "$DEST/tests/"
+    # The kernel tests' support module (not in the wheel), beside the test that imports it.
+    cp "$BUILD_DIR"/tests/kernels/_fluxon_kernels_testing*.so "$DEST/tests/"
     mkdir -p "$DEST/bench"
     cp bench/gpu/linker_bench.py "$DEST/bench/"
     # The pinned SGLang (its Python sources; the compiled extensions are for another Python and
@@ -94,7 +102,7 @@ PY
     cp scripts/gpu-run.sh "$DEST/"
     # The benchmark's non-system shared libraries (abseil, numa); glibc and libstdc++ come from
     # the target. Only the benchmark steps put them on the library path.
-    for f in "$DEST"/bin/*; do
+    for f in "$DEST"/bin/* "$DEST"/tests/*.so; do
       ldd "$f" | awk '/=> \//{print $3}'
     done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
       xargs -r cp -L -t "$DEST/lib/"

@@ -1,6 +1,10 @@
 // `_fluxon_kernels`: Python bindings of the hostless data plane (raw pointers and stream handles;
-// python/fluxon/kernels.py adds torch wrappers), plus test hooks that create a real Segment and a
-// real PlanRegistry so GPU tests exercise the same memory Fluxon hands out.
+// python/fluxon/kernels.py adds torch wrappers). It ships in the wheel and carries no test hooks:
+// the tests' memory (a real memfd Segment) comes from the test support module
+// `_fluxon_kernels_testing` (tests/kernels/kernels_testing_module.cc). `PlanArena` is public: a
+// caller that drives the kernels over values it placed itself issues its plans there, and a
+// DataPlane(plans=arena) refuses any plan the arena did not issue for that direction. It lives in
+// this module because a PlanRegistry must be issued and checked by one copy of the library.
 //
 // Invariants and why:
 // - Every absl::Status error becomes a Python exception before control returns (ValueError for
@@ -22,7 +26,7 @@
 #include "fluxon/host_registration.h"
 #include "fluxon/kv_transfer.h"
 #include "fluxon/plan_blob.h"
-#include "slot/segment.h"
+#include "kernels/python/plan_arena.h"
 
 namespace py = pybind11;
 
@@ -64,41 +68,6 @@ KvDirection ParseDirection(const std::string& name) {
 }
 
 cudaStream_t StreamOf(uint64_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
-
-// Test hook: an owner-side memfd Segment (MAP_SHARED), as the daemon creates it.
-class PySegment {
- public:
-  explicit PySegment(uint64_t size_bytes) {
-    SegmentOptions options;
-    options.size_bytes = size_bytes;
-    options.name = "fluxon-kernels-test";
-    segment_ = Take(Segment::Create(options));
-  }
-  uint64_t base() const { return reinterpret_cast<uint64_t>(segment_->base()); }
-  uint64_t total_bytes() const { return segment_->total_bytes(); }
-  uint64_t data_offset() const { return segment_->data_offset(); }
-  int fd() const { return segment_->fd(); }
-  const Segment& segment() const { return *segment_; }
-
- private:
-  std::unique_ptr<Segment> segment_;
-};
-
-// Test hook: a PlanRegistry issuing real plan blobs from its page-aligned arena.
-class PyPlanArena {
- public:
-  explicit PyPlanArena(uint64_t arena_bytes) {
-    registry_ = Take(PlanRegistry::Create(PlanRegistryOptions{arena_bytes}));
-  }
-  uint64_t Issue(PlanKind kind, const std::vector<uint64_t>& values) {
-    return Take(registry_->Issue(kind, values));
-  }
-  void Consume(uint64_t plan_ptr, PlanKind kind) { Take(registry_->Consume(plan_ptr, kind)); }
-  const PlanRegistry& registry() const { return *registry_; }
-
- private:
-  std::unique_ptr<PlanRegistry> registry_;
-};
 
 class PyRegistration {
  public:
@@ -192,7 +161,7 @@ class PyLayerEvents {
 class PyDataPlane {
  public:
   PyDataPlane(const KvPageLayout& layout, std::vector<uint64_t> k_ptrs,
-              std::vector<uint64_t> v_ptrs, uint64_t device_pages, const PyPlanArena* plans,
+              std::vector<uint64_t> v_ptrs, uint64_t device_pages, const python::PlanArena* plans,
               const PyRegistration* registration, uint32_t staging_group_pages,
               uint32_t staging_slots) {
     KvDataPlaneOptions options;
@@ -364,30 +333,6 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
       "cudaHostRegister every (label, base, bytes) mapping in the current CUDA context, or none; "
       "raises on any failure (never a fallback to unregistered memory).");
 
-  py::class_<PySegment>(m, "TestSegment")
-      .def(py::init<uint64_t>(), py::arg("size_bytes"))
-      .def_property_readonly("base", &PySegment::base)
-      .def_property_readonly("total_bytes", &PySegment::total_bytes)
-      .def_property_readonly("data_offset", &PySegment::data_offset)
-      .def_property_readonly("fd", &PySegment::fd)
-      .def("mapping", [](const PySegment& s) {
-        return std::make_tuple(std::string("cpu:0"), s.base(), s.total_bytes());
-      });
-
-  py::class_<PyPlanArena>(m, "TestPlanArena")
-      .def(py::init<uint64_t>(), py::arg("arena_bytes") = 1 << 20)
-      .def("issue_put", [](PyPlanArena& a,
-                           const std::vector<uint64_t>& v) { return a.Issue(PlanKind::kPut, v); })
-      .def("issue_get", [](PyPlanArena& a,
-                           const std::vector<uint64_t>& v) { return a.Issue(PlanKind::kGet, v); })
-      .def("consume_put", [](PyPlanArena& a, uint64_t p) { a.Consume(p, PlanKind::kPut); })
-      .def("consume_get", [](PyPlanArena& a, uint64_t p) { a.Consume(p, PlanKind::kGet); })
-      .def("mapping", [](const PyPlanArena& a) {
-        return std::make_tuple(std::string("plan_arena"),
-                               reinterpret_cast<uint64_t>(a.registry().arena_base()),
-                               static_cast<uint64_t>(a.registry().arena_bytes()));
-      });
-
   m.def(
       "pages_from_slots",
       [](uint64_t slots_ptr, int slot_bytes, uint64_t num_slots, uint32_t page_size,
@@ -408,9 +353,42 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
       .def("synchronize", &PyLayerEvents::Synchronize, py::arg("index"),
            "Waits (GIL released) until event `index` completed.");
 
+  using python::PlanArena;
+  py::class_<PlanArena>(
+      m, "PlanArena",
+      "Plan blobs issued in this process for values the caller placed itself (a Fluxon client "
+      "issues its own). issue_put / issue_get return a plan address; a DataPlane(plans=arena) "
+      "refuses a plan the arena did not issue, or issued for the other direction. Register "
+      "mapping() with the values so the kernels can read the plans.")
+      .def(py::init([](uint64_t arena_bytes) { return Take(PlanArena::Create(arena_bytes)); }),
+           py::arg("arena_bytes") = 1 << 20)
+      .def(
+          "issue_put",
+          [](PlanArena& a, const std::vector<uint64_t>& v) {
+            return Take(a.Issue(PlanKind::kPut, v));
+          },
+          py::arg("value_ptrs"))
+      .def(
+          "issue_get",
+          [](PlanArena& a, const std::vector<uint64_t>& v) {
+            return Take(a.Issue(PlanKind::kGet, v));
+          },
+          py::arg("value_ptrs"))
+      .def(
+          "consume_put", [](PlanArena& a, uint64_t p) { Check(a.Consume(p, PlanKind::kPut)); },
+          py::arg("plan_ptr"), "Retires a put plan (raises if it is not a live put plan).")
+      .def(
+          "consume_get", [](PlanArena& a, uint64_t p) { Check(a.Consume(p, PlanKind::kGet)); },
+          py::arg("plan_ptr"), "Retires a get plan (raises if it is not a live get plan).")
+      .def("mapping", [](const PlanArena& a) {
+        return std::make_tuple(std::string("plan_arena"),
+                               reinterpret_cast<uint64_t>(a.registry().arena_base()),
+                               static_cast<uint64_t>(a.registry().arena_bytes()));
+      });
+
   py::class_<PyDataPlane>(m, "DataPlane")
       .def(py::init<const KvPageLayout&, std::vector<uint64_t>, std::vector<uint64_t>, uint64_t,
-                    const PyPlanArena*, const PyRegistration*, uint32_t, uint32_t>(),
+                    const python::PlanArena*, const PyRegistration*, uint32_t, uint32_t>(),
            py::arg("layout"), py::arg("k_ptrs"), py::arg("v_ptrs"), py::arg("device_pages"),
            py::arg("plans") = nullptr, py::arg("registration") = nullptr,
            py::arg("staging_group_pages") = 0, py::arg("staging_slots") = 2, py::keep_alive<1, 6>(),

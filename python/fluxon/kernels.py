@@ -29,8 +29,7 @@ LayerEvents = _native.LayerEvents
 pages_from_slots = _native.pages_from_slots
 HostRegistration = _native.HostRegistration
 register_host_mappings = _native.register_host_mappings
-TestSegment = _native.TestSegment
-TestPlanArena = _native.TestPlanArena
+PlanArena = _native.PlanArena
 
 __all__ = [
     "KvLayout",
@@ -39,8 +38,7 @@ __all__ = [
     "pages_from_slots",
     "HostRegistration",
     "register_host_mappings",
-    "TestSegment",
-    "TestPlanArena",
+    "PlanArena",
     "torch_available",
 ]
 

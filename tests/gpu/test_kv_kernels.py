@@ -21,6 +21,9 @@ import torch
 
 from fluxon import kernels as fk
 
+# The test support module (a real Segment and PlanRegistry; not shipped): carried beside this file.
+import _fluxon_kernels_testing as fkt
+
 POISON_VALUE = 0xA5
 POISON_DEVICE = 0x5A
 DEVICE_PAGES = 256
@@ -31,8 +34,8 @@ SLOT_ALIGN = 4096
 class Env:
     def __init__(self, max_value_bytes: int):
         self.slot_bytes = (max_value_bytes + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN
-        self.segment = fk.TestSegment(self.slot_bytes * SLOTS)
-        self.arena = fk.TestPlanArena(1 << 20)
+        self.segment = fkt.TestSegment(self.slot_bytes * SLOTS)
+        self.arena = fk.PlanArena(1 << 20)
         self.registration = fk.register_host_mappings(
             [self.segment.mapping(), self.arena.mapping()])
         raw = (ctypes.c_uint8 * self.segment.total_bytes).from_address(self.segment.base)

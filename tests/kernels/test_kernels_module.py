@@ -7,6 +7,8 @@ import sys
 
 from fluxon import kernels as fk
 
+import _fluxon_kernels_testing as fkt  # the test support module (not shipped)
+
 
 def main() -> int:
     failures = []
@@ -27,8 +29,8 @@ def main() -> int:
         except ValueError:
             pass
 
-    segment = fk.TestSegment(1 << 20)
-    arena = fk.TestPlanArena()
+    segment = fkt.TestSegment(1 << 20)
+    arena = fk.PlanArena()
     plan = arena.issue_put([segment.base + segment.data_offset])
     check("plan in arena", arena.mapping()[1] <= plan < arena.mapping()[1] + arena.mapping()[2])
     try:
