@@ -74,8 +74,8 @@ if not any(n.startswith("fluxon/_fluxon_kernels") for n in names):
 PY
     cp "$BUILD_DIR"/bench/gpu/kv_transfer_bench "$DEST/bin/"
     strip "$DEST"/bin/*
-    cp tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py tests/gpu/test_sglang_real.py \
-      tests/gpu/test_linker_real.py "$DEST/tests/"
+    cp tests/gpu/gpu_harness.py tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py \
+      tests/gpu/test_sglang_real.py tests/gpu/test_linker_real.py "$DEST/tests/"
     # The kernel tests' support module (not in the wheel), beside the test that imports it.
     cp "$BUILD_DIR"/tests/kernels/_fluxon_kernels_testing*.so "$DEST/tests/"
     mkdir -p "$DEST/bench"

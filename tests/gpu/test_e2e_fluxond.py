@@ -12,56 +12,20 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
-import time
-import traceback
 
 import torch
 
 import fluxon
 from fluxon import kernels as fk
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_harness import Checks, start_daemon, stop_daemon  # noqa: E402
+
 PAGE = 64
 DEVICE_PAGES = 256
-RESULTS = []
-
-
-def check(name, fn):
-    t0 = time.time()
-    try:
-        fn()
-        RESULTS.append((name, "PASS", time.time() - t0))
-    except Exception:  # noqa: BLE001 - report every failure and go on
-        traceback.print_exc()
-        RESULTS.append((name, "FAIL", time.time() - t0))
-
-
-def start_daemon(tmp):
-    sock = os.path.join(tmp, "owner.sock")
-    cfg = os.path.join(tmp, "fluxond.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"""
-role: embedded
-log_level: warn
-master: {{listen_address: "127.0.0.1:0"}}
-admin: {{listen_address: "127.0.0.1:0", metrics_port: 0}}
-owner:
-  socket_path: {sock}
-  segment: {{size: 4GiB}}
-""")
-    log = open(os.path.join(tmp, "fluxond.log"), "w")
-    proc = subprocess.Popen([os.environ.get("FLUXOND", "fluxond"), "--config", cfg], stdout=log,
-                            stderr=subprocess.STDOUT)
-    for _ in range(400):
-        if os.path.exists(sock):
-            return proc, sock
-        if proc.poll() is not None:
-            raise RuntimeError(open(os.path.join(tmp, "fluxond.log")).read())
-        time.sleep(0.05)
-    raise RuntimeError("fluxond did not start")
+check = Checks()
 
 
 def make_cache(attention, layers, row_elems, dtype, registration, poison=None):
@@ -207,16 +171,8 @@ def main() -> int:
         check("owner and client counters back to baseline", baseline)
         reg.close()
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        shutil.rmtree(tmp, ignore_errors=True)
-    print("\n## fluxond end-to-end on the GPU")
-    print(f"| check | result | seconds |\n|---|---|---|")
-    for name, res, secs in RESULTS:
-        print(f"| {name} | {res} | {secs:.2f} |")
-    failed = sum(1 for _, r, _ in RESULTS if r != "PASS")
-    print(f"{len(RESULTS) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+        stop_daemon(proc, tmp)
+    return check.report("fluxond end-to-end on the GPU")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Exit status 0 only when every check passed; a table of results is printed last.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 import time
@@ -188,26 +189,34 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
         for v in values:
             env.value_view(v, vb).fill_(POISON_VALUE)
 
+    @contextlib.contextmanager
+    def plan(kind, kv):
+        """A put or get plan over `values` for the block's launches on `kv`; after them the
+        stream is drained, device errors raise, and the plan is retired (also on failure)."""
+        issued = env.arena.issue_put(values) if kind == "put" else env.arena.issue_get(values)
+        ok = False
+        try:
+            yield issued
+            ok = True
+        finally:
+            stream.synchronize()
+            if ok:
+                kv.take_device_errors()
+            (env.arena.consume_put if kind == "put" else env.arena.consume_get)(issued)
+
     # Kernel write (backup): all layers of each page -> values.
     def write():
         poison_values()
-        put = env.arena.issue_put(values)
-        kv_src.write(put, src_idx_d, **cfg)
-        stream.synchronize()
-        kv_src.take_device_errors()
-        ok = values_equal(ref)
-        env.arena.consume_put(put)
-        return ok, ""
+        with plan("put", kv_src) as put:
+            kv_src.write(put, src_idx_d, **cfg)
+        return values_equal(ref), ""
     checks.run(group, "kernel write", write)
 
     # Kernel restore (all layers) into other, poisoned pages.
     def restore():
         dst.poison()
-        get = env.arena.issue_get(values)
-        kv_dst.restore(get, dst_idx_d, **cfg)
-        stream.synchronize()
-        kv_dst.take_device_errors()
-        env.arena.consume_get(get)
+        with plan("get", kv_dst) as get:
+            kv_dst.restore(get, dst_idx_d, **cfg)
         ok = layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
         return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), ""
     checks.run(group, "kernel restore", restore)
@@ -215,18 +224,15 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
     # Layer-wise restore, one layer at a time as the forward pass would.
     def restore_layers():
         dst.poison()
-        get = env.arena.issue_get(values)
         ok = True
         mid = layers // 2
-        for layer in range(layers):
-            kv_dst.restore(get, dst_idx_d, layer_id=layer, **cfg)
-            if layer == mid:
-                stream.synchronize()
-                ok &= layer_pages_match(dst, src, dst_idx, src_idx, range(mid + 1))
-                ok &= layer_pages_poisoned(dst, dst_idx, range(mid + 1, layers))
-        stream.synchronize()
-        kv_dst.take_device_errors()
-        env.arena.consume_get(get)
+        with plan("get", kv_dst) as get:
+            for layer in range(layers):
+                kv_dst.restore(get, dst_idx_d, layer_id=layer, **cfg)
+                if layer == mid:
+                    stream.synchronize()
+                    ok &= layer_pages_match(dst, src, dst_idx, src_idx, range(mid + 1))
+                    ok &= layer_pages_poisoned(dst, dst_idx, range(mid + 1, layers))
         ok &= layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
         return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), ""
     checks.run(group, "layer-wise restore", restore_layers)
@@ -237,11 +243,8 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
         for i, v in enumerate(values):
             env.value_view(v, vb).copy_(fresh[i])
         dst.poison()
-        get = env.arena.issue_get(values)
-        kv_dst.restore(get, dst_idx_d, **cfg)
-        stream.synchronize()
-        kv_dst.take_device_errors()
-        env.arena.consume_get(get)
+        with plan("get", kv_dst) as get:
+            kv_dst.restore(get, dst_idx_d, **cfg)
         got = torch.stack([dst.reference_value(int(i)) for i in dst_idx])
         return torch.equal(got, fresh), ""
     checks.run(group, "restore after host rewrite", host_rewrite)
@@ -249,25 +252,21 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
     # Copy-engine path, both directions.
     def ce_write():
         poison_values()
-        put = env.arena.issue_put(values)
-        kv_src.copy_engine("write", put, src_idx, num_streams=2)
-        stream.synchronize()
-        env.arena.consume_put(put)
+        with plan("put", kv_src) as put:
+            kv_src.copy_engine("write", put, src_idx, num_streams=2)
         return values_equal(ref), ""
     checks.run(group, "copy-engine write", ce_write)
 
     def ce_restore():
         dst.poison()
-        get = env.arena.issue_get(values)
-        kv_dst.copy_engine("restore", get, dst_idx, num_streams=3)
         layer = layers - 1
-        stream.synchronize()
-        ok = layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
-        # and one layer alone
-        dst.poison()
-        kv_dst.copy_engine("restore", get, dst_idx, layer_id=layer)
-        stream.synchronize()
-        env.arena.consume_get(get)
+        with plan("get", kv_dst) as get:
+            kv_dst.copy_engine("restore", get, dst_idx, num_streams=3)
+            stream.synchronize()
+            ok = layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
+            # and one layer alone
+            dst.poison()
+            kv_dst.copy_engine("restore", get, dst_idx, layer_id=layer)
         ok &= layer_pages_match(dst, src, dst_idx, src_idx, [layer])
         ok &= layer_pages_poisoned(dst, dst_idx, range(layer))
         return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), ""
@@ -276,26 +275,20 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
     # Staged copy-engine path (copy engine + gather/scatter kernel), both directions.
     def staged_write():
         poison_values()
-        put = env.arena.issue_put(values)
-        kv_src.copy_staged("write", put, src_idx_d, sm_budget=sm_budget)
-        stream.synchronize()
-        kv_src.take_device_errors()
-        env.arena.consume_put(put)
+        with plan("put", kv_src) as put:
+            kv_src.copy_staged("write", put, src_idx_d, sm_budget=sm_budget)
         return values_equal(ref), ""
     checks.run(group, "staged write", staged_write)
 
     def staged_restore():
         dst.poison()
-        get = env.arena.issue_get(values)
-        kv_dst.copy_staged("restore", get, dst_idx_d, sm_budget=sm_budget)
-        stream.synchronize()
-        ok = layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
-        dst.poison()
         layer = int(torch.randint(0, layers, (1,)))
-        kv_dst.copy_staged("restore", get, dst_idx_d, layer_id=layer, sm_budget=sm_budget)
-        stream.synchronize()
-        kv_dst.take_device_errors()
-        env.arena.consume_get(get)
+        with plan("get", kv_dst) as get:
+            kv_dst.copy_staged("restore", get, dst_idx_d, sm_budget=sm_budget)
+            stream.synchronize()
+            ok = layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
+            dst.poison()
+            kv_dst.copy_staged("restore", get, dst_idx_d, layer_id=layer, sm_budget=sm_budget)
         ok &= layer_pages_match(dst, src, dst_idx, src_idx, [layer])
         others = [x for x in range(layers) if x != layer]
         ok &= layer_pages_poisoned(dst, dst_idx, others)
@@ -306,20 +299,15 @@ def run_case(env: Env, checks: Checks, shape, dtype_name: str, batch: int, sm_bu
     # Staged with several copy streams and without host indices (the kernel checks the range).
     def staged_multi_stream():
         poison_values()
-        put = env.arena.issue_put(values)
-        kv_src.plane.copy_staged("write", put, src_idx_d.data_ptr(), None, stream.cuda_stream,
-                                 sm_budget=sm_budget, copy_streams=3, num_pages=batch)
-        stream.synchronize()
-        kv_src.take_device_errors()
-        env.arena.consume_put(put)
+        with plan("put", kv_src) as put:
+            kv_src.plane.copy_staged("write", put, src_idx_d.data_ptr(), None, stream.cuda_stream,
+                                     sm_budget=sm_budget, copy_streams=3, num_pages=batch)
         ok = values_equal(ref)
         dst.poison()
-        get = env.arena.issue_get(values)
-        kv_dst.plane.copy_staged("restore", get, dst_idx_d.data_ptr(), None, stream.cuda_stream,
-                                 sm_budget=sm_budget, copy_streams=4, num_pages=batch)
-        stream.synchronize()
-        kv_dst.take_device_errors()
-        env.arena.consume_get(get)
+        with plan("get", kv_dst) as get:
+            kv_dst.plane.copy_staged("restore", get, dst_idx_d.data_ptr(), None,
+                                     stream.cuda_stream, sm_budget=sm_budget, copy_streams=4,
+                                     num_pages=batch)
         ok &= layer_pages_match(dst, src, dst_idx, src_idx, range(layers))
         return ok and untouched_pages_poisoned(dst, set(dst_idx.tolist())), ""
     checks.run(group, "staged, copy streams, no host indices", staged_multi_stream)

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from types import SimpleNamespace
 
 import torch
@@ -47,23 +45,13 @@ import fluxon
 from fluxon.sglang_linker import FluxonLinker
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_e2e_fluxond import start_daemon  # noqa: E402
+from gpu_harness import Checks, start_daemon, stop_daemon  # noqa: E402
 
 PAGE = 16
 PAGES = 8
 LAYERS = 4
 SIZE = 4096
-RESULTS = []
-
-
-def check(name, fn):
-    t0 = time.time()
-    try:
-        note = fn() or ""
-        RESULTS.append((name, "PASS", note, time.time() - t0))
-    except Exception as e:  # noqa: BLE001
-        traceback.print_exc()
-        RESULTS.append((name, "FAIL", f"{type(e).__name__}: {e}"[:90], time.time() - t0))
+check = Checks()
 
 
 def device_pool(mla):
@@ -366,20 +354,11 @@ def main():
         check("SWA component refused", lambda: swa_refused(sock))
         check("storage backend on_host_pools_registered", lambda: storage_hook(sock))
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        shutil.rmtree(tmp, ignore_errors=True)
+        stop_daemon(proc, tmp)
 
     import sglang
-    print(f"\n## fluxon.sglang_linker in real SGLang {getattr(sglang, '__version__', '?')}, torch "
-          f"{torch.__version__}\n")
-    print("| case | result | note | s |\n|---|---|---|---|")
-    for name, res, note, dt in RESULTS:
-        print(f"| {name} | {res} | {note} | {dt:.2f} |")
-    passed = sum(r[1] == "PASS" for r in RESULTS)
-    failed = sum(r[1] == "FAIL" for r in RESULTS)
-    print(f"\n{passed} passed, {failed} failed")
-    return 0 if failed == 0 and passed > 0 else 1
+    return check.report(f"fluxon.sglang_linker in real SGLang {getattr(sglang, '__version__', '?')}, torch "
+                        f"{torch.__version__}")
 
 
 if __name__ == "__main__":

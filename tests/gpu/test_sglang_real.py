@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import sys
 import tempfile
-import time
-import traceback
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
@@ -36,27 +33,17 @@ import fluxon
 from fluxon.hicache import SUPPORTED_LAYOUTS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_e2e_fluxond import start_daemon  # noqa: E402  (same daemon set-up as the e2e test)
+from gpu_harness import Checks, start_daemon, stop_daemon  # noqa: E402
 
 PAGE = 16
 PAGES = 8
-RESULTS = []
 
 
 class NotBuilt(Exception):
     """SGLang itself does not build this pool (layout not offered for this attention kind)."""
 
 
-def check(name, fn):
-    t0 = time.time()
-    try:
-        note = fn() or ""
-        RESULTS.append((name, "PASS", note, time.time() - t0))
-    except NotBuilt as e:
-        RESULTS.append((name, "n/a", f"SGLang does not build it: {str(e)[:50]}", 0.0))
-    except Exception as e:  # noqa: BLE001 - report every failure and go on
-        traceback.print_exc()
-        RESULTS.append((name, "FAIL", f"{type(e).__name__}: {e}"[:80], time.time() - t0))
+check = Checks(not_applicable=(NotBuilt,))
 
 
 def storage_config(extra, *, mla, tp_rank=0, tp_size=1, page_first=False):
@@ -257,20 +244,11 @@ def main():
         check("page-size mismatch refused", rejects(mismatched_page_size))
         check("no daemon refused", rejects(no_daemon))
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        shutil.rmtree(tmp, ignore_errors=True)
+        stop_daemon(proc, tmp)
 
     import sglang
-    print(f"\n## fluxon.sglang in real SGLang {getattr(sglang, '__version__', '?')}, torch "
-          f"{torch.__version__}\n")
-    print("| case | result | note | s |\n|---|---|---|---|")
-    for name, res, note, dt in RESULTS:
-        print(f"| {name} | {res} | {note} | {dt:.2f} |")
-    passed = sum(r[1] == "PASS" for r in RESULTS)
-    failed = sum(r[1] == "FAIL" for r in RESULTS)
-    print(f"\n{passed} passed, {failed} failed")
-    return 0 if failed == 0 and passed > 0 else 1
+    return check.report(f"fluxon.sglang in real SGLang {getattr(sglang, '__version__', '?')}, torch "
+                        f"{torch.__version__}")
 
 
 if __name__ == "__main__":
