@@ -600,6 +600,9 @@ class KvDataPlane::Impl {
   // `stream` and each part records free[slot][r] on its copy stream; a restore's parts record
   // ready[slot][r] and the scatter records free[slot] on `stream`. The first touch of a slot
   // waits for its previous use's free event(s), of either direction (WaitSlotFree).
+  // Kept as one function on purpose: each group's event records and waits pair up across the
+  // copy streams and the kernel stream, and reading the pairing in one place is what keeps it
+  // right.
   absl::Status StagedLocked(KvDirection direction, const PlanView& plan,
                             const KvTransferRequest& request, uint32_t layer_begin,
                             uint32_t layer_count, cudaStream_t stream, const KvKernelConfig& config,

@@ -288,6 +288,8 @@ class PyDataPlane {
 }  // namespace
 }  // namespace fluxon
 
+// The binding table: one declaration per Python name, long because the module is wide, not
+// because it holds logic (the logic is in the Py* classes above).
 PYBIND11_MODULE(_fluxon_kernels, m) {
   using namespace fluxon;
   m.doc() = "Fluxon hostless data plane: plan-driven KV copy kernels and the copy-engine path";

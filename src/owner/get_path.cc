@@ -18,39 +18,7 @@ absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
   GetStartOutcome out;
   std::vector<HolderRef> held(n);
   std::vector<uint64_t> cohort_of(n, 0);
-  std::vector<std::shared_ptr<SharedGetOp>> joined(n), led(n);
-
-  // Classify every key (G1) with one O(1) shard section each (G3, G10).
-  for (size_t i = 0; i < n; ++i) {
-    if (keys_->Pin(keys[i], &held[i], &cohort_of[i])) {
-      ++out.local_pinned;
-      continue;
-    }
-    auto [op, leads] = flights_->LeadOrJoin(keys[i]);
-    if (leads) {
-      led[i] = std::move(op);
-      ++out.leader_started;
-    } else {
-      joined[i] = std::move(op);
-      ++out.inflight_joined;
-    }
-  }
-  // G8: the batch's leaders go to the master as one Lookup, after every pin and marker (G2).
-  if (out.leader_started > 0) LookupLeaders(keys, led, held, cohort_of);
-  // Joiners observe their leader's terminal state and canonical holder (G7).
-  if (out.inflight_joined > 0) {
-    const auto begin = Clock::now();
-    const auto deadline = begin + join_timeout_;
-    for (size_t i = 0; i < n; ++i) {
-      if (joined[i]) held[i] = joined[i]->Wait(deadline);
-    }
-    counters_->remote_join_wait_us.fetch_add(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - begin).count(),
-        std::memory_order_relaxed);
-  }
-  counters_->local_pinned.fetch_add(out.local_pinned, std::memory_order_relaxed);
-  counters_->inflight_joined.fetch_add(out.inflight_joined, std::memory_order_relaxed);
-  counters_->leader_started.fetch_add(out.leader_started, std::memory_order_relaxed);
+  HoldKeys(keys, &out, held, cohort_of);
 
   // G4: results are already in original order; compute the prefix over the caller's groups.
   std::vector<bool> hits(n);
@@ -70,8 +38,50 @@ absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
     }
   }
   counters_->suffix_released.fetch_add(released, std::memory_order_relaxed);
-  if (t == 0) return out;
+  if (t > 0) OpenPrefix(client_id, group_lens, cohort_of, t, std::move(held), &out);
+  return out;
+}
 
+void GetPath::HoldKeys(const std::vector<std::string>& keys, GetStartOutcome* out,
+                       std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of) {
+  const size_t n = keys.size();
+  std::vector<std::shared_ptr<SharedGetOp>> joined(n), led(n);
+  // Classify every key (G1) with one O(1) shard section each (G3, G10).
+  for (size_t i = 0; i < n; ++i) {
+    if (keys_->Pin(keys[i], &held[i], &cohort_of[i])) {
+      ++out->local_pinned;
+      continue;
+    }
+    auto [op, leads] = flights_->LeadOrJoin(keys[i]);
+    if (leads) {
+      led[i] = std::move(op);
+      ++out->leader_started;
+    } else {
+      joined[i] = std::move(op);
+      ++out->inflight_joined;
+    }
+  }
+  // G8: the batch's leaders go to the master as one Lookup, after every pin and marker (G2).
+  if (out->leader_started > 0) LookupLeaders(keys, led, held, cohort_of);
+  // Joiners observe their leader's terminal state and canonical holder (G7).
+  if (out->inflight_joined > 0) {
+    const auto begin = Clock::now();
+    const auto deadline = begin + join_timeout_;
+    for (size_t i = 0; i < n; ++i) {
+      if (joined[i]) held[i] = joined[i]->Wait(deadline);
+    }
+    counters_->remote_join_wait_us.fetch_add(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - begin).count(),
+        std::memory_order_relaxed);
+  }
+  counters_->local_pinned.fetch_add(out->local_pinned, std::memory_order_relaxed);
+  counters_->inflight_joined.fetch_add(out->inflight_joined, std::memory_order_relaxed);
+  counters_->leader_started.fetch_add(out->leader_started, std::memory_order_relaxed);
+}
+
+void GetPath::OpenPrefix(uint64_t client_id, const std::vector<uint32_t>& group_lens,
+                         const std::vector<uint64_t>& cohort_of, uint32_t t,
+                         std::vector<HolderRef> held, GetStartOutcome* out) {
   // Touch the restored chain tail first, so its head stays warmest.
   std::vector<uint64_t> touched;
   for (size_t i = t; i-- > 0;) {
@@ -90,15 +100,14 @@ absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
       covered += g;
     }
   }
-  out.offsets.reserve(t);
-  out.lens.reserve(t);
+  out->offsets.reserve(t);
+  out->lens.reserve(t);
   for (size_t i = 0; i < t; ++i) {
-    out.offsets.push_back(held[i]->offset);
-    out.lens.push_back(held[i]->len);
+    out->offsets.push_back(held[i]->offset);
+    out->lens.push_back(held[i]->len);
   }
   held.resize(t);
-  out.handle_id = handles_->Open(client_id, std::move(held), std::move(prefix_groups));
-  return out;
+  out->handle_id = handles_->Open(client_id, std::move(held), std::move(prefix_groups));
 }
 
 void GetPath::LookupLeaders(const std::vector<std::string>& keys,

@@ -61,6 +61,14 @@ class GetPath {
   size_t DropSession(uint64_t client_id);
 
  private:
+  // Holds every key of the batch it can (G1: a local pin, a lookup it leads, or a flight it
+  // joins); fills held/cohort_of and the outcome's classification counts.
+  void HoldKeys(const std::vector<std::string>& keys, GetStartOutcome* out,
+                std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of);
+  // Opens the handle over the first `t` held keys (t > 0) and fills the outcome's offsets.
+  void OpenPrefix(uint64_t client_id, const std::vector<uint32_t>& group_lens,
+                  const std::vector<uint64_t>& cohort_of, uint32_t t, std::vector<HolderRef> held,
+                  GetStartOutcome* out);
   // The batch's leaders, looked up at the master in one call (G8); fills held/cohort_of.
   void LookupLeaders(const std::vector<std::string>& keys,
                      std::vector<std::shared_ptr<SharedGetOp>>& led, std::vector<HolderRef>& held,

@@ -283,32 +283,7 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
   for (;;) {
     const bool my_turn = cls->waiters.front() == &me;
     if (my_turn && cls->free_slots >= count) {
-      std::vector<SlotRef> refs;
-      refs.reserve(count);
-      while (refs.size() < count) {
-        const uint32_t pos = *cls->with_free.begin();
-        SizeClass::FreeList& fl = cls->grants[pos];
-        Grant* g = grants_[pos].load(std::memory_order_acquire);
-        while (!fl.stack.empty() && refs.size() < count) {
-          const uint32_t idx = fl.stack.back();
-          fl.stack.pop_back();
-          std::atomic<uint64_t>& word = g->words[idx];
-          uint64_t old = word.load(std::memory_order_acquire);
-          uint32_t epoch;
-          do {
-            epoch = EpochBits(old) + 1;
-          } while (!word.compare_exchange_weak(old, Pack(SlotState::kPrepared, 0, epoch),
-                                               std::memory_order_acq_rel));
-          refs.push_back(SlotRef{pos, idx, epoch, g->carve});
-        }
-        if (fl.stack.empty()) cls->with_free.erase(pos);
-      }
-      cls->free_slots -= count;
-      cls->pending_demand -= count;
-      cls->waiters.pop_front();
-      if (!cls->waiters.empty()) cls->cv.SignalAll();
-      CountTransitionBatch(count);
-      return refs;
+      return TakeFreeSlots(cls, count);
     }
     if (my_turn) {
       stage = "refill";
@@ -328,9 +303,7 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
     }
     const auto now = Clock::now();
     if (claims_cancelled_.load(std::memory_order_acquire)) {
-      cls->waiters.erase(std::find(cls->waiters.begin(), cls->waiters.end(), &me));
-      cls->pending_demand -= count;
-      cls->cv.SignalAll();
+      LeaveQueue(cls, &me);
       return cancelled;
     }
     // Past the deadline a claim still waits while its class is being carved (a grant's first
@@ -357,9 +330,7 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
     cls->cv.WaitUntil(&cls->mu, pressure_reported ? deadline : std::min(deadline, soft_deadline));
   }
   // Timed out: leave the queue without reserving anything and let the next claim try.
-  cls->waiters.erase(std::find(cls->waiters.begin(), cls->waiters.end(), &me));
-  cls->pending_demand -= count;
-  cls->cv.SignalAll();
+  LeaveQueue(cls, &me);
   claim_timeouts_.fetch_add(1, std::memory_order_relaxed);
   const auto waited =
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
@@ -370,6 +341,43 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
           waited, stage, count, cls->slot_size, cls->free_slots, cls->grants.size(),
           cls->waiters.size())),
       kClaimStagePayload, stage);
+}
+
+std::vector<SlotRef> SlotPool::TakeFreeSlots(SizeClass* cls, size_t count) {
+  cls->mu.AssertHeld();
+  std::vector<SlotRef> refs;
+  refs.reserve(count);
+  while (refs.size() < count) {
+    const uint32_t pos = *cls->with_free.begin();
+    SizeClass::FreeList& fl = cls->grants[pos];
+    Grant* g = grants_[pos].load(std::memory_order_acquire);
+    while (!fl.stack.empty() && refs.size() < count) {
+      const uint32_t idx = fl.stack.back();
+      fl.stack.pop_back();
+      std::atomic<uint64_t>& word = g->words[idx];
+      uint64_t old = word.load(std::memory_order_acquire);
+      uint32_t epoch;
+      do {
+        epoch = EpochBits(old) + 1;
+      } while (!word.compare_exchange_weak(old, Pack(SlotState::kPrepared, 0, epoch),
+                                           std::memory_order_acq_rel));
+      refs.push_back(SlotRef{pos, idx, epoch, g->carve});
+    }
+    if (fl.stack.empty()) cls->with_free.erase(pos);
+  }
+  cls->free_slots -= count;
+  cls->pending_demand -= count;
+  cls->waiters.pop_front();
+  if (!cls->waiters.empty()) cls->cv.SignalAll();
+  CountTransitionBatch(count);
+  return refs;
+}
+
+void SlotPool::LeaveQueue(SizeClass* cls, Waiter* claim) {
+  cls->mu.AssertHeld();
+  cls->waiters.erase(std::find(cls->waiters.begin(), cls->waiters.end(), claim));
+  cls->pending_demand -= claim->count;
+  cls->cv.SignalAll();
 }
 
 void SlotPool::CountTransitionBatch(size_t count) {

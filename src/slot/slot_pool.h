@@ -178,6 +178,12 @@ class SlotPool {
   SizeClass* ClassFor(uint64_t slot_size);
   uint64_t MaxSlotsReachable(const SizeClass& cls) const;
   absl::Status AddGrant(SizeClass* cls);
+  // The claim at the front of `cls`'s queue takes `count` free slots (Free -> Prepared, epoch
+  // bumped) and leaves the queue. Called with cls->mu held and free_slots >= count.
+  std::vector<SlotRef> TakeFreeSlots(SizeClass* cls, size_t count);
+  // A claim leaves `cls`'s queue without slots (timed out or cancelled); the next one may go.
+  // Called with cls->mu held.
+  static void LeaveQueue(SizeClass* cls, Waiter* claim);
   absl::StatusOr<std::atomic<uint64_t>*> WordFor(const SlotRef& ref) const;
   // Applies `next(old_state, old_holders)` atomically; pushes the slot to its free list when the
   // transition produced Free.
