@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -87,6 +88,7 @@ FLUXON_SETTINGS_OF(ExpectedCapacityConfig, FLUXON_EXPECTED_CAPACITY_SETTINGS)
 FLUXON_SETTINGS_OF(LocalReserveConfig, FLUXON_LOCAL_RESERVE_SETTINGS)
 FLUXON_SETTINGS_OF(OwnerConfig, FLUXON_OWNER_SETTINGS)
 FLUXON_SETTINGS_OF(MasterConfig, FLUXON_MASTER_SETTINGS)
+FLUXON_SETTINGS_OF(ReplicaPlacementConfig, FLUXON_REPLICA_PLACEMENT_SETTINGS)
 FLUXON_SETTINGS_OF(ClientConfig, FLUXON_CLIENT_SETTINGS)
 FLUXON_SETTINGS_OF(AdminConfig, FLUXON_ADMIN_SETTINGS)
 FLUXON_SETTINGS_OF(TlsConfig, FLUXON_TLS_SETTINGS)
@@ -585,6 +587,44 @@ absl::Status ParseFaults(Section& top, std::vector<FaultConfig>* out) {
   return absl::OkStatus();
 }
 
+absl::Status ParseReplicaPlacement(Section& sec, ReplicaPlacementConfig* p) {
+  FLUXON_RETURN_IF_ERROR(sec.ReadSettings(p));
+  if (sec.Has("remote_only_node_roles")) {
+    const YAML::Node list = sec.Get("remote_only_node_roles");
+    if (!list.IsSequence()) {
+      return sec.Bad("remote_only_node_roles", "must be a list of roles, e.g. [remote_cache]");
+    }
+    p->remote_only_node_roles.clear();
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string role = list[i].IsScalar() ? list[i].Scalar() : "";
+      if (role != "owner" && role != "remote_cache" && role != "embedded") {
+        return sec.Bad(
+            "remote_only_node_roles",
+            "entries must be owner roles (owner, remote_cache, embedded), got '" + role + "'");
+      }
+      if (std::find(p->remote_only_node_roles.begin(), p->remote_only_node_roles.end(), role) !=
+          p->remote_only_node_roles.end()) {
+        return sec.Bad("remote_only_node_roles", "'" + role + "' is listed twice");
+      }
+      p->remote_only_node_roles.push_back(role);
+    }
+  }
+  if (p->restrict_to_remote_only_node_roles && p->remote_only_node_roles.empty()) {
+    return sec.Bad("restrict_to_remote_only_node_roles",
+                   "needs a non-empty remote_only_node_roles (every replica would be NoSpace)");
+  }
+  return sec.Finish();
+}
+
+absl::Status ParseMaster(Section& sec, MasterConfig* m) {
+  FLUXON_RETURN_IF_ERROR(sec.ReadSettings(m));
+  if (sec.Has("replica_task_placement")) {
+    FLUXON_ASSIGN_OR_RETURN(Section placement, sec.Child("replica_task_placement"));
+    FLUXON_RETURN_IF_ERROR(ParseReplicaPlacement(placement, &m->replica_task_placement));
+  }
+  return sec.Finish();
+}
+
 // A role's optional section: refused for roles that do not run it, parsed with `parse` when
 // present, default-constructed for roles that run it.
 template <typename T, typename Parse>
@@ -619,13 +659,9 @@ absl::Status ParseSections(Section& top, Config* c, const MachineLimits& machine
       ParseRoleSection(top, "owner", RoleHasOwner(c->role),
                        ("owner-only section is not allowed for role=" + role).c_str(), &c->owner,
                        [&](Section& sec, OwnerConfig* o) { return ParseOwner(sec, o, machine); }));
-  FLUXON_RETURN_IF_ERROR(
-      ParseRoleSection(top, "master", RoleHasMaster(c->role),
-                       ("master section is not allowed for role=" + role).c_str(), &c->master,
-                       [](Section& sec, MasterConfig* m) {
-                         FLUXON_RETURN_IF_ERROR(sec.ReadSettings(m));
-                         return sec.Finish();
-                       }));
+  FLUXON_RETURN_IF_ERROR(ParseRoleSection(
+      top, "master", RoleHasMaster(c->role),
+      ("master section is not allowed for role=" + role).c_str(), &c->master, ParseMaster));
   FLUXON_RETURN_IF_ERROR(CheckAcrossSections(top, *c));
   FLUXON_RETURN_IF_ERROR(ParseRoleSection(top, "client", c->role == Role::kClient,
                                           "client section is only allowed for role=client",
@@ -893,7 +929,15 @@ std::string DumpConfig(const Config& c) {
   out << YAML::BeginMap;
   out << YAML::Key << "role" << YAML::Value << RoleName(c.role);
   EmitSettings(out, c);
-  if (c.master) EmitSection(out, "master", *c.master);
+  if (c.master) {
+    EmitSection(out, "master", *c.master, [&] {
+      const ReplicaPlacementConfig& p = c.master->replica_task_placement;
+      EmitSection(out, "replica_task_placement", p, [&] {
+        out << YAML::Key << "remote_only_node_roles" << YAML::Value << YAML::Flow
+            << p.remote_only_node_roles;
+      });
+    });
+  }
   if (c.owner) EmitOwner(out, *c.owner);
   if (c.client) EmitSection(out, "client", *c.client);
   EmitSection(out, "admin", c.admin);
@@ -976,6 +1020,11 @@ std::string SettingsReferenceMarkdown() {
   ReferenceRows(&out, "owner.local_reserve.expected_capacity.", ExpectedCapacityConfig{});
   section("master", "Roles embedded and master.");
   ReferenceRows(&out, "master.", MasterConfig{});
+  ReferenceRows(&out, "master.replica_task_placement.", ReplicaPlacementConfig{});
+  absl::StrAppend(&out,
+                  "| `master.replica_task_placement.remote_only_node_roles` | list of owner roles "
+                  "| [remote_cache] | roles of owners that hold only copies: preferred replica "
+                  "targets, the only ones when restricted |\n");
   section("client", "Role client (a config file a client library reads).");
   ReferenceRows(&out, "client.", ClientConfig{});
   section("admin", "Every role.");

@@ -83,8 +83,17 @@ struct FaultConfig {
   int count = -1;
 };
 
+// Where replicas go (master.replica_task_placement; master/replica_placement.h has the rules).
+struct ReplicaPlacementConfig {
+  FLUXON_REPLICA_PLACEMENT_SETTINGS(FLUXON_DECLARE_SETTING)
+  // Roles of owners that hold only copies (no inference): preferred as targets, and the only
+  // targets under restrict_to_remote_only_node_roles. Each one of owner, remote_cache, embedded.
+  std::vector<std::string> remote_only_node_roles = {"remote_cache"};
+};
+
 struct MasterConfig {
   FLUXON_MASTER_SETTINGS(FLUXON_DECLARE_SETTING)
+  ReplicaPlacementConfig replica_task_placement;  // master.replica_task_placement
 };
 
 struct ClientConfig {

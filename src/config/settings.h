@@ -157,13 +157,18 @@ struct OneOf {
   X(listen_address, "listen_address", ListenAddress{}, "127.0.0.1:50151",                         \
     "the master's gRPC service")                                                                  \
   X(replica_cache_capacity_ratio, "replica_cache_capacity_ratio", Ratio{}, 0.95,                  \
-    "fraction of a remote_cache's memory lent to replicas")                                       \
+    "a replica target's committed bytes stay within this fraction of its segment (the rest is "   \
+    "headroom for its own puts and eviction)")                                                    \
   X(inflight_ttl, "inflight_ttl_ms", Millis{}, std::chrono::milliseconds(60'000),                 \
     "a remote get (and its source pin) ends by this")                                             \
   X(owner_lease, "owner_lease_ms", Millis{}, std::chrono::milliseconds(5'000),                    \
     "an owner not heard for this is not live; only then may another process take its node_id")   \
   X(owner_grace, "owner_grace_ms", Millis{}, std::chrono::milliseconds(5'000),                    \
     "an owner not heard for owner_lease_ms + this expires: its routes and gets are dropped")
+
+#define FLUXON_REPLICA_PLACEMENT_SETTINGS(X)                                                      \
+  X(restrict_to_remote_only_node_roles, "restrict_to_remote_only_node_roles", Flag{}, false,      \
+    "replicas go only to owners of remote_only_node_roles; none with room: NoSpace (no fallback)")
 
 #define FLUXON_CLIENT_SETTINGS(X)                                                                 \
   X(socket_path, "socket_path", SocketPath{}, "/tmp/fluxon/owner.sock",                           \

@@ -104,6 +104,11 @@ class AdminServiceImpl final : public v1::AdminService::Service {
     if (master_ == nullptr) return NoMaster();
     return Answer(master_->ListKeys(*r), out);
   }
+  grpc::Status Placement(grpc::ServerContext*, const v1::PlaceReplicasRequest* r,
+                         v1::PlaceReplicasReply* out) override {
+    if (master_ == nullptr) return NoMaster();
+    return Answer(master_->PlaceReplicas(*r), out);
+  }
   grpc::Status SetFault(grpc::ServerContext* ctx, const v1::SetFaultRequest* r,
                         v1::Empty*) override {
     if (grpc::Status refused = RefuseUnlessMutationsAllowed(*ctx, "fault set"); !refused.ok()) {

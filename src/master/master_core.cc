@@ -95,6 +95,7 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     rec.info.set_capacity_bytes(r.capacity_bytes());
     rec.info.set_address(r.address());
     rec.info.mutable_transports()->CopyFrom(r.transports());
+    *rec.info.mutable_capacity() = r.capacity();
     rec.last_heard = now;
   }
   if (old_generation == r.generation()) return reply;  // a heartbeat
@@ -244,6 +245,56 @@ absl::StatusOr<v1::ListKeysReply> MasterCore::ListKeys(const v1::ListKeysRequest
   v1::ListKeysReply reply;
   for (const auto& [key, route] : routes_.ListByPrefix(r.prefix(), limit)) {
     FillRoute(key, route, reply.add_routes());
+  }
+  return reply;
+}
+
+absl::StatusOr<v1::PlaceReplicasReply> MasterCore::PlaceReplicas(
+    const v1::PlaceReplicasRequest& r) {
+  // Bounded like a put batch: one answer stays far below the gRPC message limit.
+  constexpr int kMaxGroups = 65'536;
+  if (r.group_bytes_size() == 0 || r.group_bytes_size() > kMaxGroups) {
+    return absl::InvalidArgumentError(absl::StrFormat("PlaceReplicas needs 1..%d groups, got %d",
+                                                      kMaxGroups, r.group_bytes_size()));
+  }
+  std::vector<uint64_t> group_bytes(r.group_bytes().begin(), r.group_bytes().end());
+  for (size_t g = 0; g < group_bytes.size(); ++g) {
+    if (group_bytes[g] == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("group %d has 0 bytes", g));
+    }
+  }
+  std::vector<PlacementCandidate> candidates;
+  {
+    MutexLock lock(&owners_mu_);
+    const auto now = Clock::now();
+    for (const auto& [id, rec] : owners_) {
+      PlacementCandidate c;
+      c.node_id = id;
+      c.generation = rec.info.generation();
+      c.role = rec.info.role();
+      c.address = rec.info.address();
+      c.live = now - rec.last_heard < options_.owner_lease;
+      c.segment_bytes = rec.info.capacity().segment_bytes();
+      c.free_bytes = rec.info.capacity().free_bytes();
+      c.committed_bytes = rec.info.capacity().committed_bytes();
+      candidates.push_back(std::move(c));
+    }
+  }
+  const std::vector<GroupPlacement> placed =
+      PlaceGroups(options_.placement, r.source_node_id(), group_bytes, candidates);
+  v1::PlaceReplicasReply reply;
+  for (const GroupPlacement& p : placed) {
+    v1::PlacedGroup* g = reply.add_groups();
+    g->set_placed(p.placed);
+    if (!p.placed) {
+      g->set_reason(p.reason);
+      continue;
+    }
+    const PlacementCandidate& c = candidates[p.candidate];
+    g->set_node_id(c.node_id);
+    g->set_generation(c.generation);
+    g->set_role(c.role);
+    g->set_address(c.address);
   }
   return reply;
 }

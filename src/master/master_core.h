@@ -25,6 +25,8 @@
 //   from it end with them: BatchGetDone of such a get answers GET_DONE_UNKNOWN, so a requester
 //   never publishes bytes read from memory its source may have reused since. Done also checks
 //   that the pinned source location is still a location of the route.
+// - Every registration and heartbeat carries the owner's capacity (free, committed bytes of its
+//   segment); ListOwners shows it and PlaceReplicas places by it (master/replica_placement.h).
 // - Lock order: owners_mu_ is never held while gets_mu_ is taken (snapshots are taken first).
 #pragma once
 
@@ -40,6 +42,7 @@
 #include "common/stop_signal.h"
 #include "config/config.h"
 #include "master/inflight_gets.h"
+#include "master/replica_placement.h"
 #include "route/route_table.h"
 #include "rpc/master_api.h"
 
@@ -98,12 +101,18 @@ inline constexpr MasterCounterDef kMasterCounterDefs[] = {
 // The master's settings; defaults are the config's (their one definition: config/settings.h).
 struct MasterOptions {
   static MasterOptions FromConfig(const MasterConfig& c) {
-    return MasterOptions{c.owner_lease, c.owner_grace, c.inflight_ttl};
+    return MasterOptions{c.owner_lease, c.owner_grace, c.inflight_ttl, PlacementFromConfig(c)};
+  }
+  static ReplicaPlacementOptions PlacementFromConfig(const MasterConfig& c) {
+    const ReplicaPlacementConfig& p = c.replica_task_placement;
+    return ReplicaPlacementOptions{p.remote_only_node_roles, p.restrict_to_remote_only_node_roles,
+                                   c.replica_cache_capacity_ratio};
   }
   std::chrono::milliseconds owner_lease = MasterConfig{}.owner_lease;
   // After the lease: how much longer before an unheard owner's routes are dropped.
   std::chrono::milliseconds owner_grace = MasterConfig{}.owner_grace;
   std::chrono::milliseconds inflight_get_ttl = MasterConfig{}.inflight_ttl;
+  ReplicaPlacementOptions placement = PlacementFromConfig(MasterConfig{});
 };
 
 class MasterCore final : public MasterApi {
@@ -119,6 +128,7 @@ class MasterCore final : public MasterApi {
   absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) override;
   absl::StatusOr<v1::ListOwnersReply> ListOwners(const v1::ListOwnersRequest& r) override;
   absl::StatusOr<v1::ListKeysReply> ListKeys(const v1::ListKeysRequest& r) override;
+  absl::StatusOr<v1::PlaceReplicasReply> PlaceReplicas(const v1::PlaceReplicasRequest& r) override;
   absl::StatusOr<v1::BatchGetStartReply> BatchGetStart(const v1::BatchGetStartRequest& r) override;
   absl::StatusOr<v1::BatchGetDoneReply> BatchGetDone(const v1::BatchGetDoneRequest& r) override;
   absl::StatusOr<v1::BatchGetRevokeReply> BatchGetRevoke(

@@ -25,6 +25,7 @@ absl::Status MasterRegistration::Register() {
   req.set_capacity_bytes(identity_.capacity_bytes);
   req.set_address(identity_.data_address);
   for (const std::string& t : identity_.transports) req.add_transports(t);
+  if (capacity_) *req.mutable_capacity() = capacity_();
   absl::StatusOr<v1::RegisterOwnerReply> r = master_->RegisterOwner(req);
   if (r.ok()) {
     NoteInflightGetTtl(r->inflight_get_ttl_ms());

@@ -50,6 +50,8 @@ class MasterRegistration {
  public:
   // Called with the new generation before the owner registers under it.
   using GenerationListener = std::function<absl::Status(uint64_t generation)>;
+  // The owner's memory now, sent with every registration and heartbeat.
+  using CapacitySource = std::function<v1::OwnerCapacity()>;
 
   MasterRegistration(OwnerIdentity identity, MasterApi* master, OwnerCounters* counters,
                      StopSignal* stop)
@@ -66,6 +68,8 @@ class MasterRegistration {
   // succeeded and no refusal came since).
   bool registered() const { return registered_.load(std::memory_order_acquire); }
   void SetGenerationListener(GenerationListener listener) { listener_ = std::move(listener); }
+  // Set before the first Register (not synchronised with the heartbeat thread).
+  void SetCapacitySource(CapacitySource source) { capacity_ = std::move(source); }
 
   // One RegisterOwner of this identity (also the heartbeat and the re-registration).
   absl::Status Register();
@@ -132,6 +136,7 @@ class MasterRegistration {
   OwnerCounters* const counters_;
   StopSignal* const stop_;
   GenerationListener listener_;
+  CapacitySource capacity_;
   std::atomic<uint64_t> generation_;
   std::atomic<bool> registered_{false};
   std::atomic<uint64_t> epoch_{0};

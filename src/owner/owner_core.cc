@@ -1,5 +1,9 @@
 #include "owner/owner_core.h"
 
+#include <algorithm>
+
+#include "fluxon/units.h"
+
 #include "spdlog/spdlog.h"
 #include "transport/transport.h"
 
@@ -37,6 +41,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   MasterRegistration* registration = c.registration_.get();
   c.keys_ = std::make_unique<KeyIndex>(counters, pool);
   c.hot_ = std::make_unique<HotTier<>>();
+  registration->SetCapacitySource([raw] { return raw->Capacity(); });
   c.flights_ = std::make_unique<SingleFlight>();
   c.handles_ = std::make_unique<HandleTable>(counters, config.handle_ttl, config.view_lease);
   c.evictor_ = std::make_unique<Evictor>(
@@ -128,6 +133,21 @@ void OwnerCore::MaintenanceLoop() {
     memory_->pool().RefillLowClasses(0.25);
     evictor_->RunRound();
   }
+}
+
+v1::OwnerCapacity OwnerCore::Capacity() const {
+  const SlotPoolStats s = memory_->pool().Stats();
+  // Free: grant positions not carved yet, and the free slots of carved grants.
+  uint64_t free_bytes = (s.grant_capacity - std::min(s.grants, s.grant_capacity)) * kGrantBytes;
+  for (const SizeClassStats& c : s.classes) free_bytes += c.free_slots * c.slot_size;
+  v1::OwnerCapacity capacity;
+  capacity.set_segment_bytes(s.grant_capacity * kGrantBytes);
+  capacity.set_free_bytes(free_bytes);
+  // Every committed local value is in the hot tier, weighed by its slot size; all of it may be
+  // evicted once readers' pins end.
+  capacity.set_committed_bytes(hot_->weight());
+  capacity.set_evictable_bytes(hot_->weight());
+  return capacity;
 }
 
 std::map<std::string, int64_t> OwnerCore::Stats() const {

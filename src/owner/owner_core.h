@@ -156,6 +156,8 @@ class OwnerCore {
   const OwnerCounters& counters() const { return *counters_; }
   // Every counter and derived gauge by name (the client protocol's and fluxonctl's stats).
   std::map<std::string, int64_t> Stats() const;
+  // This owner's memory as the master sees it (sent with every registration and heartbeat).
+  v1::OwnerCapacity Capacity() const;
   // The owner's view of one key: "absent", "reserved", "local_visible", "committed", "evicting".
   std::string KeyState(const std::string& key) const { return keys_->StateName(key); }
 

@@ -36,6 +36,9 @@ class FaultInjectingMaster final : public MasterApi {
   absl::StatusOr<v1::ListKeysReply> ListKeys(const v1::ListKeysRequest& r) override {
     return inner_->ListKeys(r);
   }
+  absl::StatusOr<v1::PlaceReplicasReply> PlaceReplicas(const v1::PlaceReplicasRequest& r) override {
+    return Apply("master.PlaceReplicas", [&] { return inner_->PlaceReplicas(r); });
+  }
   absl::StatusOr<v1::BatchGetStartReply> BatchGetStart(const v1::BatchGetStartRequest& r) override {
     return Apply("master.BatchGetStart", [&] { return inner_->BatchGetStart(r); });
   }

@@ -32,6 +32,9 @@ class MasterApi {
   virtual absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) = 0;
   virtual absl::StatusOr<v1::ListOwnersReply> ListOwners(const v1::ListOwnersRequest& r) = 0;
   virtual absl::StatusOr<v1::ListKeysReply> ListKeys(const v1::ListKeysRequest& r) = 0;
+  // Where replicas of a source's atomic groups would go (a preview: reserves nothing).
+  virtual absl::StatusOr<v1::PlaceReplicasReply> PlaceReplicas(
+      const v1::PlaceReplicasRequest& r) = 0;
   // Remote get (design §6): one call per batch each (G8). BatchGetStart is idempotent by
   // (requester, request_id); Done and Revoke by get_id (T1).
   virtual absl::StatusOr<v1::BatchGetStartReply> BatchGetStart(

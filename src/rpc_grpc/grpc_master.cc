@@ -79,6 +79,7 @@ class GrpcMasterClient final : public MasterApi {
   FLUXON_GRPC_CALL(RemoveRoutes, RemoveRoutesRequest, RemoveRoutesReply)
   FLUXON_GRPC_CALL(ListOwners, ListOwnersRequest, ListOwnersReply)
   FLUXON_GRPC_CALL(ListKeys, ListKeysRequest, ListKeysReply)
+  FLUXON_GRPC_CALL(PlaceReplicas, PlaceReplicasRequest, PlaceReplicasReply)
   FLUXON_GRPC_CALL(BatchGetStart, BatchGetStartRequest, BatchGetStartReply)
   FLUXON_GRPC_CALL(BatchGetDone, BatchGetDoneRequest, BatchGetDoneReply)
   FLUXON_GRPC_CALL(BatchGetRevoke, BatchGetRevokeRequest, BatchGetRevokeReply)
@@ -96,6 +97,9 @@ class GrpcMasterClient final : public MasterApi {
   }
   absl::StatusOr<v1::ListKeysReply> ListKeys(const v1::ListKeysRequest& r) override {
     return CallListKeys(r);
+  }
+  absl::StatusOr<v1::PlaceReplicasReply> PlaceReplicas(const v1::PlaceReplicasRequest& r) override {
+    return CallPlaceReplicas(r);
   }
   absl::StatusOr<v1::BatchGetRevokeReply> BatchGetRevoke(
       const v1::BatchGetRevokeRequest& r) override {
@@ -284,6 +288,10 @@ class MasterServiceImpl final : public v1::MasterService::Service {
   grpc::Status ListKeys(grpc::ServerContext*, const v1::ListKeysRequest* r,
                         v1::ListKeysReply* out) override {
     return Answer(master_->ListKeys(*r), out);
+  }
+  grpc::Status PlaceReplicas(grpc::ServerContext*, const v1::PlaceReplicasRequest* r,
+                             v1::PlaceReplicasReply* out) override {
+    return Answer(master_->PlaceReplicas(*r), out);
   }
   grpc::Status BatchGetStart(grpc::ServerContext* ctx, const v1::BatchGetStartRequest* r,
                              v1::BatchGetStartReply* out) override {

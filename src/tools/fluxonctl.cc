@@ -200,13 +200,15 @@ class Command {
       return std::nullopt;
     }
     Table t({"NODE", "GENERATION", "ROLE", "CAPACITY_BYTES", "ROUTES", "ADDRESS", "TRANSPORTS",
-             "HEARD_MS_AGO", "LEASE_MS_LEFT", "INFLIGHT_GETS", "SOURCE_PINS"});
+             "HEARD_MS_AGO", "LEASE_MS_LEFT", "INFLIGHT_GETS", "SOURCE_PINS", "FREE_BYTES",
+             "COMMITTED_BYTES", "EVICTABLE_BYTES"});
     for (const v1::OwnerInfo& o : r.owners()) {
       t.AddRow({Num(uint64_t{o.node_id()}), Num(o.generation()), o.role(), Num(o.capacity_bytes()),
                 Num(o.routes()), o.address().empty() ? "-" : o.address(),
                 o.transports().empty() ? "-" : absl::StrJoin(o.transports(), ","),
                 Num(o.last_heard_ms_ago()), Num(o.lease_ms_left()), Num(o.inflight_gets()),
-                Num(o.source_pins())});
+                Num(o.source_pins()), Num(o.capacity().free_bytes()),
+                Num(o.capacity().committed_bytes()), Num(o.capacity().evictable_bytes())});
     }
     std::cout << t.Render();
     return std::nullopt;
@@ -313,6 +315,29 @@ class Command {
     for (const v1::Route& route : r.routes()) {
       t.AddRow({route.key(), Num(uint64_t{route.node_id()}), Num(route.generation()),
                 Num(route.put_id()), Num(route.offset()), Num(route.len())});
+    }
+    std::cout << t.Render();
+    return std::nullopt;
+  }
+
+  std::optional<std::string> Placement(uint32_t source, const std::vector<uint64_t>& groups) {
+    v1::PlaceReplicasRequest req;
+    req.set_source_node_id(source);
+    for (uint64_t g : groups) req.add_group_bytes(g);
+    v1::PlaceReplicasReply r;
+    if (grpc::Status s = stub_->Placement(Context().get(), req, &r); !s.ok()) {
+      return RpcFailure("placement", s);
+    }
+    if (as_json_) {
+      Print(ProtoJson(r));
+      return std::nullopt;
+    }
+    Table t({"GROUP", "BYTES", "TARGET", "ROLE", "ADDRESS", "REASON"});
+    for (int i = 0; i < r.groups_size(); ++i) {
+      const v1::PlacedGroup& g = r.groups(i);
+      t.AddRow({Num(uint64_t(i)), Num(groups[i]), g.placed() ? Num(uint64_t{g.node_id()}) : "-",
+                g.placed() ? g.role() : "-", g.placed() ? g.address() : "-",
+                g.placed() ? "" : g.reason()});
     }
     std::cout << t.Render();
     return std::nullopt;
@@ -513,6 +538,8 @@ struct CommandArgs {
   uint32_t delay_ms = 0;
   int32_t count = -1;
   std::string clear_point;
+  uint32_t source = 0;
+  std::vector<uint64_t> group_bytes;
 };
 // Each command's run, by the (leaf) subcommand that selects it.
 using Runs = std::map<const CLI::App*, std::function<std::optional<std::string>(Command&)>>;
@@ -537,6 +564,17 @@ void AddInspectCommands(CLI::App& app, CommandArgs* a, Runs* runs) {
       ->capture_default_str()
       ->check(DecimalWhere([](int64_t v) { return v > 0; }, "must be positive"));
   (*runs)[keys] = [a](Command& c) { return c.Keys(a->prefix, a->limit); };
+  CLI::App* placement = app.add_subcommand(
+      "placement", "where the master would place replicas of a source's groups (reserves nothing)");
+  placement->add_option("--source", a->source, "the source owner's node_id")
+      ->required()
+      ->type_name("NODE");
+  placement->add_option("--group-bytes", a->group_bytes, "slot bytes of each atomic group")
+      ->required()
+      ->delimiter(',')
+      ->type_name("B,B,...")
+      ->check(CLI::PositiveNumber);
+  (*runs)[placement] = [a](Command& c) { return c.Placement(a->source, a->group_bytes); };
   (*runs)[app.add_subcommand("stats", "every owner and master counter")] = [](Command& c) {
     return c.Stats();
   };

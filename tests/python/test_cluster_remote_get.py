@@ -33,7 +33,7 @@ class Cluster:
     """A master and owners 1..n as separate fluxond processes."""
 
     def __init__(self, factory, tmp, owners=2, ttl_ms=60000, lease_ms=1500, grace_ms=1000,
-                 remote_timeout_ms=5000, owner_extra=""):
+                 remote_timeout_ms=5000, owner_extra="", master_extra=""):
         self.factory, self.tmp = factory, tmp
         self.master_port, self.master_admin = free_port(), free_port()
         self.sockdir = Path(tempfile.mkdtemp(prefix="fxc", dir="/tmp"))
@@ -42,7 +42,7 @@ class Cluster:
 role: master
 log_level: info
 master: {{listen_address: "127.0.0.1:{self.master_port}", owner_lease_ms: {lease_ms},
-          owner_grace_ms: {grace_ms}, inflight_ttl_ms: {ttl_ms}}}
+          owner_grace_ms: {grace_ms}, inflight_ttl_ms: {ttl_ms}{master_extra}}}
 admin: {{listen_address: "127.0.0.1:{self.master_admin}", metrics_port: 0}}
 """
         self.master = factory(self.master_config, name="master")

@@ -668,6 +668,44 @@ TEST(ConfigSecurity, LoopbackHosts) {
 
 // The settings reference in docs/settings.md is the schema's (config/settings.h): a setting added,
 // renamed or re-defaulted there without regenerating the file fails here.
+TEST(Config, ReplicaPlacementParsesDumpsAndDefaults) {
+  auto d = ParseConfig("");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->master->replica_task_placement.remote_only_node_roles,
+            std::vector<std::string>{"remote_cache"});
+  EXPECT_FALSE(d->master->replica_task_placement.restrict_to_remote_only_node_roles);
+  const std::string yaml =
+      "role: master\nmaster:\n  replica_task_placement:\n"
+      "    remote_only_node_roles: [remote_cache, owner]\n"
+      "    restrict_to_remote_only_node_roles: true\n";
+  auto c = ParseConfig(yaml);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const ReplicaPlacementConfig& p = c->master->replica_task_placement;
+  EXPECT_TRUE(p.restrict_to_remote_only_node_roles);
+  EXPECT_EQ(p.remote_only_node_roles, (std::vector<std::string>{"remote_cache", "owner"}));
+  auto again = ParseConfig(DumpConfig(*c));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << DumpConfig(*c);
+  EXPECT_EQ(again->master->replica_task_placement.remote_only_node_roles, p.remote_only_node_roles);
+  EXPECT_TRUE(again->master->replica_task_placement.restrict_to_remote_only_node_roles);
+}
+
+TEST(ConfigRejects, BadReplicaPlacement) {
+  EXPECT_THAT(Reject("master: {replica_task_placement: {remote_only_node_roles: [gpu]}}"),
+              HasSubstr("master.replica_task_placement.remote_only_node_roles"));
+  EXPECT_THAT(Reject("master: {replica_task_placement: {remote_only_node_roles: remote_cache}}"),
+              HasSubstr("must be a list"));
+  EXPECT_THAT(Reject("master: {replica_task_placement: {remote_only_node_roles: [owner, owner]}}"),
+              HasSubstr("listed twice"));
+  EXPECT_THAT(Reject("master: {replica_task_placement: {remote_only_node_roles: [], "
+                     "restrict_to_remote_only_node_roles: true}}"),
+              HasSubstr("restrict_to_remote_only_node_roles"));
+  EXPECT_THAT(Reject("master: {replica_task_placement: {restrict: true}}"),
+              HasSubstr("master.replica_task_placement.restrict: unknown key"));
+  EXPECT_THAT(Reject("role: owner\nowner: {master_address: '127.0.0.1:1'}\n"
+                     "master: {replica_task_placement: {}}"),
+              HasSubstr("master"));
+}
+
 TEST(ConfigSchema, DocsSettingsReferenceIsTheSchemas) {
   std::ifstream in(std::string(FLUXON_SOURCE_DIR) + "/docs/settings.md");
   ASSERT_TRUE(in) << "docs/settings.md is missing";
