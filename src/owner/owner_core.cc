@@ -130,7 +130,7 @@ void OwnerCore::MaintenanceLoop() {
     puts_->ExpireDue(now);
     remote_->RunMaintenance(now);
     memory_->pool().ShrinkIdleGrants();
-    memory_->pool().RefillLowClasses(0.25);
+    memory_->pool().RefillLowClasses();
     evictor_->RunRound();
   }
 }

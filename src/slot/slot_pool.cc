@@ -513,7 +513,10 @@ size_t SlotPool::ShrinkIdleGrants() {
     MutexLock lock(&cls->mu);
     const uint64_t spg = cls->slots_per_grant;
     const uint64_t used = cls->grants.size() * spg - cls->free_slots;
-    const uint64_t floor_grants = CeilDiv(used + cls->pending_demand, spg);
+    // A class in use keeps its spare: shrinking below it would only make the next refill
+    // carve (and populate) the same memory again.
+    const uint64_t spare = used > 0 ? SpareSlots(*cls) : 0;
+    const uint64_t floor_grants = CeilDiv(used + cls->pending_demand + spare, spg);
     for (auto it = cls->grants.rbegin(); it != cls->grants.rend();) {
       if (cls->grants.size() <= floor_grants) break;
       const SizeClass::FreeList& fl = it->second;
@@ -554,7 +557,11 @@ bool SlotPool::CanGrow() const {
   return !free_positions_.empty();
 }
 
-size_t SlotPool::RefillLowClasses(double low_fraction) {
+uint64_t SlotPool::SpareSlots(const SizeClass& cls) const {
+  return static_cast<uint64_t>(options_.spare_fraction * static_cast<double>(cls.slots_per_grant));
+}
+
+size_t SlotPool::RefillLowClasses() {
   if (expected_grants_ > 0) return 0;
   std::vector<SizeClass*> low;
   {
@@ -563,8 +570,7 @@ size_t SlotPool::RefillLowClasses(double low_fraction) {
       MutexLock cl(&cls->mu);
       // Only classes in use: an idle class keeps no spare grant (it would only be shrunk).
       const bool in_use = cls->grants.size() * cls->slots_per_grant > cls->free_slots;
-      if (in_use && !cls->refilling &&
-          cls->free_slots < static_cast<uint64_t>(low_fraction * cls->slots_per_grant)) {
+      if (in_use && !cls->refilling && cls->free_slots < SpareSlots(*cls)) {
         low.push_back(cls.get());
       }
     }

@@ -90,6 +90,10 @@ struct SlotPoolOptions {
   std::chrono::milliseconds claim_soft_timeout{10};
   std::chrono::milliseconds claim_hard_timeout{30'000};
   std::chrono::milliseconds shrink_idle{5'000};
+  // Dynamic mode: a class in use keeps at least this fraction of a grant in free slots —
+  // RefillLowClasses carves a grant below it, and ShrinkIdleGrants never shrinks a class below
+  // it (the same bound on both sides, so an idle owner never carves and shrinks in turn).
+  double spare_fraction = 0.25;
   bool populate_grants = true;  // allocate (and NUMA-place) grant memory when carved
   // Called (outside every pool lock) once per claim that waited past the soft timeout.
   std::function<void(const PressureEvent&)> on_pressure;
@@ -145,12 +149,12 @@ class SlotPool {
   absl::Status AcquireHolder(const SlotRef& ref);
   absl::Status ReleaseHolder(const SlotRef& ref);
 
-  // Returns grants that have been wholly free for shrink_idle (dynamic mode only).
+  // Returns grants that have been wholly free for shrink_idle (dynamic mode only), keeping a
+  // class in use at its spare (spare_fraction of a grant free).
   size_t ShrinkIdleGrants();
-  // Dynamic mode: carves one more grant for each class whose free slots fell below
-  // `low_fraction` of a grant while claims were recently served, so a claim rarely waits for a
-  // grant to be populated. Returns the grants carved.
-  size_t RefillLowClasses(double low_fraction);
+  // Dynamic mode: carves one more grant for each class in use whose free slots fell below its
+  // spare, so a claim rarely waits for a grant to be populated. Returns the grants carved.
+  size_t RefillLowClasses();
   // Whether another grant can still be carved (dynamic mode with a free position).
   bool CanGrow() const;
 
@@ -177,6 +181,8 @@ class SlotPool {
 
   SizeClass* ClassFor(uint64_t slot_size);
   uint64_t MaxSlotsReachable(const SizeClass& cls) const;
+  // Free slots a class in use keeps (options_.spare_fraction of a grant).
+  uint64_t SpareSlots(const SizeClass& cls) const;
   absl::Status AddGrant(SizeClass* cls);
   // The claim at the front of `cls`'s queue takes `count` free slots (Free -> Prepared, epoch
   // bumped) and leaves the queue. Called with cls->mu held and free_slots >= count.
