@@ -112,7 +112,11 @@ struct OneOf {
   X(claim_hard_timeout, "claim_hard_timeout_ms", Millis{}, std::chrono::milliseconds(30'000),     \
     "a claim fails with ResourceExhausted after this long; must exceed claim_soft_timeout_ms")    \
   X(shrink_idle, "shrink_idle_ms", Millis{}, std::chrono::milliseconds(5'000),                    \
-    "a grant with no value for this long goes back to the segment")
+    "a grant with no value for this long goes back to the segment")                               \
+  X(warm_grants, "warm_grants", IntIn<uint32_t>(0, 64), 1,                                        \
+    "dynamic mode: free grant positions kept populated ahead of the next carve (at start, then "  \
+    "in the background), so a claim does not wait for first touch; 0: populate on the claim's "  \
+    "path")
 
 #define FLUXON_OWNER_SETTINGS(X)                                                                  \
   X(hot_capacity_ratio, "hot_capacity_ratio", Ratio{}, 0.95,                                      \

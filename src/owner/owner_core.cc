@@ -131,6 +131,7 @@ void OwnerCore::MaintenanceLoop() {
     remote_->RunMaintenance(now);
     memory_->pool().ShrinkIdleGrants();
     memory_->pool().RefillLowClasses();
+    memory_->pool().PrefaultAhead();
     evictor_->RunRound();
   }
 }
@@ -161,6 +162,7 @@ std::map<std::string, int64_t> OwnerCore::Stats() const {
   m["grant_capacity"] = static_cast<int64_t>(s.grant_capacity);
   m["claim_timeouts"] = static_cast<int64_t>(s.claim_timeouts);
   m["grants_shrunk"] = static_cast<int64_t>(s.grants_shrunk);
+  m["grants_warm"] = static_cast<int64_t>(s.warm_grants);
   m["keys"] = static_cast<int64_t>(keys_->size());
   m["inflight_gets"] = static_cast<int64_t>(flights_->size());
   m["prepared_puts"] = static_cast<int64_t>(puts_->prepared());

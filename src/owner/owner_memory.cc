@@ -26,9 +26,13 @@ absl::StatusOr<std::unique_ptr<OwnerMemory>> OwnerMemory::Create(
   po.claim_soft_timeout = config.local_reserve.claim_soft_timeout;
   po.claim_hard_timeout = config.local_reserve.claim_hard_timeout;
   po.shrink_idle = config.local_reserve.shrink_idle;
+  po.warm_grants = config.local_reserve.warm_grants;
   po.on_pressure = std::move(on_pressure);
   FLUXON_ASSIGN_OR_RETURN(m->pool_, SlotPool::Create(m->segment_.get(), po));
   FLUXON_RETURN_IF_ERROR(m->pool_->Prewarm());
+  // Like the prewarm, before the owner serves: the first claims then carve without waiting for
+  // first touch (the maintenance thread keeps warm_grants populated from then on).
+  m->pool_->PrefaultAhead();
   m->holders_ = std::make_unique<HolderRegistry>(m->segment_->generation());
   return m;
 }

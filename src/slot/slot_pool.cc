@@ -184,6 +184,7 @@ absl::Status SlotPool::Prewarm() {
 
 absl::Status SlotPool::AddGrant(SizeClass* cls) {
   Grant* grant = nullptr;
+  bool warm = false;
   {
     MutexLock lock(&alloc_mu_);
     if (expected_grants_ > 0 && carved_grants_ >= expected_grants_) {
@@ -194,8 +195,11 @@ absl::Status SlotPool::AddGrant(SizeClass* cls) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "segment has no free grant position (%d grants of 512 MiB carved)", carved_grants_));
     }
-    const uint32_t pos = *free_positions_.begin();
-    free_positions_.erase(free_positions_.begin());
+    // A populated position first: the claim then skips the first touch.
+    const uint32_t pos =
+        warm_positions_.empty() ? *free_positions_.begin() : *warm_positions_.begin();
+    warm = warm_positions_.erase(pos) > 0;
+    free_positions_.erase(pos);
     ++carved_grants_;
     for (auto& g : retired_) {
       if (g->position == pos && g->slot_size == cls->slot_size) grant = g.get();
@@ -216,7 +220,7 @@ absl::Status SlotPool::AddGrant(SizeClass* cls) {
       retired_.push_back(std::move(g));
     }
   }
-  if (options_.populate_grants) {
+  if (options_.populate_grants && !warm) {
     absl::Status st = segment_->PopulateRange(grant->offset, grant->slot_count * grant->slot_size);
     if (!st.ok()) {
       MutexLock lock(&alloc_mu_);
@@ -533,10 +537,20 @@ size_t SlotPool::ShrinkIdleGrants() {
   }
   for (Grant* g : shrunk) {
     state_counts_[0].fetch_sub(g->slot_count, std::memory_order_relaxed);
-    absl::Status st = segment_->ReleaseRange(g->offset, g->slot_count * g->slot_size);
-    if (!st.ok()) spdlog::warn("releasing grant {} memory: {}", g->position, st.ToString());
+    bool keep_warm = false;
+    {
+      // A shrunk grant's memory is populated already: keep it as a warm position while fewer
+      // than warm_grants are, rather than punch it out and populate another one later.
+      MutexLock lock(&alloc_mu_);
+      keep_warm = options_.populate_grants && warm_positions_.size() < options_.warm_grants;
+    }
+    if (!keep_warm) {
+      absl::Status st = segment_->ReleaseRange(g->offset, g->slot_count * g->slot_size);
+      if (!st.ok()) spdlog::warn("releasing grant {} memory: {}", g->position, st.ToString());
+    }
     MutexLock lock(&alloc_mu_);
     free_positions_.insert(g->position);
+    if (keep_warm) warm_positions_.insert(g->position);
     --carved_grants_;
   }
   if (!shrunk.empty()) {
@@ -559,6 +573,34 @@ bool SlotPool::CanGrow() const {
 
 uint64_t SlotPool::SpareSlots(const SizeClass& cls) const {
   return static_cast<uint64_t>(options_.spare_fraction * static_cast<double>(cls.slots_per_grant));
+}
+
+size_t SlotPool::PrefaultAhead() {
+  if (expected_grants_ > 0 || !options_.populate_grants) return 0;
+  size_t populated = 0;
+  for (;;) {
+    uint32_t pos = 0;
+    {
+      MutexLock lock(&alloc_mu_);
+      if (warm_positions_.size() >= options_.warm_grants) break;
+      // The highest cold free position: carves take warm ones, else the lowest, so the two
+      // rarely meet on one position.
+      auto it = std::find_if(free_positions_.rbegin(), free_positions_.rend(),
+                             [&](uint32_t p) { return !warm_positions_.contains(p); });
+      if (it == free_positions_.rend()) break;
+      pos = *it;
+    }
+    const uint64_t offset = segment_->data_offset() + uint64_t{pos} * kGrantBytes;
+    if (absl::Status st = segment_->PopulateRange(offset, kGrantBytes); !st.ok()) {
+      spdlog::warn("prefaulting grant position {}: {}", pos, st.ToString());
+      break;
+    }
+    MutexLock lock(&alloc_mu_);
+    // Still free (a carve did not take it meanwhile): ready for the next carve.
+    if (free_positions_.contains(pos)) warm_positions_.insert(pos);
+    ++populated;
+  }
+  return populated;
 }
 
 size_t SlotPool::RefillLowClasses() {
@@ -617,6 +659,7 @@ SlotPoolStats SlotPool::Stats() const {
   {
     MutexLock lock(&alloc_mu_);
     s.grants = carved_grants_;
+    s.warm_grants = warm_positions_.size();
   }
   s.grant_capacity = expected_grants_ > 0 ? expected_grants_ : positions_;
   s.claims = claims_.load();

@@ -94,6 +94,9 @@ struct SlotPoolOptions {
   // RefillLowClasses carves a grant below it, and ShrinkIdleGrants never shrinks a class below
   // it (the same bound on both sides, so an idle owner never carves and shrinks in turn).
   double spare_fraction = 0.25;
+  // Dynamic mode with populate_grants: free grant positions PrefaultAhead keeps populated, so
+  // the carve a claim waits for takes one and skips the first touch (0: none).
+  uint32_t warm_grants = 0;
   bool populate_grants = true;  // allocate (and NUMA-place) grant memory when carved
   // Called (outside every pool lock) once per claim that waited past the soft timeout.
   std::function<void(const PressureEvent&)> on_pressure;
@@ -115,6 +118,7 @@ struct SlotPoolStats {
   uint64_t claims = 0;
   uint64_t claim_timeouts = 0;
   uint64_t grants_shrunk = 0;
+  uint64_t warm_grants = 0;  // free positions populated ahead of a carve
   std::vector<SizeClassStats> classes;
 };
 
@@ -155,6 +159,10 @@ class SlotPool {
   // Dynamic mode: carves one more grant for each class in use whose free slots fell below its
   // spare, so a claim rarely waits for a grant to be populated. Returns the grants carved.
   size_t RefillLowClasses();
+  // Populates free grant positions until warm_grants of them are (outside every pool lock but
+  // the position bookkeeping); returns the positions populated. For a background thread: a
+  // carve racing with it on the same position populates it too, harmlessly.
+  size_t PrefaultAhead();
   // Whether another grant can still be carved (dynamic mode with a free position).
   bool CanGrow() const;
 
@@ -209,6 +217,8 @@ class SlotPool {
 
   mutable Mutex alloc_mu_;
   absl::btree_set<uint32_t> free_positions_ ABSL_GUARDED_BY(alloc_mu_);
+  // The free positions whose memory is populated (a subset of free_positions_).
+  absl::btree_set<uint32_t> warm_positions_ ABSL_GUARDED_BY(alloc_mu_);
   uint64_t carved_grants_ ABSL_GUARDED_BY(alloc_mu_) = 0;
   uint32_t next_carve_ ABSL_GUARDED_BY(alloc_mu_) = 1;
   // Grant metadata per (position, slot size); immutable once published and kept until the pool

@@ -717,7 +717,7 @@ TEST(ConfigSchema, DocsSettingsReferenceIsTheSchemas) {
   ASSERT_NE(b, std::string::npos);
   ASSERT_NE(e, std::string::npos);
   EXPECT_EQ(text.substr(b + begin.size(), e - b - begin.size()), SettingsReferenceMarkdown())
-      << "regenerate with: fluxond --settings-reference";
+      << "regenerate with: scripts/update-settings-doc.sh";
 }
 
 // Every scalar setting of the schema is read, bounded and dumped through its one definition:

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -366,6 +367,74 @@ TEST_F(SlotPoolTest, ShrunkPositionCanServeAnotherSizeClass) {
   EXPECT_EQ(pool_->SlotSizeOf((*b)[0]), 4096u);
   EXPECT_FALSE(pool_->Abort((*a)[0]).ok());  // the old ref cannot touch the re-carved grant
   EXPECT_TRUE(pool_->CheckConsistency().ok());
+}
+
+// Warm grants: free positions populated ahead (off the claim's path), taken first by a carve
+// (which then skips the first touch), refilled by the next PrefaultAhead, and kept populated by
+// a shrink while fewer than warm_grants are.
+TEST_F(SlotPoolTest, WarmGrantsArePopulatedAheadAndTakenFirst) {
+  SegmentOptions so;
+  so.size_bytes = 3 * kGrantBytes;
+  auto seg = Segment::Create(so);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  SlotPoolOptions o;
+  o.populate_grants = true;
+  o.warm_grants = 1;
+  o.shrink_idle = milliseconds(1);
+  auto created = SlotPool::Create(seg->get(), o);
+  ASSERT_TRUE(created.ok());
+  SlotPool& pool = **created;
+  EXPECT_EQ(pool.Stats().warm_grants, 0u);
+  EXPECT_EQ(pool.PrefaultAhead(), 1u);  // the highest free position
+  EXPECT_EQ(pool.PrefaultAhead(), 0u);  // enough already
+  EXPECT_EQ(pool.Stats().warm_grants, 1u);
+
+  auto refs = pool.Claim(kGrantBytes / 4, 4);
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  EXPECT_EQ((*refs)[0].grant, 2u) << "the carve takes the warm position";
+  EXPECT_EQ(pool.Stats().warm_grants, 0u);
+  EXPECT_EQ(pool.PrefaultAhead(), 1u);
+  EXPECT_EQ(pool.Stats().warm_grants, 1u);
+  // The warm memory is usable like any carved grant's.
+  auto more = pool.Claim(kGrantBytes / 4, 4);
+  ASSERT_TRUE(more.ok());
+  EXPECT_EQ((*more)[0].grant, 1u);
+  std::memset(reinterpret_cast<void*>(pool.OffsetOf((*more)[3]) + (*seg)->base()), 0x5a,
+              kGrantBytes / 4);
+
+  // Two grants go idle; one warm position exists, so the shrunk ones are punched out and the
+  // warm count stays at its target.
+  for (const SlotRef& r : *refs) ASSERT_TRUE(pool.Abort(r).ok());
+  for (const SlotRef& r : *more) ASSERT_TRUE(pool.Abort(r).ok());
+  std::this_thread::sleep_for(milliseconds(3));
+  EXPECT_EQ(pool.ShrinkIdleGrants(), 2u);
+  EXPECT_EQ(pool.Stats().warm_grants, 1u);
+  EXPECT_EQ(pool.Stats().grants, 0u);
+  EXPECT_TRUE(pool.CheckConsistency().ok());
+}
+
+TEST_F(SlotPoolTest, ShrinkKeepsAGrantWarmWhenBelowTheTarget) {
+  SegmentOptions so;
+  so.size_bytes = kGrantBytes;
+  auto seg = Segment::Create(so);
+  ASSERT_TRUE(seg.ok());
+  SlotPoolOptions o;
+  o.populate_grants = true;
+  o.warm_grants = 1;
+  o.shrink_idle = milliseconds(1);
+  auto created = SlotPool::Create(seg->get(), o);
+  ASSERT_TRUE(created.ok());
+  SlotPool& pool = **created;
+  auto refs = pool.Claim(kGrantBytes / 2, 1);  // carves the only position (nothing warm)
+  ASSERT_TRUE(refs.ok());
+  EXPECT_EQ(pool.PrefaultAhead(), 0u);  // no free position to warm
+  ASSERT_TRUE(pool.Abort((*refs)[0]).ok());
+  std::this_thread::sleep_for(milliseconds(3));
+  EXPECT_EQ(pool.ShrinkIdleGrants(), 1u);
+  EXPECT_EQ(pool.Stats().warm_grants, 1u) << "kept populated, not punched out";
+  auto again = pool.Claim(4096, 1);  // another class takes the warm position
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(pool.Stats().warm_grants, 0u);
 }
 
 TEST_F(SlotPoolTest, PopulatedGrantMemoryIsWritable) {
