@@ -28,11 +28,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kValueLen = 4096;  // control-path cost does not depend on the value size
 
-// With FLUXON_SOCKET set the benchmarks use that running fluxond (another process, as in
-// production); otherwise they start an embedded node in this process.
+// With FLUXON_SOCKET set the client benchmarks use that running fluxond (another process, as in
+// production); otherwise they start an embedded node in this process. The *InProcess benchmarks
+// always run on an embedded node of their own (they call the owner directly: the floor).
 struct Env {
-  Env() {
-    if (const char* external = std::getenv("FLUXON_SOCKET"); external != nullptr) {
+  explicit Env(bool in_process) {
+    if (const char* external = std::getenv("FLUXON_SOCKET"); external != nullptr && !in_process) {
       ClientOptions o;
       o.socket_path = external;
       client = std::move(*KvClient::Connect(o));
@@ -43,7 +44,8 @@ struct Env {
     c.master->listen_address = "127.0.0.1:0";
     c.admin.listen_address = "127.0.0.1:0";
     c.admin.metrics_port = 0;
-    c.owner->socket_path = "/tmp/fluxon-bench-" + std::to_string(getpid()) + ".sock";
+    c.owner->socket_path =
+        "/tmp/fluxon-bench-" + std::to_string(getpid()) + (in_process ? "-inproc" : "") + ".sock";
     c.owner->segment.size_bytes = 4 * kGrantBytes;
     node = std::move(*FluxonNode::Start(c));
     ClientOptions o;
@@ -55,7 +57,11 @@ struct Env {
 };
 
 Env& Shared() {
-  static Env* env = new Env();
+  static Env* env = new Env(/*in_process=*/false);
+  return *env;
+}
+Env& InProcess() {
+  static Env* env = new Env(/*in_process=*/true);
   return *env;
 }
 
@@ -186,11 +192,7 @@ namespace fluxon {
 namespace {
 // The owner's share of the get cycle, without the socket.
 void BM_OwnerGetCycleInProcess(benchmark::State& state) {
-  Env& env = Shared();
-  if (!env.node) {
-    state.SkipWithError("in-process only");
-    return;
-  }
+  Env& env = InProcess();
   const int64_t n = state.range(0);
   auto keys = Keys("hit" + std::to_string(n) + "-", n, 0);
   if (env.node->owner()->KeyState(keys[0]) == "absent") {
@@ -202,6 +204,10 @@ void BM_OwnerGetCycleInProcess(benchmark::State& state) {
   for (auto _ : state) {
     const auto t0 = Clock::now();
     auto r = owner->GetStart(999, keys, {}, true);
+    if (!r.ok()) {
+      state.SkipWithError(r.status().ToString().c_str());
+      break;
+    }
     (void)owner->GetTransfer(999, r->handle_id, 0);
     (void)owner->ReleaseViews(999, r->handle_id);
     us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
@@ -217,11 +223,7 @@ namespace {
 // The owner's share of the put cycle (reserve + claim, commit local-visible), without the socket;
 // publish_us is the background publish that follows (master publish + promotion + admission).
 void BM_OwnerPutCycleInProcess(benchmark::State& state) {
-  Env& env = Shared();
-  if (!env.node) {
-    state.SkipWithError("in-process only");
-    return;
-  }
+  Env& env = InProcess();
   OwnerCore* owner = env.node->owner();
   const int64_t n = state.range(0);
   static int64_t next = 0;
@@ -232,6 +234,10 @@ void BM_OwnerPutCycleInProcess(benchmark::State& state) {
     a.value_len = kValueLen;
     const auto t0 = Clock::now();
     auto r = owner->PutStart(999, a, nullptr);
+    if (!r.ok()) {
+      state.SkipWithError(r.status().ToString().c_str());
+      break;
+    }
     Mutex mu;
     CondVar cv;
     bool done = false;
@@ -249,6 +255,7 @@ void BM_OwnerPutCycleInProcess(benchmark::State& state) {
     publish_us.push_back(std::chrono::duration<double, std::micro>(published - t1).count());
   }
   ReportPercentiles(state, us);
+  if (publish_us.empty()) return;
   std::sort(publish_us.begin(), publish_us.end());
   state.counters["publish_p50_us"] = publish_us[publish_us.size() / 2];
 }
