@@ -585,10 +585,14 @@ size_t SlotPool::PrefaultAhead() {
       if (warm_positions_.size() >= options_.warm_grants) break;
       // The highest cold free position: carves take warm ones, else the lowest, so the two
       // rarely meet on one position.
-      auto it = std::find_if(free_positions_.rbegin(), free_positions_.rend(),
-                             [&](uint32_t p) { return !warm_positions_.contains(p); });
-      if (it == free_positions_.rend()) break;
-      pos = *it;
+      bool found = false;
+      for (auto it = free_positions_.rbegin(); it != free_positions_.rend() && !found; ++it) {
+        if (!warm_positions_.contains(*it)) {
+          pos = *it;
+          found = true;
+        }
+      }
+      if (!found) break;
     }
     const uint64_t offset = segment_->data_offset() + uint64_t{pos} * kGrantBytes;
     if (absl::Status st = segment_->PopulateRange(offset, kGrantBytes); !st.ok()) {
