@@ -537,20 +537,21 @@ size_t SlotPool::ShrinkIdleGrants() {
   }
   for (Grant* g : shrunk) {
     state_counts_[0].fetch_sub(g->slot_count, std::memory_order_relaxed);
-    bool keep_warm = false;
     {
       // A shrunk grant's memory is populated already: keep it as a warm position while fewer
       // than warm_grants are, rather than punch it out and populate another one later.
       MutexLock lock(&alloc_mu_);
-      keep_warm = options_.populate_grants && warm_positions_.size() < options_.warm_grants;
+      if (options_.populate_grants && warm_positions_.size() < options_.warm_grants) {
+        free_positions_.insert(g->position);
+        warm_positions_.insert(g->position);
+        --carved_grants_;
+        continue;
+      }
     }
-    if (!keep_warm) {
-      absl::Status st = segment_->ReleaseRange(g->offset, g->slot_count * g->slot_size);
-      if (!st.ok()) spdlog::warn("releasing grant {} memory: {}", g->position, st.ToString());
-    }
+    absl::Status st = segment_->ReleaseRange(g->offset, g->slot_count * g->slot_size);
+    if (!st.ok()) spdlog::warn("releasing grant {} memory: {}", g->position, st.ToString());
     MutexLock lock(&alloc_mu_);
     free_positions_.insert(g->position);
-    if (keep_warm) warm_positions_.insert(g->position);
     --carved_grants_;
   }
   if (!shrunk.empty()) {

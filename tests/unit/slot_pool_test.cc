@@ -437,6 +437,27 @@ TEST_F(SlotPoolTest, ShrinkKeepsAGrantWarmWhenBelowTheTarget) {
   EXPECT_EQ(pool.Stats().warm_grants, 0u);
 }
 
+TEST_F(SlotPoolTest, ShrinkKeepsNoMoreWarmGrantsThanTheTarget) {
+  SegmentOptions so;
+  so.size_bytes = 3 * kGrantBytes;
+  auto seg = Segment::Create(so);
+  ASSERT_TRUE(seg.ok());
+  SlotPoolOptions o;
+  o.populate_grants = true;
+  o.warm_grants = 1;
+  o.shrink_idle = milliseconds(1);
+  auto created = SlotPool::Create(seg->get(), o);
+  ASSERT_TRUE(created.ok());
+  SlotPool& pool = **created;
+  auto refs = pool.Claim(kGrantBytes, 3);  // all three positions, none warm
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  for (const SlotRef& r : *refs) ASSERT_TRUE(pool.Abort(r).ok());
+  std::this_thread::sleep_for(milliseconds(3));
+  EXPECT_EQ(pool.ShrinkIdleGrants(), 3u);  // in one pass: one kept warm, two punched out
+  EXPECT_EQ(pool.Stats().warm_grants, 1u);
+  EXPECT_TRUE(pool.CheckConsistency().ok());
+}
+
 TEST_F(SlotPoolTest, PopulatedGrantMemoryIsWritable) {
   SegmentOptions so;
   so.size_bytes = kGrantBytes;
