@@ -29,6 +29,21 @@ class SlotPoolTest : public ::testing::Test {
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(*pool);
   }
+  // Memory populated when carved, one warm grant, grants idle after 1 ms.
+  void MakeWarmPool(uint64_t grants) {
+    SegmentOptions so;
+    so.size_bytes = grants * kGrantBytes;
+    auto seg = Segment::Create(so);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    segment_ = std::move(*seg);
+    SlotPoolOptions o;
+    o.populate_grants = true;
+    o.warm_grants = 1;
+    o.shrink_idle = milliseconds(1);
+    auto pool = SlotPool::Create(segment_.get(), std::move(o));
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+  }
   int64_t Count(SlotState s) { return pool_->Stats().slots_by_state[static_cast<int>(s)]; }
   SlotState State(const SlotRef& r) { return *pool_->StateOf(r); }
 
@@ -373,17 +388,8 @@ TEST_F(SlotPoolTest, ShrunkPositionCanServeAnotherSizeClass) {
 // (which then skips the first touch), refilled by the next PrefaultAhead, and kept populated by
 // a shrink while fewer than warm_grants are.
 TEST_F(SlotPoolTest, WarmGrantsArePopulatedAheadAndTakenFirst) {
-  SegmentOptions so;
-  so.size_bytes = 3 * kGrantBytes;
-  auto seg = Segment::Create(so);
-  ASSERT_TRUE(seg.ok()) << seg.status();
-  SlotPoolOptions o;
-  o.populate_grants = true;
-  o.warm_grants = 1;
-  o.shrink_idle = milliseconds(1);
-  auto created = SlotPool::Create(seg->get(), o);
-  ASSERT_TRUE(created.ok());
-  SlotPool& pool = **created;
+  MakeWarmPool(3);
+  SlotPool& pool = *pool_;
   EXPECT_EQ(pool.Stats().warm_grants, 0u);
   EXPECT_EQ(pool.PrefaultAhead(), 1u);  // the highest free position
   EXPECT_EQ(pool.PrefaultAhead(), 0u);  // enough already
@@ -399,7 +405,7 @@ TEST_F(SlotPoolTest, WarmGrantsArePopulatedAheadAndTakenFirst) {
   auto more = pool.Claim(kGrantBytes / 4, 4);
   ASSERT_TRUE(more.ok());
   EXPECT_EQ((*more)[0].grant, 1u);
-  std::memset(reinterpret_cast<void*>(pool.OffsetOf((*more)[3]) + (*seg)->base()), 0x5a,
+  std::memset(reinterpret_cast<void*>(pool.OffsetOf((*more)[3]) + segment_->base()), 0x5a,
               kGrantBytes / 4);
 
   // Two grants go idle; one warm position exists, so the shrunk ones are punched out and the
@@ -414,17 +420,8 @@ TEST_F(SlotPoolTest, WarmGrantsArePopulatedAheadAndTakenFirst) {
 }
 
 TEST_F(SlotPoolTest, ShrinkKeepsAGrantWarmWhenBelowTheTarget) {
-  SegmentOptions so;
-  so.size_bytes = kGrantBytes;
-  auto seg = Segment::Create(so);
-  ASSERT_TRUE(seg.ok());
-  SlotPoolOptions o;
-  o.populate_grants = true;
-  o.warm_grants = 1;
-  o.shrink_idle = milliseconds(1);
-  auto created = SlotPool::Create(seg->get(), o);
-  ASSERT_TRUE(created.ok());
-  SlotPool& pool = **created;
+  MakeWarmPool(1);
+  SlotPool& pool = *pool_;
   auto refs = pool.Claim(kGrantBytes / 2, 1);  // carves the only position (nothing warm)
   ASSERT_TRUE(refs.ok());
   EXPECT_EQ(pool.PrefaultAhead(), 0u);  // no free position to warm
@@ -438,17 +435,8 @@ TEST_F(SlotPoolTest, ShrinkKeepsAGrantWarmWhenBelowTheTarget) {
 }
 
 TEST_F(SlotPoolTest, ShrinkKeepsNoMoreWarmGrantsThanTheTarget) {
-  SegmentOptions so;
-  so.size_bytes = 3 * kGrantBytes;
-  auto seg = Segment::Create(so);
-  ASSERT_TRUE(seg.ok());
-  SlotPoolOptions o;
-  o.populate_grants = true;
-  o.warm_grants = 1;
-  o.shrink_idle = milliseconds(1);
-  auto created = SlotPool::Create(seg->get(), o);
-  ASSERT_TRUE(created.ok());
-  SlotPool& pool = **created;
+  MakeWarmPool(3);
+  SlotPool& pool = *pool_;
   auto refs = pool.Claim(kGrantBytes, 3);  // all three positions, none warm
   ASSERT_TRUE(refs.ok()) << refs.status();
   for (const SlotRef& r : *refs) ASSERT_TRUE(pool.Abort(r).ok());
