@@ -33,8 +33,10 @@ fi
 
 PYTHON="${PYTHON:-python3}"
 # prometheus_client: its parser validates fluxond's /metrics page in the tests.
-PY_PACKAGES=(pytest pybind11 scikit-build-core numpy pyyaml prometheus_client)
-if ! "$PYTHON" -c "import pytest, pybind11, scikit_build_core, numpy, yaml, prometheus_client" \
+# pytest-timeout: every Python test has a time limit (tests/python/pytest.ini), so a hang fails
+# with a traceback instead of running into CI's limit.
+PY_PACKAGES=(pytest pytest-timeout pybind11 scikit-build-core numpy pyyaml prometheus_client)
+if ! "$PYTHON" -c "import pytest, pytest_timeout, pybind11, scikit_build_core, numpy, yaml, prometheus_client" \
     2>/dev/null; then
   echo "[install-deps] pip install ${PY_PACKAGES[*]}"
   "$PYTHON" -m pip install -q "${PY_PACKAGES[@]}"

@@ -61,7 +61,7 @@ PYTAG=$(python3 -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 WV="$ROOT/build/venv-wheel"
 rm -rf "$WV"
 python3 -m venv "$WV"
-"$WV/bin/python" -m pip install -q build/dist/fluxon-*-"$PYTAG"-"$PYTAG"-*.whl numpy pytest pyyaml
+"$WV/bin/python" -m pip install -q build/dist/fluxon-*-"$PYTAG"-"$PYTAG"-*.whl numpy pytest pytest-timeout pyyaml
 "$WV/bin/python" -m pip install -q --no-deps sglang==0.5.23  # the pin of scripts/install-deps.sh
 # Neither the build tree nor LD_LIBRARY_PATH: the installed package and its executables only.
 WSITE=$("$WV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')

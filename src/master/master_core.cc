@@ -240,12 +240,21 @@ absl::StatusOr<v1::ListOwnersReply> MasterCore::ListOwners(const v1::ListOwnersR
 }
 
 absl::StatusOr<v1::ListKeysReply> MasterCore::ListKeys(const v1::ListKeysRequest& r) {
-  // Bounded: one answer stays far below the gRPC message limit (kMaxKeyBytes x 10,000 keys).
+  // Bounded by count and by key bytes: one page fits any gRPC client's default 4 MiB limit.
+  constexpr size_t kPageKeyBytes = 2 << 20;
   const uint32_t limit = r.limit() == 0 ? 100 : std::min<uint32_t>(r.limit(), 10'000);
+  bool more = false;
   v1::ListKeysReply reply;
-  for (const auto& [key, route] : routes_.ListByPrefix(r.prefix(), limit)) {
+  size_t key_bytes = 0;
+  for (const auto& [key, route] : routes_.ListByPrefix(r.prefix(), limit, r.start_after(), &more)) {
+    if (reply.routes_size() > 0 && key_bytes + key.size() > kPageKeyBytes) {
+      more = true;
+      break;
+    }
+    key_bytes += key.size();
     FillRoute(key, route, reply.add_routes());
   }
+  reply.set_more(more);
   return reply;
 }
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/mutex.h"
+#include "common/private_files.h"
 #include "fluxon/v1/client.pb.h"
 #include "rpc/frame.h"
 #include "spdlog/spdlog.h"
@@ -613,8 +614,12 @@ absl::Status ClientServer::Impl::Listen() {
     return absl::InvalidArgumentError(
         absl::StrFormat("socket path %s is too long for a Unix socket", path.string()));
   }
-  std::error_code fec;
-  std::filesystem::create_directories(path.parent_path(), fec);
+  // Another user who controls the socket's directory could swap the socket for one of theirs
+  // and receive every client's requests; such a directory stops the start.
+  if (absl::Status st = EnsureSafeDirectory(path.parent_path().string(), 0755, "owner.socket_path");
+      !st.ok()) {
+    return st;
+  }
   if (std::filesystem::exists(path)) {
     // A live owner answers on it; a stale file from a dead one is replaced.
     asio::local::stream_protocol::socket probe(io_);

@@ -159,10 +159,10 @@ absl::StatusOr<DeleteOutcome> Evictor::DeletePrefix(const std::string& prefix) {
 }
 
 bool Evictor::DropUnrouted(const std::string& key, uint64_t put_id) {
-  if (keys_->MarkEvicting(key, put_id) != KeyIndex::MarkResult::kMarked) return false;
-  HolderRef last = keys_->EraseEvicting(key, put_id);
-  if (!last) return false;
-  last.reset();  // the last reference: the slot returns to Free
+  HolderRef resident = keys_->EraseStale(key, put_id);
+  if (!resident) return false;
+  // Frees the slot now, or when the last reader still holding a view of it releases that view.
+  resident.reset();
   return true;
 }
 

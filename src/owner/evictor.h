@@ -81,8 +81,10 @@ class Evictor final : public EvictionSignals {
   void RunRound();
   // Evicts cold cohorts worth at least `bytes` (or all evictable ones); returns bytes evicted.
   uint64_t EvictSome(uint64_t bytes);
-  // Frees a Committed value the master does not route here (a republish found another version
-  // of its key): no route removal is needed. False (kept) while a reader pins it.
+  // Drops a Committed value the master does not route here (a republish found another version
+  // of its key): no route removal is needed. New readers no longer find it at once; readers
+  // holding a view keep their bytes until they release it, and the slot is freed then. False
+  // when the key no longer carries put_id's Committed value.
   bool DropUnrouted(const std::string& key, uint64_t put_id);
   // Removes every committed, unpinned value whose key starts with `prefix`, like eviction does.
   absl::StatusOr<DeleteOutcome> DeletePrefix(const std::string& prefix);

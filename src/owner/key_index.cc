@@ -231,6 +231,23 @@ HolderRef KeyIndex::EraseEvicting(const std::string& key, uint64_t put_id) {
   return last;
 }
 
+HolderRef KeyIndex::EraseStale(const std::string& key, uint64_t put_id) {
+  HolderRef resident;
+  table_.Update(key, [&](Entry* e, bool* erase) {
+    if (e != nullptr && e->put_id == put_id && e->state == State::kCommitted) {
+      // Readers' holders share the slot: it stays Releasing until the last of them goes.
+      const absl::Status released = pool_->ReleaseRoute(e->resident->slot);
+      FLUXON_DCHECK(released.ok(), "a committed slot's route was not live");
+      if (!released.ok()) spdlog::error("releasing the route of {}: {}", key, released.ToString());
+      resident = std::move(e->resident);
+      *erase = true;
+    }
+    return 0;
+  });
+  if (resident) Count(State::kCommitted, -1);
+  return resident;
+}
+
 void KeyIndex::ForEachCommitted(
     const std::function<void(const std::string&, uint64_t, uint64_t, uint64_t)>& fn) const {
   table_.ForEach([&](const std::string& key, const Entry& e) {

@@ -15,6 +15,8 @@
 //   Evicting --UnmarkEvicting--> Committed            —
 //   Evicting --EraseEvicting--> absent                Committed --ReleaseRoute--> Releasing,
 //                                                       Free when the returned holder goes
+//   Committed --EraseStale--> absent (pins allowed)   Committed --ReleaseRoute--> Releasing,
+//                                                       Free when the last reader lets go
 //
 // Invariants:
 // - An entry carries the put_id of the batch that reserved it; every transition names that
@@ -101,6 +103,13 @@ class KeyIndex {
   // route first); returns the holder (the last reference) to release unlocked, which frees the
   // slot.
   HolderRef EraseEvicting(const std::string& key, uint64_t put_id);
+
+  // Committed(put_id) -> absent whatever pins it: the master routes another version of the key,
+  // so this copy must be invisible to new readers at once (T2). Releases the slot's route and
+  // returns the index's holder; the slot goes Free when the last reference — the caller's, or a
+  // reader's still holding a view of the old bytes — is dropped. Null when the key is not
+  // put_id's Committed value (an Evicting one is the evictor's to finish).
+  HolderRef EraseStale(const std::string& key, uint64_t put_id);
 
   // Calls fn(key, put_id, offset, len) for every Committed value (the republish after a master
   // restart). Locks one shard at a time; fn must not call back into the index.

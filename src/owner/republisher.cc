@@ -111,7 +111,7 @@ bool Republisher::RunRound() {
   counters_->republish_rounds.fetch_add(1, std::memory_order_relaxed);
   spdlog::info(
       "republish round: {} of {} committed values routed again, {} dropped (another version "
-      "is routed), {} skipped (gone meanwhile or in use), {} ms",
+      "is routed), {} skipped (gone meanwhile), {} ms",
       tally.published, all.size(), tally.dropped, tally.skipped,
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
                                                             began)

@@ -8,7 +8,9 @@
 // - Idempotent by identity: each value is published as (key, put_id, this node, the current
 //   generation, offset, len) — a retry or a second round is a republish (T1). A value another
 //   version of the key has superseded at the master meanwhile is dropped here (its bytes are
-//   no longer what the key names); a copy of the routed version joins the route as a copy.
+//   no longer what the key names) even while a reader holds it: it leaves the index at once,
+//   so no new reader gets it, and its slot is freed when the last reader releases its view;
+//   a copy of the routed version joins the route as a copy.
 // - Never resurrects: only values Committed in the key index are offered, each pinned while its
 //   publish is in flight (so eviction cannot mark it meanwhile); a value deleted or evicted
 //   before the scan is not in the index, one being evicted is not pinnable and is skipped.

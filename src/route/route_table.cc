@@ -78,13 +78,20 @@ std::map<uint32_t, uint64_t> RouteTable::LocationsPerNode() const {
 }
 
 std::vector<std::pair<std::string, Route>> RouteTable::ListByPrefix(const std::string& prefix,
-                                                                    size_t limit) const {
-  std::map<std::string, Route> sorted;
+                                                                    size_t limit,
+                                                                    const std::string& start_after,
+                                                                    bool* more) const {
+  // The limit + 1 smallest matching keys: one more than asked shows whether more exist.
+  std::map<std::string, Route> smallest;
   routes_.ForEach([&](const std::string& key, const Route& r) {
-    if (absl::StartsWith(key, prefix)) sorted.emplace(key, r);
+    if (!absl::StartsWith(key, prefix) || (!start_after.empty() && key <= start_after)) return;
+    if (smallest.size() > limit && key >= smallest.rbegin()->first) return;
+    smallest.emplace(key, r);
+    if (smallest.size() > limit + 1) smallest.erase(std::prev(smallest.end()));
   });
+  if (more != nullptr) *more = smallest.size() > limit;
   std::vector<std::pair<std::string, Route>> out;
-  for (auto& [key, r] : sorted) {
+  for (auto& [key, r] : smallest) {
     if (out.size() >= limit) break;
     out.emplace_back(key, std::move(r));
   }

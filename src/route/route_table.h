@@ -64,9 +64,12 @@ class RouteTable {
   uint64_t DropNode(uint32_t node_id, uint64_t generation);
   // Locations per node.
   std::map<uint32_t, uint64_t> LocationsPerNode() const;
-  // Routes whose key starts with `prefix`, sorted by key, at most `limit`.
-  std::vector<std::pair<std::string, Route>> ListByPrefix(const std::string& prefix,
-                                                          size_t limit) const;
+  // Routes whose key starts with `prefix` and sorts after `start_after` (all when empty), sorted
+  // by key, at most `limit`; `*more` (when given) says whether more such routes exist. Holds at
+  // most limit + 1 routes while it scans.
+  std::vector<std::pair<std::string, Route>> ListByPrefix(const std::string& prefix, size_t limit,
+                                                          const std::string& start_after = "",
+                                                          bool* more = nullptr) const;
   size_t size() const { return routes_.size(); }
 
  private:

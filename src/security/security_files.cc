@@ -18,6 +18,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
+#include "common/private_files.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon::security {
@@ -186,7 +187,11 @@ absl::StatusOr<std::string> LoadOrCreateMachineSecret(const std::string& path) {
     std::string hex;
     for (unsigned char b : raw) hex += absl::StrFormat("%02x", b);
     hex += "\n";
-    const std::string tmp = absl::StrFormat("%s.%d.tmp", path, ::getpid());
+    // An unguessable temporary name: a name another local user can predict could be planted
+    // ahead of us and stop every start.
+    auto nonce = RandomHex(16);
+    if (!nonce.ok()) return nonce.status();
+    const std::string tmp = absl::StrFormat("%s.%s.tmp", path, *nonce);
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
       return absl::UnavailableError(

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "common/private_files.h"
 #include "fluxon/units.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -86,8 +87,17 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& o
     if (fd < 0)
       return ErrnoError("memfd_create" + std::string(options.huge_pages ? " (MFD_HUGETLB)" : ""));
   } else {
-    fd = open(options.path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return ErrnoError("open " + options.path);
+    // Never a file another user planted or can open, never through a symlink: the segment
+    // holds every committed value, and the owner serves what it reads there.
+    auto file = CreateOrOpenPrivateFile(options.path, "owner.segment.path");
+    if (!file.ok()) return file.status();
+    fd = file->fd;
+    // An existing private file (a previous run's) starts empty like a new one.
+    if (!file->created && ftruncate(fd, 0) != 0) {
+      absl::Status st = ErrnoError("truncate segment " + options.path);
+      close(fd);
+      return st;
+    }
     if (options.huge_pages) {
       struct statfs fs {};
       if (fstatfs(fd, &fs) != 0 || fs.f_type != HUGETLBFS_MAGIC) {

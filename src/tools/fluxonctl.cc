@@ -34,6 +34,7 @@
 #include "common/fault_injector.h"
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "rpc_grpc/grpc_master.h"
 #include "rpc_grpc/grpc_security.h"
 #include "security/security_files.h"
 
@@ -299,13 +300,22 @@ class Command {
     return std::nullopt;
   }
 
+  // Pages through the master's listing (one page is bounded by count and key bytes) until
+  // `limit` keys or the last one.
   std::optional<std::string> Keys(const std::string& prefix, uint32_t limit) {
+    v1::ListKeysReply r;
     v1::ListKeysRequest req;
     req.set_prefix(prefix);
-    req.set_limit(limit);
-    v1::ListKeysReply r;
-    if (grpc::Status s = stub_->Keys(Context().get(), req, &r); !s.ok()) {
-      return RpcFailure("keys", s);
+    while (static_cast<uint32_t>(r.routes_size()) < limit) {
+      req.set_limit(limit - static_cast<uint32_t>(r.routes_size()));
+      v1::ListKeysReply page;
+      if (grpc::Status s = stub_->Keys(Context().get(), req, &page); !s.ok()) {
+        return RpcFailure("keys", s);
+      }
+      if (page.routes_size() == 0) break;
+      req.set_start_after(page.routes(page.routes_size() - 1).key());
+      for (v1::Route& route : *page.mutable_routes()) *r.add_routes() = std::move(route);
+      if (!page.more()) break;
     }
     if (as_json_) {
       Print(json{{"keys", ProtoJson(r)["routes"]}});
@@ -683,7 +693,10 @@ int Main(int argc, char** argv) {
     std::cerr << "fluxonctl: " << security.status().message() << "\n";
     return kExitUsage;
   }
-  Command command(v1::AdminService::NewStub(security->Channel(flags.address, {}, flags.tls_name)),
+  // The daemon's message limits, not gRPC's 4 MiB default: every admin answer the daemon may
+  // send (a page of keys, a large owner listing) is readable.
+  Command command(v1::AdminService::NewStub(
+                      security->Channel(flags.address, ControlChannelArgs(), flags.tls_name)),
                   flags.address, std::chrono::milliseconds(flags.timeout_ms), flags.as_json);
   try {
     if (std::optional<std::string> error = runs.at(selected)(command)) {

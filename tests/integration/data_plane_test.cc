@@ -3,6 +3,7 @@
 // at its route's offset, and a request naming another generation is refused.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -170,6 +171,32 @@ TEST(DataPlane, MachineSecretFileWithLooseModeIsRefused) {
   ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
   auto loose = security::LoadOrCreateMachineSecret(path);
   EXPECT_EQ(loose.status().code(), absl::StatusCode::kPermissionDenied);
+  ::unlink(path.c_str());
+}
+
+// A local user who plants files under the temporary names an earlier version used
+// (<secret>.<pid>.tmp, for every pid this process could have) does not stop the first start: the
+// temporary name is unguessable, and the planted files are left alone.
+TEST(DataPlane, PlantedTemporaryNamesDoNotStopTheMachineSecret) {
+  const std::string path = "/tmp/fluxon-test-machine-secret-planted-" + std::to_string(::getpid());
+  ::unlink(path.c_str());
+  std::vector<std::string> planted;
+  for (int pid = ::getpid() - 2; pid <= ::getpid() + 2; ++pid) {
+    planted.push_back(path + "." + std::to_string(pid) + ".tmp");
+    const int fd = ::open(planted.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    ASSERT_GE(fd, 0);
+    ::close(fd);
+  }
+  auto created = security::LoadOrCreateMachineSecret(path);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->size(), 64u);
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  for (const auto& p : planted) {
+    EXPECT_EQ(::access(p.c_str(), F_OK), 0) << p;
+    ::unlink(p.c_str());
+  }
   ::unlink(path.c_str());
 }
 

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_format.h"
+
 namespace fluxon {
 namespace {
 
@@ -54,6 +56,27 @@ TEST(RouteTable, DropNodeRemovesEveryLocationOfThatGeneration) {
   auto listed = t.ListByPrefix("", 10);
   ASSERT_EQ(listed.size(), 2u);
   EXPECT_EQ(listed[0].first, "b");
+}
+
+TEST(RouteTable, ListByPrefixPagesInKeyOrderAndSaysWhetherMoreMatch) {
+  RouteTable t;
+  for (int i = 99; i >= 0; --i) t.Publish(absl::StrFormat("p/%03d", i), Loc(1, 10, i + 1));
+  t.Publish("q/0", Loc(1, 10, 500));
+  std::vector<std::string> seen;
+  std::string after;
+  bool more = true;
+  while (more) {
+    auto page = t.ListByPrefix("p/", 7, after, &more);
+    ASSERT_LE(page.size(), 7u);
+    ASSERT_FALSE(page.empty());
+    for (const auto& [key, route] : page) seen.push_back(key);
+    after = page.back().first;
+  }
+  ASSERT_EQ(seen.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(seen[i], absl::StrFormat("p/%03d", i));
+  auto last = t.ListByPrefix("p/", 10, "p/090", &more);
+  EXPECT_EQ(last.size(), 9u);
+  EXPECT_FALSE(more);
 }
 
 }  // namespace

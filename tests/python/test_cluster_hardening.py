@@ -244,3 +244,39 @@ def test_put_ids_do_not_collide_across_owners(cluster):
     assert n == 1 and b.stats()["remote_get_keys"] == before
     expect_pages(data, 1, seed=61)
     wait_baseline(cluster, {1: a, 2: b})
+
+
+def test_stale_copy_held_by_a_reader_is_never_served_again(cluster):
+    """A copy found stale when its owner comes back from expiry leaves the index at once even
+    while a reader holds a view of it: every later get on that owner reads the routed version,
+    the held view keeps its old bytes until released, and then the slot is freed."""
+    a, b = cluster.client(1), cluster.client(2)
+    theirs = ["held-0"]
+    put_pages(b, theirs, seed=31)
+    n, _ = get_pages(a, theirs)  # owner 1 caches a copy of owner 2's version 1
+    assert n == 1
+    h = a.get_start(theirs)
+    assert h.result.all_hit
+    held = a.get_transfer(h)  # a reader on owner 1 holds version 1 across everything below
+    owner1 = cluster.daemons[1]
+    os.kill(owner1.proc.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: 1 not in cluster.owners(), 6, "owner 1 to expire")
+        assert b.delete_prefix("held-") == (1, 0)
+        put_pages(b, theirs, seed=41)  # version 2, acknowledged, while owner 1 is away
+    finally:
+        os.kill(owner1.proc.pid, signal.SIGCONT)
+    wait_until(lambda: 1 in cluster.owners(), 10, "owner 1 to be listed again")
+    wait_until(lambda: a.stats().get("republish_rounds", 0) >= 1, 10, "the republish")
+    assert a.stats()["republish_dropped"] >= 1
+    for _ in range(5):  # never version 1 again, while the old view is still held
+        n, data = get_pages(a, theirs)
+        assert n == 1
+        assert (data[:VALUE_LEN] == 41 % 251).all(), "owner 1 served its stale copy"
+    n, data = get_pages(b, theirs)
+    assert n == 1 and (data[:VALUE_LEN] == 41 % 251).all()
+    old = np.zeros(VALUE_LEN, dtype=np.uint8)
+    fluxon.copy_from_plan(held, old.ctypes.data, VALUE_LEN)
+    assert (old == 31 % 251).all(), "the held view's bytes changed under its reader"
+    a.release_views(held)
+    wait_baseline(cluster, {1: a, 2: b})

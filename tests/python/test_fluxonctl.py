@@ -231,3 +231,31 @@ def test_fault_set_is_refused_without_allow_mutations(daemon_factory, sock):
     r = ctl(admin, "fault", "set", "master.Lookup", "fail")
     assert r.returncode == 1 and "allow_mutations" in r.stderr, (r.stdout, r.stderr)
     assert ctl_json(admin, "fault", "list")["rules"] == []
+
+
+def test_keys_pages_past_the_message_limit_and_the_page_count(daemon_factory, sock):
+    """11,000 keys of ~4,000 bytes (44 MB of keys: past gRPC's 4 MiB default and the master's
+    10,000 routes per page) are all listed, sorted, each once; --limit still bounds the list."""
+    port = free_port()
+    daemon_factory(node_config(sock, port, allow_mutations=False))
+    admin = f"127.0.0.1:{port}"
+    client = fluxon.KvClient(socket_path=sock)
+    n, vlen = 11_000, 4096
+    keys = [f"long/{i:06d}/" + "x" * 3990 for i in range(n)]
+    for b in range(0, n, 1000):
+        batch = keys[b:b + 1000]
+        plan = client.local_fast_put_start(batch, vlen)
+        data = np.full(len(batch) * vlen, 5, dtype=np.uint8)
+        fluxon.copy_to_plan(plan, data.ctypes.data, vlen)
+        client.local_fast_put_commit(plan).wait(30)
+    deadline = time.time() + 30
+    while ctl_json(admin, "owners")["owners"][0]["routes"] < n:
+        assert time.time() < deadline, "keys were not published"
+        time.sleep(0.1)
+    r = ctl(admin, "--json", "keys", "--prefix", "long/", "--limit", "20000", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    listed = [k["key"] for k in json.loads(r.stdout)["keys"]]
+    assert listed == keys  # every key once, in order
+    r = ctl(admin, "--json", "keys", "--prefix", "long/", "--limit", "10500", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [k["key"] for k in json.loads(r.stdout)["keys"]] == keys[:10500]

@@ -1,6 +1,8 @@
 #include "slot/segment.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,6 +77,50 @@ TEST(Segment, AttachByPathAndUnlinkOnOwnerExit) {
     EXPECT_EQ((*att)->base()[desc.data_offset], 42);
   }
   EXPECT_NE(access(o.path.c_str(), F_OK), 0);
+}
+
+// The segment file is never another user's or a symlink's target: a symlink at the path is
+// refused without touching its target; a loose-mode or hard-linked file is refused unchanged;
+// a private file of our own is reused.
+TEST(Segment, PathThatIsNotAPrivateFileIsRefused) {
+  SegmentOptions o = SmallSegment();
+  const std::string dir = "/tmp/fluxon-test-segpath-" + std::to_string(getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  o.path = dir + "/segment";
+  const std::string target = dir + "/target";
+  {
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, "keep", 4), 4);
+    ::close(fd);
+  }
+  ASSERT_EQ(::symlink(target.c_str(), o.path.c_str()), 0);
+  auto linked = Segment::Create(o);
+  EXPECT_EQ(linked.status().code(), absl::StatusCode::kPermissionDenied) << linked.status();
+  struct stat st {};
+  ASSERT_EQ(::stat(target.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 4);  // the symlink's target was not truncated or grown
+  ASSERT_EQ(::unlink(o.path.c_str()), 0);
+
+  ASSERT_EQ(::link(target.c_str(), o.path.c_str()), 0);  // one of our files, two links
+  auto hard = Segment::Create(o);
+  EXPECT_EQ(hard.status().code(), absl::StatusCode::kPermissionDenied) << hard.status();
+  ASSERT_EQ(::stat(target.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 4);
+  ASSERT_EQ(::unlink(o.path.c_str()), 0);
+
+  ASSERT_EQ(::rename(target.c_str(), o.path.c_str()), 0);
+  ASSERT_EQ(::chmod(o.path.c_str(), 0640), 0);
+  auto loose = Segment::Create(o);
+  EXPECT_EQ(loose.status().code(), absl::StatusCode::kPermissionDenied) << loose.status();
+
+  ASSERT_EQ(::chmod(o.path.c_str(), 0600), 0);  // now private: reused, starts empty
+  {
+    auto reused = Segment::Create(o);
+    ASSERT_TRUE(reused.ok()) << reused.status();
+    EXPECT_EQ((*reused)->base()[(*reused)->data_offset()], 0);
+  }
+  ::rmdir(dir.c_str());
 }
 
 TEST(Segment, StaleGenerationIsRejected) {

@@ -129,6 +129,32 @@ TEST_F(KeyIndexTest, EvictionReleasesTheRouteOnlyForAnUnpinnedValue) {
   EXPECT_EQ(parts_->counters->committed_entries.load(), 0);
 }
 
+// T2: a copy the master no longer routes leaves the index at once even while a reader pins it
+// (no new reader finds it); the reader keeps its bytes, and the slot is freed when it lets go.
+TEST_F(KeyIndexTest, StaleValueLeavesTheIndexAtOnceAndIsFreedByItsLastReader) {
+  const std::vector<std::string> k = {"s"};
+  ASSERT_TRUE(keys().ReserveAll(k, 51, nullptr));
+  std::vector<SlotRef> slots = Claim(1);
+  ASSERT_TRUE(keys().MakeLocalVisible("s", 51, slots[0], kValueLen));
+  ASSERT_TRUE(keys().Promote("s", 51, 3));
+  HolderRef reader;
+  uint64_t cohort = 0;
+  ASSERT_TRUE(keys().Pin("s", &reader, &cohort));
+
+  EXPECT_FALSE(keys().EraseStale("s", 52));  // another version: untouched
+  HolderRef resident = keys().EraseStale("s", 51);
+  ASSERT_TRUE(resident);
+  EXPECT_EQ(keys().StateName("s"), "absent");
+  HolderRef again;
+  EXPECT_FALSE(keys().Pin("s", &again, &cohort));
+  resident.reset();
+  EXPECT_EQ(Slots(SlotState::kReleasing), 1);  // the reader still holds the bytes
+  EXPECT_EQ(parts_->counters->committed_entries.load(), 0);
+  reader.reset();
+  EXPECT_EQ(Slots(SlotState::kReleasing), 0);
+  EXPECT_EQ(Slots(SlotState::kCommitted), 0);
+}
+
 // An evicting value the master still pins goes back to Committed with its route untouched.
 TEST_F(KeyIndexTest, UnmarkEvictingKeepsTheRoute) {
   const std::vector<std::string> k = {"u"};
