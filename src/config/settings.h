@@ -193,7 +193,10 @@ struct OneOf {
 #define FLUXON_TLS_SETTINGS(X)                                                                    \
   X(cert_file, "cert_file", Text{}, "", "required in the section: this node's PEM certificate") \
   X(key_file, "key_file", Text{}, "", "required in the section: its PEM private key")     \
-  X(ca_file, "ca_file", Text{}, "", "required in the section: the PEM CA peers must chain to")
+  X(ca_file, "ca_file", Text{}, "", "required in the section: the PEM CA peers must chain to")   \
+  X(node_bound_certificates, "node_bound_certificates", Flag{}, false,                            \
+    "the master admits a node_id only from the certificate naming it (Common Name "               \
+    "fluxon-node-<id>), also after a master restart; certificates naming no node are refused")
 
 #define FLUXON_SECURITY_SETTINGS(X)                                                               \
   X(cluster_secret_file, "cluster_secret_file", NonEmptyText{}, "",                               \

@@ -210,7 +210,8 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
     admin_master = impl->admin_master_client.get();
   }
   if (node->master() != nullptr) {
-    impl->master_service = MakeMasterGrpcService(node->master());
+    impl->master_service = MakeMasterGrpcService(
+        node->master(), config.security.tls && config.security.tls->node_bound_certificates);
     grpc::ServerBuilder b;
     ApplyServerLimits(&b);
     int port = 0;

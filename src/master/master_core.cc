@@ -54,6 +54,7 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
   reply.set_master_epoch(epoch_);
   reply.set_inflight_get_ttl_ms(static_cast<uint64_t>(options_.inflight_get_ttl.count()));
   reply.set_owner_lease_ms(static_cast<uint64_t>(options_.owner_lease.count()));
+  reply.set_hlc(clock_.Now());
   {
     MutexLock lock(&owners_mu_);
     const auto now = Clock::now();
@@ -97,6 +98,12 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     rec.info.mutable_transports()->CopyFrom(r.transports());
     *rec.info.mutable_capacity() = r.capacity();
     rec.last_heard = now;
+    if (old_generation == r.generation() && rec.republish_due) {
+      reply.set_republish(true);
+      rec.republish_due = false;
+    } else if (old_generation != r.generation()) {
+      rec.republish_due = false;  // a new generation republishes everything anyway
+    }
   }
   if (old_generation == r.generation()) return reply;  // a heartbeat
   if (old_generation != 0) {
@@ -132,6 +139,15 @@ absl::StatusOr<v1::UnregisterOwnerReply> MasterCore::UnregisterOwner(
 }
 
 namespace {
+void FillLocation(const RouteLocation& l, v1::RouteLocation* o) {
+  o->set_node_id(l.node_id);
+  o->set_generation(l.generation);
+  o->set_put_id(l.put_id);
+  o->set_offset(l.offset);
+  o->set_len(l.len);
+  o->set_version(l.version);
+}
+
 void FillRoute(const std::string& key, const Route& r, v1::Route* out) {
   const RouteLocation& p = r.primary();
   out->set_key(key);
@@ -140,14 +156,8 @@ void FillRoute(const std::string& key, const Route& r, v1::Route* out) {
   out->set_put_id(p.put_id);
   out->set_offset(p.offset);
   out->set_len(p.len);
-  for (const RouteLocation& l : r.locations) {
-    v1::RouteLocation* o = out->add_locations();
-    o->set_node_id(l.node_id);
-    o->set_generation(l.generation);
-    o->set_put_id(l.put_id);
-    o->set_offset(l.offset);
-    o->set_len(l.len);
-  }
+  out->set_version(p.version);
+  for (const RouteLocation& l : r.locations) FillLocation(l, out->add_locations());
 }
 }  // namespace
 
@@ -156,10 +166,15 @@ absl::StatusOr<v1::PublishBatchReply> MasterCore::PublishBatch(const v1::Publish
   v1::PublishBatchReply reply;
   reply.set_master_epoch(epoch_);
   counters_.publish_batches.fetch_add(1, std::memory_order_relaxed);
+  std::vector<RouteLocation> displaced;
+  std::vector<RouteLocation> all_displaced;
   for (const v1::RouteItem& item : r.items()) {
-    const RouteLocation loc{r.node_id(), r.generation(), item.put_id() ? item.put_id() : r.put_id(),
-                            item.offset(), item.len()};
-    switch (routes_.Publish(item.key(), loc)) {
+    const RouteLocation loc{
+        r.node_id(),   r.generation(), item.put_id() ? item.put_id() : r.put_id(),
+        item.offset(), item.len(),     item.version()};
+    clock_.Observe(loc.version);
+    displaced.clear();
+    switch (routes_.Publish(item.key(), loc, PublishKind{r.republish(), item.copy()}, &displaced)) {
       case RouteTable::PublishOutcome::kSuperseded:
         reply.add_outcomes(v1::SUPERSEDED);
         counters_.superseded_items.fetch_add(1, std::memory_order_relaxed);
@@ -172,9 +187,41 @@ absl::StatusOr<v1::PublishBatchReply> MasterCore::PublishBatch(const v1::Publish
         reply.add_outcomes(v1::PUBLISHED);
         counters_.republished_items.fetch_add(1, std::memory_order_relaxed);
         break;
+      case RouteTable::PublishOutcome::kReplaced:
+        reply.add_outcomes(v1::PUBLISHED);
+        counters_.replaced_routes.fetch_add(1, std::memory_order_relaxed);
+        all_displaced.insert(all_displaced.end(), displaced.begin(), displaced.end());
+        break;
+      case RouteTable::PublishOutcome::kRefused:
+        reply.add_outcomes(v1::REFUSED);
+        counters_.publish_identity_refused.fetch_add(1, std::memory_order_relaxed);
+        spdlog::warn(
+            "refused node {}'s publish of '{}' as its own value: put {} (version {}) was put by "
+            "node {}, and the item is not a copy",
+            r.node_id(), item.key(), loc.put_id, loc.version, PutIdOrigin(loc.put_id));
+        break;
     }
   }
+  if (!all_displaced.empty()) MarkRepublishDue(all_displaced, r.node_id());
+  reply.set_hlc(clock_.Now());
   return reply;
+}
+
+void MasterCore::MarkRepublishDue(const std::vector<RouteLocation>& displaced,
+                                  uint32_t except_node) {
+  MutexLock lock(&owners_mu_);
+  for (const RouteLocation& l : displaced) {
+    if (l.node_id == except_node) continue;
+    auto it = owners_.find(l.node_id);
+    if (it != owners_.end() && it->second.info.generation() == l.generation &&
+        !it->second.republish_due) {
+      it->second.republish_due = true;
+      spdlog::info(
+          "a republished newer version replaced a route naming node {}'s put {}; it will be "
+          "told to republish",
+          l.node_id, l.put_id);
+    }
+  }
 }
 
 absl::StatusOr<v1::LookupReply> MasterCore::Lookup(const v1::LookupRequest& r) {
@@ -182,6 +229,7 @@ absl::StatusOr<v1::LookupReply> MasterCore::Lookup(const v1::LookupRequest& r) {
   counters_.lookup_keys.fetch_add(r.keys_size(), std::memory_order_relaxed);
   v1::LookupReply reply;
   reply.set_master_epoch(epoch_);
+  reply.set_hlc(clock_.Now());
   for (const std::string& key : r.keys()) {
     std::optional<Route> route = routes_.Lookup(key);
     reply.add_found(route.has_value());
@@ -195,6 +243,7 @@ absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveR
   if (absl::Status s = CheckGeneration(r.node_id(), r.generation()); !s.ok()) return s;
   v1::RemoveRoutesReply reply;
   reply.set_master_epoch(epoch_);
+  reply.set_hlc(clock_.Now());
   // Under gets_mu_: a location is either pinned by a get that BatchGetStart handed it to, or
   // removed before any such get starts (never both).
   MutexLock lock(&gets_mu_);
@@ -342,6 +391,7 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
   }
   v1::BatchGetStartReply reply;
   reply.set_master_epoch(epoch_);
+  reply.set_hlc(clock_.Now());
   reply.set_inflight_get_ttl_ms(static_cast<uint64_t>(options_.inflight_get_ttl.count()));
   for (const v1::GetStartItem& item : r.items()) {
     v1::GetStartResult* out = reply.add_results();
@@ -354,8 +404,8 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
       out->set_outcome(v1::GET_NO_ROUTE);
       continue;
     }
-    if (route->put_id() != item.put_id()) {
-      out->set_outcome(v1::GET_STALE_VERSION);  // T2: only another put_id is stale
+    if (route->put_id() != item.put_id() || route->version() != item.version()) {
+      out->set_outcome(v1::GET_STALE_VERSION);  // T2: only another identity is stale
       continue;
     }
     const RouteLocation* source = nullptr;
@@ -387,12 +437,7 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
     out->set_get_id(inflight_.Start(item.key(), r.requester_node_id(), r.requester_generation(),
                                     r.request_id(), *source, item.target_offset(), item.len(),
                                     now));
-    v1::RouteLocation* src = out->mutable_source();
-    src->set_node_id(source->node_id);
-    src->set_generation(source->generation);
-    src->set_put_id(source->put_id);
-    src->set_offset(source->offset);
-    src->set_len(source->len);
+    FillLocation(*source, out->mutable_source());
     const Peer& peer = peers.at(source->node_id);
     out->set_source_address(peer.address);
     for (const std::string& t : peer.transports) out->add_source_transports(t);
@@ -409,15 +454,23 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
   reply.set_master_epoch(epoch_);
   MutexLock lock(&gets_mu_);
   for (const v1::GetDoneItem& item : r.items()) {
-    const RouteLocation target{r.requester_node_id(), r.requester_generation(), item.put_id(),
-                               item.target_offset(), item.len()};
     const InflightGets::Get* get = inflight_.Find(item.get_id());
+    const std::optional<Route> route = routes_.Lookup(item.key());
+    // The copy carries the identity of the version the get pinned (a retried Done whose get
+    // already ended: the routed one, checked against the requester's location below).
+    const uint64_t version =
+        get != nullptr ? get->source.version : (route ? route->version() : uint64_t{0});
+    const RouteLocation target{r.requester_node_id(),
+                               r.requester_generation(),
+                               item.put_id(),
+                               item.target_offset(),
+                               item.len(),
+                               version};
     // A get_id naming another key, requester or target is not this request's: left alone.
     const bool ours = get != nullptr && get->key == item.key() &&
                       get->requester_node == target.node_id &&
                       get->target_offset == item.target_offset() && get->len == item.len() &&
                       get->source.put_id == item.put_id();
-    const std::optional<Route> route = routes_.Lookup(item.key());
     // The requester's location of this version, if the route has one already.
     const RouteLocation* mine = nullptr;
     if (route && route->put_id() == item.put_id()) {
@@ -428,11 +481,8 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
     // The pinned source must still be a location of this version: a get whose source went
     // away (its owner expired or restarted) was ended with it, and this is the second check.
     bool source_live = false;
-    if (ours && route && route->put_id() == item.put_id()) {
-      for (const RouteLocation& l : route->locations) {
-        source_live |= l.node_id == get->source.node_id && l.generation == get->source.generation &&
-                       l.put_id == get->source.put_id && l.offset == get->source.offset;
-      }
+    if (ours && route && route->primary().SameValue(get->source)) {
+      for (const RouteLocation& l : route->locations) source_live |= l.SameIdentity(get->source);
     }
     v1::RemoteGetDoneOutcome outcome;
     bool added = false;

@@ -38,6 +38,7 @@
 #include <string>
 #include <thread>
 
+#include "common/hybrid_clock.h"
 #include "common/mutex.h"
 #include "common/stop_signal.h"
 #include "config/config.h"
@@ -57,6 +58,10 @@ namespace fluxon {
     "Publishes of a route that already had that identity (idempotent retries).")              \
   X(superseded_items, "fluxon_master_superseded_items_total",                                 \
     "Publishes refused because another version holds the key.")                               \
+  X(replaced_routes, "fluxon_master_replaced_routes_total",                                   \
+    "Routes a republished higher version replaced (their owners are told to republish).")     \
+  X(publish_identity_refused, "fluxon_master_publish_identity_refused_total",                 \
+    "Publishes of a routed identity by an owner that neither put it nor holds it as a copy.") \
   X(lookup_batches, "fluxon_master_lookup_batches_total", "Lookup calls served.")             \
   X(lookup_keys, "fluxon_master_lookup_keys_total", "Keys looked up.")                        \
   X(removed_routes, "fluxon_master_removed_routes_total", "Routes removed.")                  \
@@ -153,7 +158,12 @@ class MasterCore final : public MasterApi {
   struct OwnerRec {
     v1::OwnerInfo info;
     Clock::time_point last_heard;
+    // A route naming this owner's value was replaced by a higher republished version: its next
+    // registration answer tells it to republish (and so drop what was superseded).
+    bool republish_due = false;
   };
+  // Tells the owners of `displaced` locations (other than `except_node`) to republish.
+  void MarkRepublishDue(const std::vector<RouteLocation>& displaced, uint32_t except_node);
   // Checks the caller's generation and renews its lease.
   absl::Status CheckGeneration(uint32_t node_id, uint64_t generation);
   struct Peer {
@@ -170,6 +180,8 @@ class MasterCore final : public MasterApi {
 
   const MasterOptions options_;
   const uint64_t epoch_;
+  // Observes every published version; every answer to an owner carries it (see HybridClock).
+  HybridClock clock_;
   mutable Mutex owners_mu_;
   std::map<uint32_t, OwnerRec> owners_ ABSL_GUARDED_BY(owners_mu_);
   // Expired (node, generation)s, refused from then on; bounded (oldest forgotten first).

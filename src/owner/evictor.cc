@@ -36,7 +36,9 @@ Evictor::Need Evictor::Measure() const {
   Need need;
   uint64_t used = 0;
   for (const SizeClassStats& c : s.classes) {
-    if (!can_grow && c.pending_demand_slots > c.free_slots) {
+    // A class being carved gets a grant's slots in a moment: evicting other classes for it
+    // would free capacity its claims cannot use.
+    if (!can_grow && !c.carving && c.pending_demand_slots > c.free_slots) {
       need.deficit += (c.pending_demand_slots - c.free_slots) * c.slot_size;
     }
     used += (c.grants * c.slots_per_grant - c.free_slots) * c.slot_size;
@@ -257,6 +259,7 @@ std::vector<Evictor::RouteVerdict> Evictor::RemoveRoutes(const v1::RemoveRoutesR
     return out;
   }
   registration_->NoteEpoch(r->master_epoch());
+  registration_->NoteClock(r->hlc());
   for (int j = 0; j < req.items_size(); ++j) {
     // Not removed and not pinned: this location is not at the master (never published there,
     // or already removed by an earlier attempt whose answer was lost) — gone either way.

@@ -154,7 +154,7 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
       // Published here after we looked: take the canonical holder (T2: same put_id).
       keys_->PinVersion(keys[i], route.put_id(), &held[i], &cohort_of[i]);
     } else if (remote_ != nullptr && i < first_miss) {
-      remote.push_back(RemoteLeader{keys[i], route.put_id(), route.len()});
+      remote.push_back(RemoteLeader{keys[i], route.put_id(), route.len(), route.version()});
       remote_index.push_back(i);
     }
   }

@@ -102,7 +102,8 @@ bool KeyIndex::MakeLocalVisible(const std::string& key, uint64_t put_id, const S
   return made;
 }
 
-bool KeyIndex::Promote(const std::string& key, uint64_t put_id, uint64_t cohort_id) {
+bool KeyIndex::Promote(const std::string& key, uint64_t put_id, uint64_t cohort_id,
+                       uint64_t version) {
   const bool promoted = table_.Update(key, [&](Entry* e, bool*) {
     if (e == nullptr || e->put_id != put_id) return false;
     FLUXON_DCHECK(e->state == State::kLocalVisible, "a key is promoted that is not local-visible");
@@ -115,6 +116,7 @@ bool KeyIndex::Promote(const std::string& key, uint64_t put_id, uint64_t cohort_
     }
     e->state = State::kCommitted;
     e->cohort_id = cohort_id;
+    e->version = version;
     return true;
   });
   if (promoted) {
@@ -125,7 +127,7 @@ bool KeyIndex::Promote(const std::string& key, uint64_t put_id, uint64_t cohort_
 }
 
 bool KeyIndex::CommitCopy(const std::string& key, uint64_t put_id, HolderRef* holder,
-                          uint64_t cohort_id) {
+                          uint64_t cohort_id, uint64_t version) {
   const bool made = table_.Update(key, [&](Entry* e, bool*) {
     if (e == nullptr || e->put_id != put_id || e->state != State::kReserved || !e->fetch ||
         !*holder) {
@@ -141,6 +143,8 @@ bool KeyIndex::CommitCopy(const std::string& key, uint64_t put_id, HolderRef* ho
     e->fetch = false;
     e->resident = std::move(*holder);
     e->cohort_id = cohort_id;
+    e->version = version;
+    e->copy = true;
     return true;
   });
   if (made) {
@@ -248,11 +252,10 @@ HolderRef KeyIndex::EraseStale(const std::string& key, uint64_t put_id) {
   return resident;
 }
 
-void KeyIndex::ForEachCommitted(
-    const std::function<void(const std::string&, uint64_t, uint64_t, uint64_t)>& fn) const {
+void KeyIndex::ForEachCommitted(const std::function<void(const CommittedValue&)>& fn) const {
   table_.ForEach([&](const std::string& key, const Entry& e) {
     if (e.state == State::kCommitted && e.resident) {
-      fn(key, e.put_id, e.resident->offset, e.resident->len);
+      fn(CommittedValue{key, e.put_id, e.version, e.copy, e.resident->offset, e.resident->len});
     }
   });
 }

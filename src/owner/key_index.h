@@ -75,16 +75,19 @@ class KeyIndex {
   // reservation is then dropped) or the key is not put_id's reservation (the slot is freed).
   bool MakeLocalVisible(const std::string& key, uint64_t put_id, const SlotRef& slot,
                         uint64_t value_len);
-  // LocalVisible(put_id) -> Committed in `cohort_id`, publishing the slot's route (V3). False,
-  // nothing changed, when the key is not put_id's local-visible value or the slot refuses.
-  bool Promote(const std::string& key, uint64_t put_id, uint64_t cohort_id);
+  // LocalVisible(put_id) -> Committed in `cohort_id`, publishing the slot's route (V3); the value's
+  // identity is (put_id, version). False, nothing changed, when the key is not put_id's
+  // local-visible value or the slot refuses.
+  bool Promote(const std::string& key, uint64_t put_id, uint64_t cohort_id, uint64_t version = 0);
   // LocalVisible(put_id) -> absent (never published); returns its holder to drop unlocked.
   HolderRef EraseUnpublished(const std::string& key, uint64_t put_id);
 
   // Reserved(put_id) -> Committed in `cohort_id` holding `holder` (moved from, slot Pending ->
   // Committed): a remote get's target whose copy the master published. False, nothing changed,
   // when the key is not put_id's fetch reservation or the slot refuses its route.
-  bool CommitCopy(const std::string& key, uint64_t put_id, HolderRef* holder, uint64_t cohort_id);
+  // The copy keeps the identity (put_id, version) it was read as.
+  bool CommitCopy(const std::string& key, uint64_t put_id, HolderRef* holder, uint64_t cohort_id,
+                  uint64_t version = 0);
 
   // Pins a readable (LocalVisible or Committed) value: its holder and its cohort (0 before
   // commit). False when the key has no readable value.
@@ -111,10 +114,18 @@ class KeyIndex {
   // put_id's Committed value (an Evicting one is the evictor's to finish).
   HolderRef EraseStale(const std::string& key, uint64_t put_id);
 
-  // Calls fn(key, put_id, offset, len) for every Committed value (the republish after a master
-  // restart). Locks one shard at a time; fn must not call back into the index.
-  void ForEachCommitted(
-      const std::function<void(const std::string&, uint64_t, uint64_t, uint64_t)>& fn) const;
+  // A Committed value as the republish offers it to the master.
+  struct CommittedValue {
+    const std::string& key;
+    uint64_t put_id;
+    uint64_t version;
+    bool copy;  // a remote get's (or replica's) copy, not this owner's put
+    uint64_t offset;
+    uint64_t len;
+  };
+  // Calls fn for every Committed value (the republish after a master restart). Locks one shard
+  // at a time; fn must not call back into the index.
+  void ForEachCommitted(const std::function<void(const CommittedValue&)>& fn) const;
   // Calls fn(key, put_id, cohort_id) for every key starting with `prefix` (cohort 0: not
   // committed yet). Locks one shard at a time; fn must not call back into the index.
   void ForEachWithPrefix(
@@ -130,7 +141,9 @@ class KeyIndex {
     uint64_t put_id = 0;
     HolderRef resident;  // from LocalVisible on: the value's canonical MemoryInfo
     uint64_t cohort_id = 0;
-    bool fetch = false;  // Reserved by a remote get (its target), not by a local put
+    uint64_t version = 0;  // from Committed on: with put_id, the value's identity
+    bool fetch = false;    // Reserved by a remote get (its target), not by a local put
+    bool copy = false;     // Committed as a copy of another owner's value (CommitCopy)
   };
   void Count(State s, int delta);
   void Unreserve(std::span<const std::string> keys, uint64_t put_id, bool fetch);

@@ -29,9 +29,25 @@ absl::Status MasterRegistration::Register() {
   absl::StatusOr<v1::RegisterOwnerReply> r = master_->RegisterOwner(req);
   if (r.ok()) {
     NoteInflightGetTtl(r->inflight_get_ttl_ms());
+    NoteClock(r->hlc());
     NoteEpoch(r->master_epoch());
     SetRegistered(true);
+    if (r->republish()) {
+      // A newer version of one of our keys replaced our route: republishing drops what was
+      // superseded (a value no reader may be served any more).
+      spdlog::info("the master asks for a republish: a newer version replaced one of our routes");
+      MarkRepublishDue();
+    }
   } else if (IsGenerationRefused(r.status())) {
+    SetRegistered(false);
+  } else if (!IsUncertain(r.status())) {
+    // A definite refusal (another certificate owns the node_id, a live owner holds it, ...):
+    // the master does not count this owner as a member, whatever it thought before. Status,
+    // the watchdog probe and /metrics say so until a registration passes again.
+    counters_->registrations_refused.fetch_add(1, std::memory_order_relaxed);
+    if (registered()) {
+      spdlog::error("the master refused this owner's registration: {}", r.status().ToString());
+    }
     SetRegistered(false);
   }
   return r.status();

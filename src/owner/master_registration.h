@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/hybrid_clock.h"
 #include "common/mutex.h"
 #include "common/stop_signal.h"
 #include "owner/owner_counters.h"
@@ -83,6 +84,11 @@ class MasterRegistration {
 
   // A master answer showed `epoch` (0: none). A new epoch makes a republish due.
   void NoteEpoch(uint64_t epoch);
+  // A master answer showed the master's hybrid clock (0: none): versions this owner gives later
+  // sort after every value the master had routed (see HybridClock).
+  void NoteClock(uint64_t hlc) { clock_.Observe(hlc); }
+  // The clock that stamps this owner's value versions.
+  HybridClock& clock() { return clock_; }
   // A master call was refused because it does not know this generation (restarted master
   // before our heartbeat, or this owner expired): the next heartbeat comes at once.
   void NoteRefused();
@@ -137,6 +143,7 @@ class MasterRegistration {
   StopSignal* const stop_;
   GenerationListener listener_;
   CapacitySource capacity_;
+  HybridClock clock_;
   std::atomic<uint64_t> generation_;
   std::atomic<bool> registered_{false};
   std::atomic<uint64_t> epoch_{0};

@@ -13,6 +13,7 @@ namespace {
 // Internal sizes and bounds (not settings).
 constexpr size_t kPublishQueueCapacity = 512;
 constexpr std::chrono::milliseconds kJoinTimeout{5'000};  // a joiner waits this long for a leader
+constexpr uint64_t kPopulateBytesPerRound = 64ull << 20;  // of carved grants, per maintenance round
 }  // namespace
 
 // The one place the parts' options are built from the owner's config.
@@ -131,7 +132,11 @@ void OwnerCore::MaintenanceLoop() {
     remote_->RunMaintenance(now);
     memory_->pool().ShrinkIdleGrants();
     memory_->pool().RefillLowClasses();
-    memory_->pool().PrefaultAhead();
+    // Carved grants first (clients may be writing into them), then positions ahead of carves.
+    // Bounded per round so expiry and eviction are not held up (~64 MiB, tens of ms).
+    if (memory_->pool().PopulateBehind(kPopulateBytesPerRound) == 0) {
+      memory_->pool().PrefaultAhead();
+    }
     evictor_->RunRound();
   }
 }

@@ -106,6 +106,9 @@ enum class CounterKind { kCounter, kGauge, kMicros };
     "New master instances seen (a restarted master): each starts a republish of every value.")    \
   X(generation_renewals, kCounter, "fluxon_generation_renewals_total", "",                        \
     "Registrations under a new generation after the master expired this owner.")                  \
+  X(registrations_refused, kCounter, "fluxon_registrations_refused_total", "",                    \
+    "Registrations or heartbeats the master refused (not expiry: another certificate's node_id, " \
+    "a live owner holding it, a changed address); the owner is unregistered until one passes.")   \
   X(republish_rounds, kCounter, "fluxon_republish_rounds_total", "",                              \
     "Republish rounds completed (every committed value offered to the master again).")            \
   X(republished_values, kCounter, "fluxon_republished_values_total", "",                          \

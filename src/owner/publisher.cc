@@ -93,12 +93,16 @@ absl::Status Publisher::PublishOne(const PutBatch& b) {
   v1::PublishBatchRequest req;
   req.set_node_id(me.node_id);
   req.set_put_id(b.put_id);
+  // The batch's version, stamped once: every retry of this request carries the same identity
+  // (T1). Stamped now, after every master answer this owner has seen, so it sorts after them.
+  const uint64_t version = registration_->clock().Now();
   for (size_t i = 0; i < b.keys.size(); ++i) {
     v1::RouteItem* item = req.add_items();
     item->set_key(b.keys[i]);
     item->set_put_id(b.put_id);
     item->set_offset(pool_->OffsetOf(b.slots[i]));
     item->set_len(b.value_len);
+    item->set_version(version);
   }
   for (uint32_t g : b.group_lens) req.add_atomic_group_lens(g);
 
@@ -148,8 +152,9 @@ absl::Status Publisher::PublishOne(const PutBatch& b) {
     }
   }
   size_t not_published = 0;
-  PromoteAndAdmit(b, published, &not_published);
+  PromoteAndAdmit(b, version, published, &not_published);
   if (reply.ok()) {
+    registration_->NoteClock(reply->hlc());
     registration_->NoteEpoch(reply->master_epoch());
     // Promoted after a republish may have scanned: republish again if the routes moved on.
     registration_->RepublishIfChanged(generation_used, reply->master_epoch());
@@ -166,8 +171,8 @@ absl::Status Publisher::PublishOne(const PutBatch& b) {
   return absl::OkStatus();
 }
 
-void Publisher::PromoteAndAdmit(const PutBatch& b, const std::vector<bool>& published,
-                                size_t* not_published) {
+void Publisher::PromoteAndAdmit(const PutBatch& b, uint64_t version,
+                                const std::vector<bool>& published, size_t* not_published) {
   std::vector<uint32_t> groups = b.group_lens;
   if (groups.empty()) groups.assign(b.keys.size(), 1);
   size_t start = 0;
@@ -178,7 +183,7 @@ void Publisher::PromoteAndAdmit(const PutBatch& b, const std::vector<bool>& publ
     cohort.put_id = b.put_id;
     for (size_t i = start; i < start + len; ++i) {
       if (published[i]) {
-        if (keys_->Promote(b.keys[i], b.put_id, cohort.id)) {
+        if (keys_->Promote(b.keys[i], b.put_id, cohort.id, version)) {
           cohort.keys.push_back(b.keys[i]);
           cohort.weight += pool_->SlotSizeOf(b.slots[i]);
         }

@@ -109,7 +109,7 @@ class Publisher {
   // The batch's outcome for its PutDone.
   absl::Status PublishOne(const PutBatch& b);
   // One cohort per atomic group (or per key), of the members the master published.
-  void PromoteAndAdmit(const PutBatch& b, const std::vector<bool>& published,
+  void PromoteAndAdmit(const PutBatch& b, uint64_t version, const std::vector<bool>& published,
                        size_t* not_published);
 
   const Options options_;

@@ -1,6 +1,7 @@
 #include "owner/put_path.h"
 
 #include <chrono>
+#include <random>
 
 #include "absl/strings/str_format.h"
 #include "common/batch.h"
@@ -12,12 +13,10 @@ namespace fluxon {
 
 uint64_t FirstPutId(uint32_t node_id) {
   FLUXON_DCHECK(node_id < (1u << kPutIdNodeBits), "node_id does not fit in a put_id");
-  const auto now_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+  std::random_device rd;
+  const uint64_t random = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   // Half the sequence space: the count never carries into the node bits (2^43 batches).
-  const uint64_t origin =
-      static_cast<uint64_t>(now_us) & ((uint64_t{1} << (kPutIdSeqBits - 1)) - 1);
+  const uint64_t origin = random & ((uint64_t{1} << (kPutIdSeqBits - 1)) - 1);
   return (static_cast<uint64_t>(node_id) << kPutIdSeqBits) | (origin + 1);
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/put_id.h"
 #include "common/sharded_table.h"
 #include "fluxon/put_options.h"
 #include "owner/key_index.h"
@@ -38,17 +39,15 @@ struct PutStartOutcome {
   std::vector<uint32_t> conflict_indices;  // non-empty only with an AlreadyExists status
 };
 
-// put_ids are value identities, unique across owners and their restarts by construction:
-//   put_id = node_id << kPutIdSeqBits | (origin + n)
+// put_ids name put batches:
+//   put_id = node_id << kPutIdSeqBits | (origin + n)     (common/put_id.h)
 // with node_id in the high kPutIdNodeBits bits (two owners never share one) and, below it, a
-// per-start origin — the wall clock in microseconds modulo 2^(kPutIdSeqBits - 1) — plus the
-// count n of batches put since. A restart's origin lies past every id its previous start used
-// as long as that start put fewer batches than microseconds passed between the two starts (one
-// batch per microsecond is far beyond any owner) and the clock did not step back across the
-// restart; a wrap of the origin (every 101 days) cannot reach a range still in use for the same
-// reason. node_id must fit in kPutIdNodeBits (config validation).
-inline constexpr int kPutIdNodeBits = 20;
-inline constexpr int kPutIdSeqBits = 64 - kPutIdNodeBits;
+// per-start origin drawn at random from 2^(kPutIdSeqBits - 1) values plus the count n of batches
+// put since. No clock is trusted: two starts of one node repeat an id only if their ranges of
+// [origin, origin + n) overlap, about (n1 + n2) / 2^43 for starts of n1 and n2 batches. Even
+// then nothing is confused: a value's identity is (put_id, version), the version being the
+// owner's hybrid-clock stamp (common/hybrid_clock.h), and the master never joins equal put_ids
+// of different versions. node_id must fit in kPutIdNodeBits (config validation).
 // The first put_id of an owner start.
 uint64_t FirstPutId(uint32_t node_id);
 

@@ -15,6 +15,7 @@ struct RemoteFetcher::Target {
   size_t index = 0;  // in the leaders of the batch
   std::string key;
   uint64_t put_id = 0;
+  uint64_t version = 0;
   uint64_t len = 0;
   bool reserved = false;        // the key's Reserved(put_id) entry is ours
   std::optional<SlotRef> slot;  // claimed (Prepared) until CommitHidden
@@ -104,6 +105,7 @@ std::vector<std::unique_ptr<RemoteFetcher::Target>> RemoteFetcher::ReserveAndCla
     t->index = i;
     t->key = leaders[i].key;
     t->put_id = leaders[i].put_id;
+    t->version = leaders[i].version;
     t->len = leaders[i].len;
     if (t->len == 0 || !keys_->ReserveAll(std::span<const std::string>(&t->key, 1), t->put_id,
                                           nullptr, /*fetch=*/true)) {
@@ -156,6 +158,7 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
     item->set_put_id(t->put_id);
     item->set_target_offset(pool_->OffsetOf(*t->slot));
     item->set_len(t->len);
+    item->set_version(t->version);
   }
   absl::StatusOr<v1::BatchGetStartReply> reply = RetryUncertainUntil(
       [&] {
@@ -182,6 +185,7 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
   }
   registration_->NoteInflightGetTtl(reply->inflight_get_ttl_ms());
   registration_->NoteEpoch(reply->master_epoch());
+  registration_->NoteClock(reply->hlc());
   std::vector<std::unique_ptr<Target>> unanswered;
   for (size_t j = 0; j < targets.size(); ++j) {
     Target& t = *targets[j];
@@ -197,7 +201,8 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
     const v1::GetStartResult& r = reply->results(static_cast<int>(j));
     if (r.outcome() == v1::GET_STARTED &&
         (r.get_id() == 0 || r.source().len() != t.len || r.source().put_id() != t.put_id ||
-         r.source().generation() == 0 || r.source_address().empty())) {
+         r.source().version() != t.version || r.source().generation() == 0 ||
+         r.source_address().empty())) {
       // A malformed answer is not read from; its get (if any) is revoked with the failures.
       spdlog::error("BatchGetStart answered a malformed source for {}; not reading it", t.key);
       if (r.get_id() != 0) {
@@ -452,7 +457,7 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
         Cohort& c = chain.back();
         const SlotRef slot = t.holder->slot;
         HolderRef canonical = t.holder;
-        if (!keys_->CommitCopy(t.key, t.put_id, &t.holder, c.id)) {
+        if (!keys_->CommitCopy(t.key, t.put_id, &t.holder, c.id, t.version)) {
           // Cannot happen while our reservation stands. The master routes readers to this slot
           // now (GET_DONE), so it must never return to Free and be reused for another value:
           // its route is marked live on the slot (it then outlives its holder) and stays until

@@ -55,6 +55,7 @@ struct RemoteLeader {
   std::string key;
   uint64_t put_id = 0;
   uint64_t len = 0;
+  uint64_t version = 0;  // with put_id, the identity looked up (T2)
 };
 
 class RemoteFetcher {

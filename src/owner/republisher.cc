@@ -41,12 +41,17 @@ bool Republisher::RepublishChunk(std::span<const Offered> chunk, Tally* tally) {
   if (offered.empty()) return true;
   v1::PublishBatchRequest req;
   req.set_node_id(registration_->identity().node_id);
+  // A republish: on a conflict the master keeps the higher version, and tells the owners of a
+  // replaced route to republish in turn (so they drop what they hold of the older one).
+  req.set_republish(true);
   for (const Offered* v : offered) {
     v1::RouteItem* item = req.add_items();
     item->set_key(v->key);
     item->set_put_id(v->put_id);
     item->set_offset(v->offset);
     item->set_len(v->len);
+    item->set_version(v->version);
+    item->set_copy(v->copy);
   }
   uint64_t generation_used = 0;
   absl::StatusOr<v1::PublishBatchReply> reply = RetryUncertain(
@@ -68,6 +73,7 @@ bool Republisher::RepublishChunk(std::span<const Offered> chunk, Tally* tally) {
     return false;
   }
   registration_->NoteEpoch(reply->master_epoch());
+  registration_->NoteClock(reply->hlc());
   pins.clear();  // before dropping: the index's reference must be the only one
   for (int j = 0; j < reply->outcomes_size(); ++j) {
     const Offered& v = *offered[j];
@@ -85,10 +91,9 @@ bool Republisher::RepublishChunk(std::span<const Offered> chunk, Tally* tally) {
 bool Republisher::RunRound() {
   const auto began = std::chrono::steady_clock::now();
   std::vector<Offered> all;
-  keys_->ForEachCommitted(
-      [&](const std::string& key, uint64_t put_id, uint64_t offset, uint64_t len) {
-        all.push_back(Offered{key, put_id, offset, len});
-      });
+  keys_->ForEachCommitted([&](const KeyIndex::CommittedValue& v) {
+    all.push_back(Offered{v.key, v.put_id, v.version, v.copy, v.offset, v.len});
+  });
   Tally tally;
   for (size_t begin = 0; begin < all.size(); begin += options_.batch_keys) {
     const size_t end = std::min(all.size(), begin + options_.batch_keys);

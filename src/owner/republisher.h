@@ -58,6 +58,8 @@ class Republisher {
   struct Offered {
     std::string key;
     uint64_t put_id = 0;
+    uint64_t version = 0;
+    bool copy = false;
     uint64_t offset = 0;
     uint64_t len = 0;
   };

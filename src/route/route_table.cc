@@ -6,32 +6,40 @@
 
 namespace fluxon {
 
-RouteTable::PublishOutcome RouteTable::Publish(const std::string& key,
-                                               const RouteLocation& primary) {
+RouteTable::PublishOutcome RouteTable::Publish(const std::string& key, const RouteLocation& loc,
+                                               PublishKind kind,
+                                               std::vector<RouteLocation>* displaced) {
   return routes_.Upsert(
-      key, [&] { return Route{{primary}}; },
+      key, [&] { return Route{{loc}}; },
       [&](Route& cur, bool inserted) {
         if (inserted) return PublishOutcome::kPublished;
         for (const RouteLocation& l : cur.locations) {
-          if (l.SameIdentity(primary)) return PublishOutcome::kRepublished;
+          if (l.SameIdentity(loc)) return PublishOutcome::kRepublished;
         }
-        if (cur.put_id() != primary.put_id) return PublishOutcome::kSuperseded;
-        // The same version from another place: a copy republished after a master restart or
-        // an owner's new generation (put_ids are unique per value, so equal put_ids are equal
-        // bytes). One location per (node, generation).
+        if (!cur.primary().SameValue(loc)) {
+          // Another value holds the key. A fresh put never replaces it; a republish does when
+          // its version is higher (ties: the route stays).
+          if (!kind.republish || loc.version <= cur.version()) return PublishOutcome::kSuperseded;
+          if (displaced != nullptr) displaced->assign(cur.locations.begin(), cur.locations.end());
+          cur.locations.clear();
+          cur.locations.push_back(loc);
+          return PublishOutcome::kReplaced;
+        }
+        // The same value from another place: a copy, or its origin republishing its own put.
         for (const RouteLocation& l : cur.locations) {
-          if (l.node_id == primary.node_id && l.generation == primary.generation) {
-            return PublishOutcome::kSuperseded;
+          if (l.node_id == loc.node_id && l.generation == loc.generation) {
+            return PublishOutcome::kSuperseded;  // one location per (node, generation)
           }
         }
-        cur.locations.push_back(primary);
+        if (!kind.copy && PutIdOrigin(loc.put_id) != loc.node_id) return PublishOutcome::kRefused;
+        cur.locations.push_back(loc);
         return PublishOutcome::kPublished;
       });
 }
 
 bool RouteTable::AddCopy(const std::string& key, const RouteLocation& copy) {
   return routes_.Update(key, [&](Route* r, bool*) {
-    if (r == nullptr || r->put_id() != copy.put_id) return false;
+    if (r == nullptr || !r->primary().SameValue(copy)) return false;
     for (const RouteLocation& l : r->locations) {
       if (l.node_id == copy.node_id && l.generation == copy.generation) return l.SameIdentity(copy);
     }

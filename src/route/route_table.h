@@ -1,14 +1,22 @@
-// RouteTable: the master's global key -> route table. A route names one version of a key (one
-// put_id) and every place that version lives: the primary (the owner that published it) and
-// copies at other owners (remote-get targets, replicas), each with node, generation, put_id,
-// offset and len.
+// RouteTable: the master's global key -> route table. A route names one value of a key — one
+// identity (put_id, version) — and every place that value lives: the primary (the owner that
+// published it first) and copies at other owners (remote-get targets, replicas), each with node,
+// generation, identity, offset and len.
 //
 // Invariants:
-// - A route's locations all carry its put_id; a copy of another version is refused (T2: only a
-//   different put_id is stale), and the same location added twice is one location.
-// - Publishing a key that has a route of another version (put_id) leaves it unchanged
-//   (Superseded); the same identity again is an idempotent retry (Republished, T1); the same
-//   version from another (node, generation) joins the route as a copy (a republished copy).
+// - A route's locations all carry its identity; a copy of another identity is refused (T2: a
+//   different put_id or version is stale), and the same location added twice is one location.
+// - A fresh publish of a key routed to another identity leaves the route unchanged (Superseded:
+//   the first writer wins while the route lives); the same location again is an idempotent
+//   retry (Republished, T1).
+// - A republish (after a master restart or a new generation) of a key routed to another
+//   identity is ordered by version: a higher version replaces the route (Replaced, the displaced
+//   locations are returned so their owners can drop theirs), a lower or equal one is Superseded.
+//   So after a master restart the newest value wins whichever owner republishes first.
+// - The same identity from another (node, generation) joins the route only as a copy (the item
+//   says so) or from the identity's origin node (put_id's high bits, republishing its own put);
+//   any other owner publishing it as its own is Refused: equal numbers are not trusted to be
+//   equal bytes.
 // - Removing a location removes exactly (node, generation, put_id); the route goes with its last
 //   location, and the first copy becomes primary when the primary goes.
 // - Sharded by key (256 shards, G10): one shard lock per key, O(locations) work under it.
@@ -23,6 +31,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "common/put_id.h"
 #include "common/sharded_table.h"
 
 namespace fluxon {
@@ -33,10 +42,15 @@ struct RouteLocation {
   uint64_t put_id = 0;
   uint64_t offset = 0;
   uint64_t len = 0;
+  uint64_t version = 0;  // with put_id, the value's identity
 
+  // The same value: put_id and version.
+  bool SameValue(const RouteLocation& o) const {
+    return put_id == o.put_id && version == o.version;
+  }
+  // The same value at the same place.
   bool SameIdentity(const RouteLocation& o) const {
-    return node_id == o.node_id && generation == o.generation && put_id == o.put_id &&
-           offset == o.offset;
+    return node_id == o.node_id && generation == o.generation && SameValue(o) && offset == o.offset;
   }
 };
 
@@ -46,15 +60,26 @@ struct Route {
   absl::InlinedVector<RouteLocation, 1> locations;
   const RouteLocation& primary() const { return locations.front(); }
   uint64_t put_id() const { return locations.front().put_id; }
+  uint64_t version() const { return locations.front().version; }
+};
+
+// What a publish is: a fresh put, or a republish of a committed value; the value's own put or a
+// copy of it.
+struct PublishKind {
+  bool republish = false;
+  bool copy = false;
 };
 
 class RouteTable {
  public:
-  enum class PublishOutcome { kPublished, kRepublished, kSuperseded };
+  enum class PublishOutcome { kPublished, kRepublished, kSuperseded, kReplaced, kRefused };
 
-  PublishOutcome Publish(const std::string& key, const RouteLocation& primary);
-  // Adds a copy of the routed version at another place; false when the key has no route or a
-  // route of another put_id.
+  // Publishes `loc` for `key` by the rules above. On kReplaced, `displaced` (when given)
+  // receives the locations the route named before.
+  PublishOutcome Publish(const std::string& key, const RouteLocation& loc, PublishKind kind = {},
+                         std::vector<RouteLocation>* displaced = nullptr);
+  // Adds a copy of the routed value at another place; false when the key has no route or a
+  // route of another identity.
   bool AddCopy(const std::string& key, const RouteLocation& copy);
   std::optional<Route> Lookup(const std::string& key) const;
   // Removes the location (node, generation, put_id) of `key`; true when one was removed.

@@ -1,8 +1,13 @@
 #include "rpc_grpc/grpc_master.h"
 
+#include <algorithm>
+
+#include <grpc/grpc_security_constants.h>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "common/mutex.h"
+#include "common/put_id.h"
 #include "fluxon/v1/master.grpc.pb.h"
 
 namespace fluxon {
@@ -124,6 +129,7 @@ class GrpcMasterClient final : public MasterApi {
         [](v1::PublishBatchReply* all, v1::PublishBatchReply&& part) {
           all->mutable_outcomes()->MergeFrom(part.outcomes());
           all->set_master_epoch(part.master_epoch());
+          all->set_hlc(std::max(all->hlc(), part.hlc()));
         });
   }
   absl::StatusOr<v1::LookupReply> Lookup(const v1::LookupRequest& r) override {
@@ -142,6 +148,7 @@ class GrpcMasterClient final : public MasterApi {
             *all->add_routes() = std::move(route);
           }
           all->set_master_epoch(part.master_epoch());
+          all->set_hlc(std::max(all->hlc(), part.hlc()));
         });
   }
   absl::StatusOr<v1::RemoveRoutesReply> RemoveRoutes(const v1::RemoveRoutesRequest& r) override {
@@ -158,6 +165,7 @@ class GrpcMasterClient final : public MasterApi {
           all->mutable_removed()->MergeFrom(part.removed());
           all->mutable_pinned()->MergeFrom(part.pinned());
           all->set_master_epoch(part.master_epoch());
+          all->set_hlc(std::max(all->hlc(), part.hlc()));
         });
   }
   absl::StatusOr<v1::BatchGetStartReply> BatchGetStart(const v1::BatchGetStartRequest& r) override {
@@ -182,6 +190,7 @@ class GrpcMasterClient final : public MasterApi {
           }
           all->set_inflight_get_ttl_ms(part.inflight_get_ttl_ms());
           all->set_master_epoch(part.master_epoch());
+          all->set_hlc(std::max(all->hlc(), part.hlc()));
         });
   }
   absl::StatusOr<v1::BatchGetDoneReply> BatchGetDone(const v1::BatchGetDoneRequest& r) override {
@@ -227,15 +236,34 @@ class GrpcMasterClient final : public MasterApi {
   const std::chrono::milliseconds deadline_;
 };
 
-// With mutual TLS, each node_id belongs to the certificate identity that first used it: a call
-// naming that node_id from another certificate is refused (PermissionDenied), so one member
-// cannot register, heartbeat, publish or remove routes as another. Without TLS there is no
-// identity to bind (a loopback-only master) and every call passes.
+// With mutual TLS, a call naming a node_id must come from that node's certificate, so one member
+// cannot register, heartbeat, publish or remove routes as another (PermissionDenied):
+// - a certificate naming its node (Common Name fluxon-node-<id>, CertificateNode) acts as that
+//   node only. The rule needs no memory, so it holds across master restarts.
+// - with node_bound_certificates, a certificate naming no node is refused.
+// - otherwise each node_id belongs to the certificate identity that first used it at this
+//   master instance (a restarted master forgets it: use node-bound certificates to keep it).
+// Without TLS there is no identity to bind (a loopback-only master) and every call passes.
 class NodeIdentityBinding {
  public:
+  explicit NodeIdentityBinding(bool node_bound) : node_bound_(node_bound) {}
+
   absl::Status Check(const grpc::ServerContext& ctx, uint32_t node_id) {
     if (!GrpcSecurity::PeerAuthenticated(ctx)) return absl::OkStatus();
     const std::string identity = GrpcSecurity::PeerIdentity(ctx);
+    const std::optional<uint32_t> named = CertificateNode(PeerCommonName(ctx));
+    if (named) {
+      if (*named == node_id) return absl::OkStatus();
+      return absl::PermissionDeniedError(
+          absl::StrFormat("the certificate '%s' is issued to node %d; it may not act as node_id %d",
+                          identity, *named, node_id));
+    }
+    if (node_bound_) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "the certificate '%s' names no node (Common Name fluxon-node-<id>) and the master admits "
+          "only node-bound certificates (security.tls.node_bound_certificates)",
+          identity));
+    }
     MutexLock lock(&mu_);
     auto [it, inserted] = bound_.try_emplace(node_id, identity);
     if (inserted || it->second == identity) return absl::OkStatus();
@@ -245,6 +273,16 @@ class NodeIdentityBinding {
   }
 
  private:
+  static std::string PeerCommonName(const grpc::ServerContext& ctx) {
+    const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+    if (auth == nullptr) return "";
+    for (const grpc::string_ref& cn : auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
+      return std::string(cn.data(), cn.size());
+    }
+    return "";
+  }
+
+  const bool node_bound_;
   Mutex mu_;
   absl::flat_hash_map<uint32_t, std::string> bound_ ABSL_GUARDED_BY(mu_);
 };
@@ -256,7 +294,8 @@ class NodeIdentityBinding {
 
 class MasterServiceImpl final : public v1::MasterService::Service {
  public:
-  explicit MasterServiceImpl(MasterApi* master) : master_(master) {}
+  MasterServiceImpl(MasterApi* master, bool node_bound_certificates)
+      : master_(master), binding_(node_bound_certificates) {}
   grpc::Status RegisterOwner(grpc::ServerContext* ctx, const v1::RegisterOwnerRequest* r,
                              v1::RegisterOwnerReply* out) override {
     FLUXON_CHECK_NODE(ctx, r->node_id());
@@ -329,8 +368,25 @@ absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
   return MakeGrpcMasterClient(address, GrpcSecurity::Plaintext(), deadline);
 }
 
-std::unique_ptr<grpc::Service> MakeMasterGrpcService(MasterApi* master) {
-  return std::make_unique<MasterServiceImpl>(master);
+std::unique_ptr<grpc::Service> MakeMasterGrpcService(MasterApi* master,
+                                                     bool node_bound_certificates) {
+  return std::make_unique<MasterServiceImpl>(master, node_bound_certificates);
+}
+
+std::optional<uint32_t> CertificateNode(const std::string& common_name) {
+  constexpr std::string_view kPrefix = "fluxon-node-";
+  if (common_name.compare(0, kPrefix.size(), kPrefix) != 0) return std::nullopt;
+  const std::string_view digits = std::string_view(common_name).substr(kPrefix.size());
+  if (digits.empty() || digits.size() > 7 || (digits.size() > 1 && digits[0] == '0')) {
+    return std::nullopt;
+  }
+  uint32_t id = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    id = id * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (id >= (1u << kPutIdNodeBits)) return std::nullopt;
+  return id;
 }
 
 }  // namespace fluxon

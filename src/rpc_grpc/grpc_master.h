@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -28,7 +29,13 @@ absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
     const std::string& address, std::chrono::milliseconds deadline = std::chrono::seconds(5));
 
 // The gRPC service serving `master` (not owned; must outlive the service).
-std::unique_ptr<grpc::Service> MakeMasterGrpcService(MasterApi* master);
+// `node_bound_certificates`: admit a node_id only from the certificate naming it (see
+// NodeIdentityBinding in grpc_master.cc).
+std::unique_ptr<grpc::Service> MakeMasterGrpcService(MasterApi* master,
+                                                     bool node_bound_certificates = false);
+// The node a certificate is issued to: its Common Name is "fluxon-node-<id>" (decimal, no
+// leading zeros, below 2^20). Empty for any other name.
+std::optional<uint32_t> CertificateNode(const std::string& common_name);
 
 // gRPC message size limit of every control channel and server, set explicitly (gRPC's default
 // receive limit is 4 MiB). No request or answer of ours comes near it: the client splits master

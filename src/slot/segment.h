@@ -62,6 +62,7 @@ class Segment {
   uint64_t data_bytes() const { return desc_.total_bytes - desc_.data_offset; }
   uint32_t node_id() const { return desc_.node_id; }
   uint64_t page_bytes() const { return page_bytes_; }
+  int numa_node() const { return numa_node_; }  // -1: no placement
   const SegmentDescriptor& descriptor() const { return desc_; }
 
   // Address of [offset, offset + len) after checking it lies in the grant area.

@@ -182,7 +182,7 @@ absl::Status SlotPool::Prewarm() {
   return absl::OkStatus();
 }
 
-absl::Status SlotPool::AddGrant(SizeClass* cls) {
+absl::Status SlotPool::AddGrant(SizeClass* cls, uint64_t claim_bytes) {
   Grant* grant = nullptr;
   bool warm = false;
   {
@@ -221,12 +221,26 @@ absl::Status SlotPool::AddGrant(SizeClass* cls) {
     }
   }
   if (options_.populate_grants && !warm) {
-    absl::Status st = segment_->PopulateRange(grant->offset, grant->slot_count * grant->slot_size);
+    // What the waiting claim takes first (the lowest slots), in whole 2 MiB pages (huge pages
+    // too); the rest in the background. NUMA placement: all of it now.
+    const uint64_t grant_bytes = uint64_t{grant->slot_count} * grant->slot_size;
+    constexpr uint64_t kUnit = 2ull << 20;
+    const uint64_t now_bytes =
+        segment_->numa_node() >= 0
+            ? grant_bytes
+            : std::min(grant_bytes,
+                       (std::min(claim_bytes, grant_bytes) + kUnit - 1) / kUnit * kUnit);
+    absl::Status st = segment_->PopulateRange(grant->offset, now_bytes);
     if (!st.ok()) {
       MutexLock lock(&alloc_mu_);
       free_positions_.insert(grant->position);
       --carved_grants_;
       return st;
+    }
+    if (now_bytes < grant_bytes) {
+      MutexLock lock(&alloc_mu_);
+      unpopulated_.push_back(
+          Unpopulated{grant->position, grant->offset + now_bytes, grant->offset + grant_bytes});
     }
   }
   grants_[grant->position].store(grant, std::memory_order_release);
@@ -293,8 +307,11 @@ absl::StatusOr<std::vector<SlotRef>> SlotPool::Claim(
       stage = "refill";
       if (!cls->refilling) {
         cls->refilling = true;
+        // The slots the new grant must give this claim (the free ones are taken first).
+        const uint64_t claim_bytes =
+            (count - std::min<uint64_t>(count, cls->free_slots)) * cls->slot_size;
         cls->mu.Unlock();
-        absl::Status grown = AddGrant(cls);
+        absl::Status grown = AddGrant(cls, claim_bytes);
         cls->mu.Lock();
         cls->refilling = false;
         if (grown.ok()) continue;
@@ -548,6 +565,11 @@ size_t SlotPool::ShrinkIdleGrants() {
         continue;
       }
     }
+    {
+      // Nothing populates a position that is released (its memory goes back to the kernel).
+      MutexLock lock(&alloc_mu_);
+      std::erase_if(unpopulated_, [&](const Unpopulated& u) { return u.position == g->position; });
+    }
     absl::Status st = segment_->ReleaseRange(g->offset, g->slot_count * g->slot_size);
     if (!st.ok()) spdlog::warn("releasing grant {} memory: {}", g->position, st.ToString());
     MutexLock lock(&alloc_mu_);
@@ -574,6 +596,29 @@ bool SlotPool::CanGrow() const {
 
 uint64_t SlotPool::SpareSlots(const SizeClass& cls) const {
   return static_cast<uint64_t>(options_.spare_fraction * static_cast<double>(cls.slots_per_grant));
+}
+
+uint64_t SlotPool::PopulateBehind(uint64_t max_bytes) {
+  constexpr uint64_t kChunk = 32ull << 20;  // one madvise call; the lock is never held over it
+  uint64_t done = 0;
+  while (done < max_bytes) {
+    uint64_t offset = 0, len = 0;
+    {
+      MutexLock lock(&alloc_mu_);
+      if (unpopulated_.empty()) break;
+      Unpopulated& u = unpopulated_.front();
+      offset = u.next;
+      len = std::min({kChunk, u.end - u.next, max_bytes - done});
+      u.next += len;
+      if (u.next >= u.end) unpopulated_.pop_front();
+    }
+    if (absl::Status st = segment_->PopulateRange(offset, len); !st.ok()) {
+      spdlog::warn("populating {} bytes of a carved grant: {}", len, st.ToString());
+      break;  // first touch by the writers instead
+    }
+    done += len;
+  }
+  return done;
 }
 
 size_t SlotPool::PrefaultAhead() {
@@ -674,7 +719,8 @@ SlotPoolStats SlotPool::Stats() const {
   for (const auto& [size, cls] : classes_) {
     MutexLock cl(&cls->mu);
     s.classes.push_back(SizeClassStats{size, cls->slots_per_grant, cls->grants.size(),
-                                       cls->free_slots, cls->waiters.size(), cls->pending_demand});
+                                       cls->free_slots, cls->waiters.size(), cls->pending_demand,
+                                       cls->refilling});
   }
   return s;
 }

@@ -38,6 +38,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -109,6 +110,7 @@ struct SizeClassStats {
   uint64_t free_slots = 0;
   uint64_t waiting_claims = 0;
   uint64_t pending_demand_slots = 0;
+  bool carving = false;  // a grant is being carved for the class (its free slots are coming)
 };
 
 struct SlotPoolStats {
@@ -163,6 +165,10 @@ class SlotPool {
   // the position bookkeeping); returns the positions populated. For a background thread: a
   // carve racing with it on the same position populates it too, harmlessly.
   size_t PrefaultAhead();
+  // Populates up to `max_bytes` of the grants AddGrant carved populated only in part (for the
+  // maintenance thread, outside every pool lock but the bookkeeping); returns the bytes done.
+  // Clients may already write into those grants: populating is a prefault, it changes no byte.
+  uint64_t PopulateBehind(uint64_t max_bytes);
   // Whether another grant can still be carved (dynamic mode with a free position).
   bool CanGrow() const;
 
@@ -191,7 +197,11 @@ class SlotPool {
   uint64_t MaxSlotsReachable(const SizeClass& cls) const;
   // Free slots a class in use keeps (options_.spare_fraction of a grant).
   uint64_t SpareSlots(const SizeClass& cls) const;
-  absl::Status AddGrant(SizeClass* cls);
+  // Carves a free position for `cls`. With populate_grants, a warm position is used as it is;
+  // a cold one is populated for its first `claim_bytes` only (the claim waiting for it) and
+  // the rest is left to PopulateBehind, so a claim never waits for 512 MiB of first touch.
+  // NUMA placement populates the whole grant at once (placement binds as it touches).
+  absl::Status AddGrant(SizeClass* cls, uint64_t claim_bytes = ~uint64_t{0});
   // The claim at the front of `cls`'s queue takes `count` free slots (Free -> Prepared, epoch
   // bumped) and leaves the queue. Called with cls->mu held and free_slots >= count.
   std::vector<SlotRef> TakeFreeSlots(SizeClass* cls, size_t count);
@@ -224,6 +234,13 @@ class SlotPool {
   // Grant metadata per (position, slot size); immutable once published and kept until the pool
   // dies, so a stale SlotRef reads Free words, never freed memory.
   std::vector<std::unique_ptr<Grant>> retired_ ABSL_GUARDED_BY(alloc_mu_);
+  // Carved grants whose memory [next, end) is not populated yet (PopulateBehind), oldest first.
+  struct Unpopulated {
+    uint32_t position = 0;
+    uint64_t next = 0;
+    uint64_t end = 0;
+  };
+  std::deque<Unpopulated> unpopulated_ ABSL_GUARDED_BY(alloc_mu_);
   std::unique_ptr<std::atomic<Grant*>[]> grants_;
 
   std::array<std::atomic<int64_t>, kNumSlotStates> state_counts_{};

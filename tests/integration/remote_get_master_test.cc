@@ -7,6 +7,7 @@
 
 #include <thread>
 
+#include "common/put_id.h"
 #include "master/master_core.h"
 
 namespace fluxon {
@@ -28,12 +29,14 @@ void Register(MasterCore& m, uint32_t node, uint64_t gen, bool data_plane = true
   ASSERT_TRUE(m.RegisterOwner(r).ok());
 }
 
+// `copy`: the items are copies of put_id's value (a republish of remote-get targets).
 void Publish(MasterCore& m, uint32_t node, uint64_t gen, uint64_t put_id,
-             const std::vector<std::string>& keys) {
+             const std::vector<std::string>& keys, bool copy = false) {
   v1::PublishBatchRequest r;
   r.set_node_id(node);
   r.set_generation(gen);
   r.set_put_id(put_id);
+  r.set_republish(copy);
   uint64_t off = 0;
   for (const auto& k : keys) {
     v1::RouteItem* i = r.add_items();
@@ -41,6 +44,7 @@ void Publish(MasterCore& m, uint32_t node, uint64_t gen, uint64_t put_id,
     i->set_put_id(put_id);
     i->set_offset(off += kLen);
     i->set_len(kLen);
+    i->set_copy(copy);
   }
   auto reply = m.PublishBatch(r);
   ASSERT_TRUE(reply.ok()) << reply.status();
@@ -458,7 +462,7 @@ TEST(RemoteGetMaster, EveryAnswerCarriesTheMastersEpoch) {
 TEST(RemoteGetMaster, RepublishedCopyOfTheRoutedVersionJoinsTheRoute) {
   MasterCore m;
   PublishOnOwnerOne(m, {"k"});
-  Publish(m, 2, 22, 7, {"k"});
+  Publish(m, 2, 22, 7, {"k"}, /*copy=*/true);
   EXPECT_EQ(Locations(m, "k"), 2u);
   v1::PublishBatchRequest other;
   other.set_node_id(2);
@@ -471,6 +475,60 @@ TEST(RemoteGetMaster, RepublishedCopyOfTheRoutedVersionJoinsTheRoute) {
   auto reply = m.PublishBatch(other);
   ASSERT_TRUE(reply.ok());
   EXPECT_EQ(reply->outcomes(0), v1::SUPERSEDED);
+}
+
+// Versions issue, item 4: a publish naming a routed put_id as the publisher's own value, from an
+// owner that did not put it, is refused and counted (equal numbers are not equal bytes); the
+// same put_id with another version is another value and never joins. After a master restart the
+// higher republished version wins whoever comes first, and the displaced owner is told to
+// republish in its next heartbeat answer (once).
+TEST(RemoteGetMaster, EqualPutIdsDoNotJoinAndANewerRepublishTakesTheRoute) {
+  MasterCore m;
+  Register(m, 1, 11);
+  Register(m, 2, 22);
+  const uint64_t put = (uint64_t{1} << kPutIdSeqBits) | 5;  // put by node 1
+  auto publish = [&](uint32_t node, uint64_t gen, uint64_t version, bool republish,
+                     uint64_t put_id = 0) {
+    if (put_id == 0) put_id = put;
+    v1::PublishBatchRequest r;
+    r.set_node_id(node);
+    r.set_generation(gen);
+    r.set_put_id(put_id);
+    r.set_republish(republish);
+    v1::RouteItem* i = r.add_items();
+    i->set_key("k");
+    i->set_put_id(put_id);
+    i->set_offset(4096);
+    i->set_len(kLen);
+    i->set_version(version);
+    auto reply = m.PublishBatch(r);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    EXPECT_GE(reply->hlc(), version);  // the master's clock has seen it
+    return reply.ok() ? reply->outcomes(0) : v1::REFUSED;
+  };
+  EXPECT_EQ(publish(1, 11, 100, false), v1::PUBLISHED);
+  EXPECT_EQ(publish(2, 22, 100, false), v1::REFUSED);  // node 2 did not put it
+  EXPECT_EQ(m.counters().publish_identity_refused.load(), 1u);
+  EXPECT_EQ(publish(2, 22, 90, false), v1::SUPERSEDED);  // same put_id, another version
+  EXPECT_EQ(Locations(m, "k"), 1u);
+  // A republished higher version replaces the route; node 1 learns it once, at its heartbeat.
+  const uint64_t put2 = (uint64_t{2} << kPutIdSeqBits) | 9;     // node 2's own put
+  EXPECT_EQ(publish(2, 22, 300, false, put2), v1::SUPERSEDED);  // a fresh put never replaces
+  EXPECT_EQ(publish(2, 22, 300, true, put2), v1::PUBLISHED);
+  EXPECT_EQ(m.counters().replaced_routes.load(), 1u);
+  v1::RegisterOwnerRequest beat;
+  beat.set_node_id(1);
+  beat.set_generation(11);
+  beat.set_address("127.0.0.1:40001");
+  beat.add_transports("tcp");
+  auto first = m.RegisterOwner(beat);
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->republish());
+  auto second = m.RegisterOwner(beat);
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->republish());
+  // Node 1's republish of the older version is superseded: it drops its copy.
+  EXPECT_EQ(publish(1, 11, 100, true), v1::SUPERSEDED);
 }
 
 // Item 11: a heartbeat (the registered node and generation) naming another data-plane address or

@@ -8,8 +8,60 @@
 namespace fluxon {
 namespace {
 
-RouteLocation Loc(uint32_t node, uint64_t gen, uint64_t put, uint64_t offset = 0) {
-  return RouteLocation{node, gen, put, offset, 4096};
+RouteLocation Loc(uint32_t node, uint64_t gen, uint64_t put, uint64_t offset = 0,
+                  uint64_t version = 0) {
+  return RouteLocation{node, gen, put, offset, 4096, version};
+}
+
+// put_id `seq` put by `node` (PutPath's layout).
+uint64_t PutOf(uint32_t node, uint64_t seq) {
+  return (static_cast<uint64_t>(node) << kPutIdSeqBits) | seq;
+}
+
+// Item 3 of the versions issue: after a master restart the owners republish in any order, and the
+// higher version wins whoever comes first; a fresh put never replaces a route.
+TEST(RouteTable, RepublishedHigherVersionReplacesTheRouteAndALowerOneIsSuperseded) {
+  const PublishKind republish{/*republish=*/true, /*copy=*/false};
+  RouteTable t;
+  const RouteLocation v1 = Loc(1, 10, PutOf(1, 5), 0, /*version=*/100);
+  const RouteLocation v2 = Loc(2, 20, PutOf(2, 9), 0, /*version=*/200);
+  EXPECT_EQ(t.Publish("k", v1, republish), RouteTable::PublishOutcome::kPublished);
+  std::vector<RouteLocation> displaced;
+  EXPECT_EQ(t.Publish("k", v2, republish, &displaced), RouteTable::PublishOutcome::kReplaced);
+  ASSERT_EQ(displaced.size(), 1u);
+  EXPECT_TRUE(displaced[0].SameIdentity(v1));
+  EXPECT_EQ(t.Lookup("k")->primary().node_id, 2u);
+  EXPECT_EQ(t.Publish("k", v1, republish), RouteTable::PublishOutcome::kSuperseded);
+  EXPECT_EQ(t.Lookup("k")->version(), 200u);
+  // The other order ends the same way.
+  RouteTable u;
+  EXPECT_EQ(u.Publish("k", v2, republish), RouteTable::PublishOutcome::kPublished);
+  EXPECT_EQ(u.Publish("k", v1, republish), RouteTable::PublishOutcome::kSuperseded);
+  EXPECT_EQ(u.Lookup("k")->version(), 200u);
+  // A fresh put of a newer version does not replace a live route (the first writer wins).
+  const RouteLocation v3 = Loc(3, 30, PutOf(3, 1), 0, /*version=*/300);
+  EXPECT_EQ(u.Publish("k", v3), RouteTable::PublishOutcome::kSuperseded);
+  EXPECT_EQ(u.Lookup("k")->version(), 200u);
+}
+
+// Item 4: equal put_ids are not trusted. The same put_id with another version is another value;
+// the same identity from an owner that did not put it joins only as a copy.
+TEST(RouteTable, EqualPutIdsAreNotTrustedToBeEqualValues) {
+  RouteTable t;
+  const uint64_t put = PutOf(1, 77);
+  EXPECT_EQ(t.Publish("k", Loc(1, 10, put, 0, 100)), RouteTable::PublishOutcome::kPublished);
+  // A restarted node 1 that drew the same put_id for new bytes: another version, superseded.
+  EXPECT_EQ(t.Publish("k", Loc(1, 12, put, 0, 500)), RouteTable::PublishOutcome::kSuperseded);
+  EXPECT_FALSE(t.AddCopy("k", Loc(3, 30, put, 0, 500)));
+  // Node 2 claiming the identity as its own: refused.
+  EXPECT_EQ(t.Publish("k", Loc(2, 20, put, 0, 100)), RouteTable::PublishOutcome::kRefused);
+  // As a copy (republished after a master restart): joins.
+  EXPECT_EQ(t.Publish("k", Loc(2, 20, put, 0, 100), PublishKind{true, true}),
+            RouteTable::PublishOutcome::kPublished);
+  // The origin under a new generation republishing its own put: joins.
+  EXPECT_EQ(t.Publish("k", Loc(1, 11, put, 8192, 100), PublishKind{true, false}),
+            RouteTable::PublishOutcome::kPublished);
+  EXPECT_EQ(t.Lookup("k")->locations.size(), 3u);
 }
 
 TEST(RouteTable, PublishIsIdempotentAndOtherIdentitiesAreSuperseded) {

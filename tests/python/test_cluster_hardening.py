@@ -280,3 +280,50 @@ def test_stale_copy_held_by_a_reader_is_never_served_again(cluster):
     assert (old == 31 % 251).all(), "the held view's bytes changed under its reader"
     a.release_views(held)
     wait_baseline(cluster, {1: a, 2: b})
+
+
+def test_newer_version_wins_after_a_master_restart_whoever_republishes_first(cluster):
+    """Versions issue, item 3: B deletes k and puts version 2 (acknowledged) while A, holding a
+    copy of version 1, is expired; the master restarts and A republishes first. The route ends
+    on version 2 (the higher hybrid-clock version), B keeps its acknowledged value, A drops its
+    copy of version 1, and every reader on either owner reads version 2."""
+    a, b = cluster.client(1), cluster.client(2)
+    keys = ["vk-0"]
+    put_pages(b, keys, seed=31)  # version 1, put on B
+    n, _ = get_pages(a, keys)  # A caches a copy of version 1
+    assert n == 1
+    owner1, owner2 = cluster.daemons[1], cluster.daemons[2]
+    os.kill(owner1.proc.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: 1 not in cluster.owners(), 6, "owner 1 to expire")
+        assert b.delete_prefix("vk-") == (1, 0)
+        put_pages(b, keys, seed=41)  # version 2, acknowledged
+        n, data = get_pages(b, keys)
+        assert n == 1 and (data[:VALUE_LEN] == 41 % 251).all()
+        os.kill(owner2.proc.pid, signal.SIGSTOP)  # B republishes only after A
+        cluster.master.proc.send_signal(signal.SIGKILL)
+        cluster.master.proc.wait(timeout=10)
+        cluster.restart_master()
+    finally:
+        os.kill(owner1.proc.pid, signal.SIGCONT)
+    try:
+        wait_until(lambda: 1 in cluster.owners(), 10, "owner 1 to register with the new master")
+        wait_until(lambda: a.stats().get("republish_rounds", 0) >= 1, 10, "owner 1's republish")
+    finally:
+        os.kill(owner2.proc.pid, signal.SIGCONT)
+    wait_until(lambda: 2 in cluster.owners(), 10, "owner 2 to register with the new master")
+
+    def everyone_reads_version_2():
+        for c in (a, b):
+            n, data = get_pages(c, keys)
+            if n != 1 or not (data[:VALUE_LEN] == 41 % 251).all():
+                return False
+        return True
+
+    wait_until(everyone_reads_version_2, 15, "every reader to read version 2")
+    assert b.stats()["republish_dropped"] == 0, "B dropped its acknowledged version 2"
+    assert a.stats()["republish_dropped"] >= 1, "A kept its copy of version 1"
+    for _ in range(5):
+        assert everyone_reads_version_2()
+    assert cluster.master_stats().get("master_replaced_routes", 0) >= 1
+    wait_baseline(cluster, {1: a, 2: b})

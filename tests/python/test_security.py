@@ -7,6 +7,7 @@ peer. A throw-away CA and certificates are made with the openssl CLI for each te
 import functools
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -351,3 +352,110 @@ security:
     # Owner 1 is untouched: still registered, its value still routed to it.
     owners = {o["node_id"]: o for o in ctl(pki, cluster.master_admin, "owners")["owners"]}
     assert 1 in owners and int(owners[1].get("routes", 0)) >= 1
+
+
+def cert_section(pki: Path, cert: str, extra_tls: str = "") -> str:
+    return f"""
+security:
+  tls: {{cert_file: {pki}/{cert}.pem, key_file: {pki}/{cert}.key, ca_file: {pki}/ca.pem{extra_tls}}}
+  cluster_secret_file: {pki}/secret1
+"""
+
+
+def bound_master_config(pki: Path, port: int, admin: int, node_bound: bool) -> str:
+    extra = ", node_bound_certificates: true" if node_bound else ""
+    return f"""
+role: master
+log_level: info
+master: {{listen_address: "127.0.0.1:{port}", owner_lease_ms: 1500, owner_grace_ms: 1000}}
+admin: {{listen_address: "127.0.0.1:{admin}", metrics_port: 0}}
+{cert_section(pki, "node", extra)}"""
+
+
+def start_owner_with(factory, pki, node, cert, master_port, sockdir, name):
+    """An owner as node `node` presenting certificate `cert`: (its Daemon, its admin port)."""
+    admin = free_port()
+    d = factory(owner_config(node, admin, f"localhost:{master_port}",
+                             str(sockdir / f"{name}.sock"), 3000, cert_section(pki, cert)),
+                name=name)
+    return d, admin
+
+
+def restart_master(factory, pki, master, port, admin, node_bound):
+    master.proc.kill()
+    master.proc.wait(timeout=10)
+    return factory(bound_master_config(pki, port, admin, node_bound), name="master-again")
+
+
+def test_node_bound_certificates_keep_a_node_id_across_a_master_restart(daemon_factory, pki):
+    """Versions issue, item 5: with certificates issued to their node (CN fluxon-node-<id>) and
+    security.tls.node_bound_certificates, no other member can take node 1 while it is paused
+    across a master restart — not a certificate naming no node, not one issued to node 2. Node 1
+    comes back, and its values are read from node 2 byte-exact."""
+    for n in (1, 2):
+        make_cert(pki, f"fluxon-node-{n}", "ca")
+    make_cert(pki, "unbound-member", "ca")
+    port, admin = free_port(), free_port()
+    master = daemon_factory(bound_master_config(pki, port, admin, True), name="master")
+    sockdir = Path(tempfile.mkdtemp(prefix="fxnb", dir="/tmp"))
+    owner1, admin1 = start_owner_with(daemon_factory, pki, 1, "fluxon-node-1", port, sockdir,
+                                      "owner-1")
+    start_owner_with(daemon_factory, pki, 2, "fluxon-node-2", port, sockdir, "owner-2")
+    a = fluxon.KvClient(socket_path=str(sockdir / "owner-1.sock"))
+    b = fluxon.KvClient(socket_path=str(sockdir / "owner-2.sock"))
+    keys = [f"nb-{i}" for i in range(4)]
+    put_pages(a, keys, seed=19)
+
+    # A certificate naming no node is refused at once, even as a fresh node_id.
+    with pytest.raises(RuntimeError) as err:
+        start_owner_with(daemon_factory, pki, 7, "unbound-member", port, sockdir, "unbound")
+    assert "names no node" in str(err.value)
+
+    os.kill(owner1.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(3.0)  # past node 1's lease and grace
+        restart_master(daemon_factory, pki, master, port, admin, True)
+        for cert in ("unbound-member", "fluxon-node-2"):
+            with pytest.raises(RuntimeError) as err:
+                start_owner_with(daemon_factory, pki, 1, cert, port, sockdir, f"impostor-{cert}")
+            assert "names no node" in str(err.value) or "issued to node 2" in str(err.value)
+    finally:
+        os.kill(owner1.proc.pid, signal.SIGCONT)
+    deadline = time.time() + 15
+    while True:
+        owners = {o["node_id"]: o for o in ctl(pki, admin, "owners")["owners"]}
+        if 1 in owners and int(owners[1].get("routes", 0)) >= len(keys):
+            break
+        assert time.time() < deadline, owners
+        time.sleep(0.1)
+    t, data = get_pages(b, keys)
+    assert t == len(keys)
+    for i in range(len(keys)):
+        assert (data[i * VALUE_LEN:(i + 1) * VALUE_LEN] == (19 + i) % 251).all()
+    assert ctl(pki, admin1, "status")["master_registered"] is True
+
+
+def test_an_owner_locked_out_of_its_node_id_says_so(daemon_factory, pki):
+    """Versions issue, item 5: without node-bound certificates a restarted master binds node 1 to
+    whichever member certificate uses it first. The paused owner that comes back finds its
+    registration refused, and says so: master_registered false in status, the refusals counted
+    in its stats (and /metrics), until it can register again."""
+    make_cert(pki, "node-c", "ca", san="DNS:node-c,IP:127.0.0.1")
+    port, admin = free_port(), free_port()
+    master = daemon_factory(bound_master_config(pki, port, admin, False), name="master")
+    sockdir = Path(tempfile.mkdtemp(prefix="fxlo", dir="/tmp"))
+    owner1, admin1 = start_owner_with(daemon_factory, pki, 1, "node", port, sockdir, "owner-1")
+    assert ctl(pki, admin1, "status")["master_registered"] is True
+    os.kill(owner1.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(3.0)
+        restart_master(daemon_factory, pki, master, port, admin, False)
+        start_owner_with(daemon_factory, pki, 1, "node-c", port, sockdir, "impostor")
+    finally:
+        os.kill(owner1.proc.pid, signal.SIGCONT)
+    a = fluxon.KvClient(socket_path=str(sockdir / "owner-1.sock"))
+    deadline = time.time() + 10
+    while ctl(pki, admin1, "status")["master_registered"] is not False:
+        assert time.time() < deadline, "the locked-out owner still claims to be registered"
+        time.sleep(0.1)
+    assert a.stats()["registrations_refused"] >= 1

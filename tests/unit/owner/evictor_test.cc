@@ -124,6 +124,7 @@ TEST_F(EvictorTest, LocationPinnedByARemoteGetIsKept) {
   v1::GetStartItem* item = start.add_items();
   item->set_key("read-by-peer");
   item->set_put_id(route->put_id());
+  item->set_version(route->version());
   item->set_target_offset(1 << 20);
   item->set_len(kValueLen);
   auto started = master().BatchGetStart(start);

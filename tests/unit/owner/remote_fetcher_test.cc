@@ -33,7 +33,7 @@ class RemoteFetcherTest : public OwnerPartsTest {
     for (const std::string& k : keys) {
       auto route = RouteOf(master(), k);
       EXPECT_TRUE(route.has_value()) << k;
-      if (route) out.push_back(RemoteLeader{k, route->put_id(), route->len()});
+      if (route) out.push_back(RemoteLeader{k, route->put_id(), route->len(), route->version()});
     }
     return out;
   }
