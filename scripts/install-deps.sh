@@ -16,6 +16,7 @@ DEBIAN_PACKAGES=(
   libssl-dev  # libcrypto: the data plane's HMAC-SHA256 handshake, PEM checks of the TLS files
   openssl  # only its CLI: the TLS tests make a throw-away CA and certificates with it
   systemd  # only its systemd-analyze: scripts/check-systemd-units.sh verifies systemd/*.service
+  faketime  # its libfaketime: a cluster test restarts an owner with its wall clock stepped back
 )
 
 SUDO=""

@@ -23,12 +23,13 @@ def free_port() -> int:
 class Daemon:
     """A fluxond child process; stops it on close."""
 
-    def __init__(self, config_text: str, tmp: Path, name: str = "fluxond"):
+    def __init__(self, config_text: str, tmp: Path, name: str = "fluxond", env=None):
         self.config = tmp / f"{name}.yaml"
         self.config.write_text(config_text)
         self.log = tmp / f"{name}.log"
         self.proc = subprocess.Popen([FLUXOND, "--config", str(self.config)],
-                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
+                                     env=None if env is None else {**os.environ, **env})
         deadline = time.time() + 20
         while time.time() < deadline:
             if "ready" in self.log.read_text():
@@ -95,8 +96,8 @@ def tmp(tmp_path):
 def daemon_factory(tmp_path):
     started = []
 
-    def start(config_text: str, name: str = "fluxond") -> Daemon:
-        d = Daemon(config_text, tmp_path, name)
+    def start(config_text: str, name: str = "fluxond", env=None) -> Daemon:
+        d = Daemon(config_text, tmp_path, name, env)
         started.append(d)
         return d
 

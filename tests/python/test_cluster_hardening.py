@@ -327,3 +327,47 @@ def test_newer_version_wins_after_a_master_restart_whoever_republishes_first(clu
         assert everyone_reads_version_2()
     assert cluster.master_stats().get("master_replaced_routes", 0) >= 1
     wait_baseline(cluster, {1: a, 2: b})
+
+
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"  # Debian's libfaketime
+
+
+def test_owner_restarted_with_its_clock_an_hour_back(cluster):
+    """Versions issue, item 4: owner 1 is killed and restarted with its wall clock an hour back
+    (libfaketime) while owner 2 still holds copies of its values. Its puts of keys still routed
+    from those copies (new bytes) never join them: the master has another identity (first
+    writer wins), the put fails with KeyConflictError, and every reader keeps reading one value
+    per key. Its puts of new keys get versions above every version routed before — the hybrid
+    clock took in the master's answers — and are read byte-exact."""
+    assert os.path.exists(FAKETIME), "libfaketime is installed by scripts/install-deps.sh"
+    a, b = cluster.client(1), cluster.client(2)
+    keys = keys_of("ck", 8)
+    put_pages(a, keys, seed=21)
+    old_version = max(int(cluster.route(k)["route"]["version"]) for k in keys)
+    n, _ = get_pages(b, keys)  # owner 2 holds copies
+    assert n == len(keys)
+    cluster.daemons[1].proc.kill()
+    cluster.daemons[1].proc.wait(timeout=10)
+    wait_until(lambda: 1 not in cluster.owners(), 10, "owner 1 to expire")
+    cluster.start_owner(1, name="owner-1-clock-back",
+                        env={"LD_PRELOAD": FAKETIME, "FAKETIME": "-3600s",
+                             "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"})
+    log = cluster.daemons[1].log.read_text()
+    first = time.strptime(log[1:20], "%Y-%m-%d %H:%M:%S")  # spdlog's wall-clock stamp
+    assert time.time() - time.mktime(first) > 3000, "the restarted owner's clock is not back"
+    a = cluster.client(1)
+    with pytest.raises(fluxon.KeyConflictError):
+        put_pages(a, keys, seed=77)  # new bytes for keys routed from owner 2's copies
+    for c in (a, b):
+        n, data = get_pages(c, keys)
+        assert n == len(keys)
+        expect_pages(data, n, seed=21)
+    fresh = keys_of("ck-new", 4)
+    put_pages(a, fresh, seed=91)
+    new_version = min(int(cluster.route(k)["route"]["version"]) for k in fresh)
+    assert new_version > old_version, (new_version, old_version)
+    n, data = get_pages(b, fresh)
+    assert n == len(fresh)
+    expect_pages(data, n, seed=91)
+    assert cluster.master_stats().get("master_publish_identity_refused", 0) == 0
+    wait_baseline(cluster, {1: a, 2: b})

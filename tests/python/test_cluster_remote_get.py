@@ -59,14 +59,14 @@ admin: {{listen_address: "127.0.0.1:{self.master_admin}", metrics_port: 0}}
         self.master = self.factory(self.master_config, name=f"master-{time.time_ns()}")
         return self.master
 
-    def start_owner(self, node, name=None):
+    def start_owner(self, node, name=None, env=None):
         self.admin[node] = free_port()
         d = self.factory(owner_config(node, self.admin[node], f"127.0.0.1:{self.master_port}",
                                       self.sock(node), self.remote_timeout_ms, f"""\
   local_reserve: {{claim_soft_timeout_ms: 5, claim_hard_timeout_ms: 1000}}
   transports: [tcp]
   eviction_interval_ms: 10
-{self.owner_extra}"""), name=name or f"owner-{node}")
+{self.owner_extra}"""), name=name or f"owner-{node}", env=env)
         self.daemons[node] = d
         return d
 
