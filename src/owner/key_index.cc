@@ -252,6 +252,12 @@ HolderRef KeyIndex::EraseStale(const std::string& key, uint64_t put_id) {
   return resident;
 }
 
+std::optional<KeyIndex::Identity> KeyIndex::IdentityOf(const std::string& key) const {
+  std::optional<Entry> e = table_.Get(key);  // a copy under the shard lock
+  if (!e) return std::nullopt;
+  return Identity{e->state, e->put_id, e->version};
+}
+
 void KeyIndex::ForEachCommitted(const std::function<void(const CommittedValue&)>& fn) const {
   table_.ForEach([&](const std::string& key, const Entry& e) {
     if (e.state == State::kCommitted && e.resident) {

@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -131,6 +132,13 @@ class KeyIndex {
   void ForEachWithPrefix(
       const std::string& prefix,
       const std::function<void(const std::string&, uint64_t, uint64_t)>& fn) const;
+  // A key's state and identity (put_id; version once Committed); nullopt when absent.
+  struct Identity {
+    State state;
+    uint64_t put_id;
+    uint64_t version;
+  };
+  std::optional<Identity> IdentityOf(const std::string& key) const;
   // "absent", "reserved", "local_visible", "committed" or "evicting".
   std::string StateName(const std::string& key) const;
   size_t size() const { return table_.size(); }

@@ -65,6 +65,14 @@ enum class CounterKind { kCounter, kGauge, kMicros };
     "Leader keys routed to another owner and sent in a BatchGetStart.")                           \
   X(remote_hits, kCounter, "fluxon_remote_hits_total", "",                                        \
     "Keys read from another owner and installed here as a cached copy.")                          \
+  X(replica_pulls_completed, kCounter, "fluxon_replica_pulls_total", "outcome=completed",         \
+    "Replica pulls this owner served as a target, by outcome (owner/replica_puller.h).")          \
+  X(replica_pulls_already_held, kCounter, "fluxon_replica_pulls_total", "outcome=already_held",   \
+    "")                                                                                           \
+  X(replica_pulls_obsolete, kCounter, "fluxon_replica_pulls_total", "outcome=obsolete", "")       \
+  X(replica_pulls_source_gone, kCounter, "fluxon_replica_pulls_total", "outcome=source_gone", "") \
+  X(replica_pulls_no_space, kCounter, "fluxon_replica_pulls_total", "outcome=no_space", "")       \
+  X(replica_pulls_failed, kCounter, "fluxon_replica_pulls_total", "outcome=failed", "")           \
   X(remote_misses, kCounter, "fluxon_remote_misses_total", "",                                    \
     "Keys routed to another owner that could not be fetched (no slot, refused, transfer failed, " \
     "lost answer, timeout).")                                                                     \

@@ -25,7 +25,8 @@ struct RemoteFetcher::Target {
   std::string source_address;
   bool read_ok = false;
   enum class Fate { kActive, kInstalled, kFreed, kDeferDone, kDeferRevoke } fate = Fate::kActive;
-  HolderRef result;  // installed: the canonical holder
+  FetchMiss miss = FetchMiss::kFailed;  // why, unless installed
+  HolderRef result;                     // installed: the canonical holder
   uint64_t cohort = 0;
 };
 
@@ -96,8 +97,29 @@ void RemoteFetcher::Free(Target& t) {
   t.fate = Target::Fate::kFreed;
 }
 
+const char* FetchMissName(FetchMiss m) {
+  switch (m) {
+    case FetchMiss::kNone:
+      return "none";
+    case FetchMiss::kBusy:
+      return "busy";
+    case FetchMiss::kNoSpace:
+      return "no_space";
+    case FetchMiss::kGone:
+      return "gone";
+    case FetchMiss::kObsolete:
+      return "obsolete";
+    case FetchMiss::kAlreadyLocal:
+      return "already_local";
+    case FetchMiss::kFailed:
+      return "failed";
+  }
+  return "failed";
+}
+
 std::vector<std::unique_ptr<RemoteFetcher::Target>> RemoteFetcher::ReserveAndClaim(
-    const std::vector<RemoteLeader>& leaders, Clock::time_point deadline) {
+    const std::vector<RemoteLeader>& leaders, Clock::time_point deadline,
+    std::vector<FetchMiss>* misses) {
   // Reserve every key (a local put or another batch cannot take it meanwhile), then claim.
   std::vector<std::unique_ptr<Target>> targets;
   for (size_t i = 0; i < leaders.size(); ++i) {
@@ -109,6 +131,7 @@ std::vector<std::unique_ptr<RemoteFetcher::Target>> RemoteFetcher::ReserveAndCla
     t->len = leaders[i].len;
     if (t->len == 0 || !keys_->ReserveAll(std::span<const std::string>(&t->key, 1), t->put_id,
                                           nullptr, /*fetch=*/true)) {
+      (*misses)[i] = t->len == 0 ? FetchMiss::kFailed : FetchMiss::kBusy;
       continue;
     }
     t->reserved = true;
@@ -138,6 +161,7 @@ std::vector<std::unique_ptr<RemoteFetcher::Target>> RemoteFetcher::ReserveAndCla
       counters_->remote_pending_targets.fetch_add(1, std::memory_order_relaxed);
       claimed.push_back(std::move(t));
     } else {
+      (*misses)[t->index] = FetchMiss::kNoSpace;
       Free(*t);
     }
   }
@@ -214,6 +238,24 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
       continue;
     }
     if (r.outcome() != v1::GET_STARTED) {
+      switch (r.outcome()) {
+        case v1::GET_NO_ROUTE:
+        case v1::GET_NO_SOURCE:
+          t.miss = FetchMiss::kGone;
+          break;
+        case v1::GET_STALE_VERSION:
+          t.miss = FetchMiss::kObsolete;
+          break;
+        case v1::GET_ALREADY_LOCAL:
+          t.miss = FetchMiss::kAlreadyLocal;
+          break;
+        case v1::GET_BUSY:
+          t.miss = FetchMiss::kBusy;
+          break;
+        default:
+          t.miss = FetchMiss::kFailed;
+          break;
+      }
       Free(t);
       continue;
     }
@@ -286,10 +328,14 @@ uint32_t RemoteFetcher::Collect(std::vector<std::unique_ptr<Target>>& targets,
 }
 
 std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& leaders,
-                                            std::vector<uint64_t>* cohorts) {
+                                            std::vector<uint64_t>* cohorts,
+                                            std::vector<FetchMiss>* misses) {
   const size_t n = leaders.size();
   std::vector<HolderRef> out(n);
   cohorts->assign(n, 0);
+  std::vector<FetchMiss> why(n, FetchMiss::kFailed);
+  if (misses == nullptr) misses = &why;
+  misses->assign(n, FetchMiss::kFailed);
   if (n == 0) return out;
   if (transport_ == nullptr) {
     counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
@@ -300,9 +346,12 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
   const std::chrono::milliseconds ttl = registration_->inflight_get_ttl();
   const Clock::time_point deadline = t0 + std::min(options_.timeout, ttl - Margin(ttl));
 
-  std::vector<std::unique_ptr<Target>> targets = ReserveAndClaim(leaders, deadline);
+  std::vector<std::unique_ptr<Target>> targets = ReserveAndClaim(leaders, deadline, misses);
   std::vector<Target*> started, revoke;  // revoke: started, but with an answer we do not trust
   if (targets.empty() || !StartGets(targets, deadline, ttl, &started, &revoke)) {
+    for (const auto& t : targets) {
+      if (t) (*misses)[t->index] = t->miss;
+    }
     counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
     return out;
   }
@@ -319,6 +368,9 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
   counters_->remote_read_us.fetch_add(us(read_end - read_begin), std::memory_order_relaxed);
   counters_->remote_control_us.fetch_add(us((read_begin - t0) + (Clock::now() - read_end)),
                                          std::memory_order_relaxed);
+  for (const auto& t : targets) {
+    if (t) (*misses)[t->index] = t->fate == Target::Fate::kInstalled ? FetchMiss::kNone : t->miss;
+  }
   const uint32_t hits = Collect(targets, &out, cohorts);
   counters_->remote_hits.fetch_add(hits, std::memory_order_relaxed);
   counters_->remote_misses.fetch_add(n - hits, std::memory_order_relaxed);

@@ -58,6 +58,18 @@ struct RemoteLeader {
   uint64_t version = 0;  // with put_id, the identity looked up (T2)
 };
 
+// Why a leader was not fetched (kNone: it was).
+enum class FetchMiss : uint8_t {
+  kNone,
+  kBusy,          // the key is reserved here already (a put, or another fetch of it)
+  kNoSpace,       // no slot could be claimed within the fetch's bound
+  kGone,          // the master routes no live location of the key
+  kObsolete,      // the route names another identity (put_id, version)
+  kAlreadyLocal,  // the master already routes a location of this identity on this owner
+  kFailed,        // the start, the read or the done did not complete
+};
+const char* FetchMissName(FetchMiss m);
+
 class RemoteFetcher {
  public:
   using Clock = std::chrono::steady_clock;
@@ -71,9 +83,11 @@ class RemoteFetcher {
   ~RemoteFetcher();
 
   bool enabled() const { return transport_ != nullptr; }
-  // Fetches every leader; returns one holder per leader (empty: miss) and its cohort.
+  // Fetches every leader; returns one holder per leader (empty: miss) and its cohort, and (when
+  // `misses` is given) why each leader was missed.
   std::vector<HolderRef> Fetch(const std::vector<RemoteLeader>& leaders,
-                               std::vector<uint64_t>* cohorts);
+                               std::vector<uint64_t>* cohorts,
+                               std::vector<FetchMiss>* misses = nullptr);
   // Frees quarantined targets whose time has come and retries unfinished Done/Revoke calls.
   void RunMaintenance(Clock::time_point now);
 
@@ -86,8 +100,10 @@ class RemoteFetcher {
   struct Pending;
   // Fetch's phases, in order:
   // Reserves each leader's key and claims its target slot; the targets that got both.
+  // Leaders that got neither are marked in `misses` (kBusy, kNoSpace).
   std::vector<std::unique_ptr<Target>> ReserveAndClaim(const std::vector<RemoteLeader>& leaders,
-                                                       Clock::time_point deadline);
+                                                       Clock::time_point deadline,
+                                                       std::vector<FetchMiss>* misses);
   // One BatchGetStart (G8, retried with its request_id while uncertain, T1): the targets whose
   // get started go to `started`, those started with an answer not to be trusted to `revoke`;
   // the rest are freed or quarantined. False when no get can have started usably.

@@ -1,0 +1,119 @@
+#include "owner/replica_puller.h"
+
+#include "absl/strings/str_format.h"
+#include "common/batch.h"
+#include "fluxon/status.h"
+#include "fluxon/units.h"
+#include "spdlog/spdlog.h"
+
+namespace fluxon {
+
+const char* PullOutcomeName(PullOutcome o) {
+  switch (o) {
+    case PullOutcome::kCompleted:
+      return "completed";
+    case PullOutcome::kAlreadyHeld:
+      return "already_held";
+    case PullOutcome::kObsolete:
+      return "obsolete";
+    case PullOutcome::kSourceGone:
+      return "source_gone";
+    case PullOutcome::kNoSpace:
+      return "no_space";
+    case PullOutcome::kFailed:
+      return "failed";
+  }
+  return "failed";
+}
+
+void ReplicaPuller::Count(PullOutcome o) {
+  std::atomic<int64_t>* c = nullptr;
+  switch (o) {
+    case PullOutcome::kCompleted:
+      c = &counters_->replica_pulls_completed;
+      break;
+    case PullOutcome::kAlreadyHeld:
+      c = &counters_->replica_pulls_already_held;
+      break;
+    case PullOutcome::kObsolete:
+      c = &counters_->replica_pulls_obsolete;
+      break;
+    case PullOutcome::kSourceGone:
+      c = &counters_->replica_pulls_source_gone;
+      break;
+    case PullOutcome::kNoSpace:
+      c = &counters_->replica_pulls_no_space;
+      break;
+    case PullOutcome::kFailed:
+      c = &counters_->replica_pulls_failed;
+      break;
+  }
+  c->fetch_add(1, std::memory_order_relaxed);
+}
+
+absl::StatusOr<std::vector<PullOutcome>> ReplicaPuller::Pull(const std::vector<PullItem>& items) {
+  std::vector<std::string> keys;
+  keys.reserve(items.size());
+  for (const PullItem& it : items) keys.push_back(it.key);
+  FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].put_id == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("pull item %d has put_id 0", i));
+    }
+    if (items[i].len == 0 || items[i].len > kMaxValueBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "pull item %d has length %d; it must be in (0, %d]", i, items[i].len, kMaxValueBytes));
+    }
+  }
+  std::vector<PullOutcome> out(items.size(), PullOutcome::kFailed);
+  // What this owner holds already decides first: the same identity is a retry (T1), another
+  // committed identity makes the pull obsolete here, anything in flight is tried again later.
+  std::vector<RemoteLeader> leaders;
+  std::vector<size_t> leader_index;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::optional<KeyIndex::Identity> held = keys_->IdentityOf(items[i].key);
+    if (!held) {
+      leaders.push_back(
+          RemoteLeader{items[i].key, items[i].put_id, items[i].len, items[i].version});
+      leader_index.push_back(i);
+    } else if (held->state == KeyIndex::State::kCommitted && held->put_id == items[i].put_id &&
+               held->version == items[i].version) {
+      out[i] = PullOutcome::kAlreadyHeld;
+    } else if (held->state == KeyIndex::State::kCommitted) {
+      out[i] = PullOutcome::kObsolete;
+    }
+  }
+  if (!leaders.empty()) {
+    std::vector<uint64_t> cohorts;
+    std::vector<FetchMiss> misses;
+    std::vector<HolderRef> got = fetcher_->Fetch(leaders, &cohorts, &misses);
+    for (size_t j = 0; j < leaders.size(); ++j) {
+      PullOutcome& o = out[leader_index[j]];
+      if (got[j]) {
+        o = PullOutcome::kCompleted;  // installed; the index keeps it, this pin goes
+        continue;
+      }
+      switch (misses[j]) {
+        case FetchMiss::kNoSpace:
+          o = PullOutcome::kNoSpace;
+          break;
+        case FetchMiss::kGone:
+          o = PullOutcome::kSourceGone;
+          break;
+        case FetchMiss::kObsolete:
+          o = PullOutcome::kObsolete;
+          break;
+        case FetchMiss::kAlreadyLocal:
+          o = PullOutcome::kAlreadyHeld;
+          break;
+        default:
+          o = PullOutcome::kFailed;
+          break;
+      }
+    }
+  }
+  for (PullOutcome o : out) Count(o);
+  return out;
+}
+
+}  // namespace fluxon
