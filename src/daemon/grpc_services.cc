@@ -1,5 +1,6 @@
 #include "daemon/grpc_services.h"
 
+#include <grpc/grpc_security_constants.h>
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -8,6 +9,7 @@
 #include "daemon/node.h"
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "fluxon/v1/master.grpc.pb.h"
+#include "fluxon/v1/peer.grpc.pb.h"
 #include "fluxon/version.h"
 #include "rpc_grpc/grpc_master.h"
 #include "rpc_grpc/grpc_security.h"
@@ -186,12 +188,67 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   MasterApi* const master_;
 };
 
+// The owners' peer service on an owner's admin port, with the node's gRPC credentials: replica
+// pulls (docs/replicas.md). With mutual TLS the server admits only CA-verified member
+// certificates, and a certificate issued to a node (CN fluxon-node-<id>) may ask only as that
+// node. The RDMA exchange (ConnectQp/ReleaseQp) is not served by fluxond (TCP data plane only).
+class PeerServiceImpl final : public v1::PeerService::Service {
+ public:
+  explicit PeerServiceImpl(OwnerCore* owner) : owner_(owner) {}
+
+  grpc::Status PullReplicas(grpc::ServerContext* ctx, const v1::PullReplicasRequest* r,
+                            v1::PullReplicasReply* out) override {
+    if (GrpcSecurity::PeerAuthenticated(*ctx)) {
+      const auto cns = ctx->auth_context()->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
+      const std::optional<uint32_t> named =
+          cns.empty() ? std::nullopt
+                      : CertificateNode(std::string(cns.front().data(), cns.front().size()));
+      if (named && *named != r->requester_node_id()) {
+        return ToGrpcStatus(absl::PermissionDeniedError(absl::StrFormat(
+            "the certificate of node %d may not pull as node %d", *named, r->requester_node_id())));
+      }
+    }
+    std::vector<PullItem> items;
+    items.reserve(r->items_size());
+    for (const v1::PullItem& it : r->items()) {
+      items.push_back(PullItem{it.key(), it.put_id(), it.version(), it.len()});
+    }
+    absl::StatusOr<std::vector<PullOutcome>> outcomes = owner_->PullReplicas(items);
+    if (!outcomes.ok()) return ToGrpcStatus(outcomes.status());
+    for (PullOutcome o : *outcomes) out->add_outcomes(ToProto(o));
+    spdlog::debug("pulled {} items for node {}", items.size(), r->requester_node_id());
+    return grpc::Status::OK;
+  }
+
+ private:
+  static v1::PullOutcome ToProto(PullOutcome o) {
+    switch (o) {
+      case PullOutcome::kCompleted:
+        return v1::PULL_COMPLETED;
+      case PullOutcome::kAlreadyHeld:
+        return v1::PULL_ALREADY_HELD;
+      case PullOutcome::kObsolete:
+        return v1::PULL_OBSOLETE;
+      case PullOutcome::kSourceGone:
+        return v1::PULL_SOURCE_GONE;
+      case PullOutcome::kNoSpace:
+        return v1::PULL_NO_SPACE;
+      case PullOutcome::kFailed:
+        return v1::PULL_FAILED;
+    }
+    return v1::PULL_FAILED;
+  }
+
+  OwnerCore* const owner_;
+};
+
 }  // namespace
 
 class GrpcServers::Impl {
  public:
   std::unique_ptr<grpc::Service> master_service;
   std::unique_ptr<AdminServiceImpl> admin_service;
+  std::unique_ptr<PeerServiceImpl> peer_service;
   std::unique_ptr<grpc::Server> master_server;
   std::unique_ptr<grpc::Server> admin_server;
   std::unique_ptr<MasterApi> admin_master_client;  // admin on an owner: talks to its master
@@ -231,6 +288,10 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
   int port = 0;
   b.AddListeningPort(config.admin.listen_address, node->grpc_security().ServerCredentials(), &port);
   b.RegisterService(impl->admin_service.get());
+  if (node->owner() != nullptr) {
+    impl->peer_service = std::make_unique<PeerServiceImpl>(node->owner());
+    b.RegisterService(impl->peer_service.get());
+  }
   impl->admin_server = b.BuildAndStart();
   if (!impl->admin_server || port == 0) {
     return absl::UnavailableError(

@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
                                               registration, master, pool, c.keys_.get(),
                                               c.hot_.get(), c.publisher_.get(), counters,
                                               c.evictor_.get(), rt.data_plane, rt.faults, &c.stop_);
+  c.puller_ = std::make_unique<ReplicaPuller>(c.keys_.get(), c.remote_.get(), counters);
   c.gets_ = std::make_unique<GetPath>(kJoinTimeout, registration, master, c.keys_.get(),
                                       c.flights_.get(), c.handles_.get(), c.hot_.get(), counters,
                                       c.evictor_.get(), c.remote_.get());
@@ -75,6 +76,7 @@ OwnerCore::~OwnerCore() {
   // Everything that holds slots goes before the memory (members are destroyed in reverse
   // declaration order, memory_ last; explicit here so the order is visible).
   gets_.reset();
+  puller_.reset();
   remote_.reset();
   republisher_.reset();
   puts_.reset();

@@ -67,6 +67,7 @@
 #include "owner/publisher.h"
 #include "owner/put_path.h"
 #include "owner/remote_fetcher.h"
+#include "owner/replica_puller.h"
 #include "owner/republisher.h"
 #include "owner/single_flight.h"
 #include "rpc/master_api.h"
@@ -148,6 +149,11 @@ class OwnerCore {
     return evictor_->DeletePrefix(prefix);
   }
 
+  // Replicas by pull: copies exact identities here through the remote-get path.
+  absl::StatusOr<std::vector<PullOutcome>> PullReplicas(const std::vector<PullItem>& items) {
+    return puller_->Pull(items);
+  }
+
   // Remote-get read latency per source node.
   std::map<uint32_t, LatencyHistogram::Snapshot> RemoteReadLatency() const {
     return remote_->PeerLatency();
@@ -195,6 +201,7 @@ class OwnerCore {
   std::unique_ptr<PutPath> puts_;
   std::unique_ptr<Republisher> republisher_;
   std::unique_ptr<RemoteFetcher> remote_;
+  std::unique_ptr<ReplicaPuller> puller_;
   std::unique_ptr<GetPath> gets_;
 
   std::atomic<uint64_t> next_client_id_{1};

@@ -33,6 +33,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/fault_injector.h"
 #include "fluxon/v1/admin.grpc.pb.h"
+#include "fluxon/v1/peer.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "rpc_grpc/grpc_master.h"
 #include "rpc_grpc/grpc_security.h"
@@ -161,9 +162,10 @@ json ProtoJson(const google::protobuf::Message& m) {
 // Runs one admin call and prints its reply; each returns the error message of a failed RPC.
 class Command {
  public:
-  Command(std::unique_ptr<v1::AdminService::Stub> stub, std::string address,
+  Command(const std::shared_ptr<grpc::Channel>& channel, std::string address,
           std::chrono::milliseconds timeout, bool as_json)
-      : stub_(std::move(stub)),
+      : stub_(v1::AdminService::NewStub(channel)),
+        peer_(v1::PeerService::NewStub(channel)),
         address_(std::move(address)),
         timeout_(timeout),
         as_json_(as_json) {}
@@ -330,6 +332,54 @@ class Command {
     return std::nullopt;
   }
 
+  // Asks the owner at the admin address to pull a copy of each key's routed identity into its
+  // own memory (replicas by pull, docs/replicas.md), on behalf of node `as_node`.
+  std::optional<std::string> Pull(const std::vector<std::string>& keys, uint32_t as_node) {
+    v1::PullReplicasRequest req;
+    req.set_requester_node_id(as_node);
+    std::vector<std::string> unrouted;
+    for (const std::string& key : keys) {
+      v1::RouteRequest rr;
+      rr.set_key(key);
+      v1::RouteReply route;
+      if (grpc::Status s = stub_->GetRoute(Context().get(), rr, &route); !s.ok()) {
+        return RpcFailure("route", s);
+      }
+      if (!route.found()) {
+        unrouted.push_back(key);
+        continue;
+      }
+      v1::PullItem* item = req.add_items();
+      item->set_key(key);
+      item->set_put_id(route.route().put_id());
+      item->set_version(route.route().version());
+      item->set_len(route.route().len());
+    }
+    v1::PullReplicasReply r;
+    if (req.items_size() > 0) {
+      if (grpc::Status s = peer_->PullReplicas(Context().get(), req, &r); !s.ok()) {
+        return RpcFailure("pull", s);
+      }
+    }
+    json outcomes = json::array();
+    Table t({"KEY", "OUTCOME"});
+    for (int i = 0; i < req.items_size(); ++i) {
+      const std::string o = i < r.outcomes_size() ? v1::PullOutcome_Name(r.outcomes(i)) : "?";
+      outcomes.push_back(json{{"key", req.items(i).key()}, {"outcome", o}});
+      t.AddRow({req.items(i).key(), o});
+    }
+    for (const std::string& key : unrouted) {
+      outcomes.push_back(json{{"key", key}, {"outcome", "NO_ROUTE"}});
+      t.AddRow({key, "NO_ROUTE"});
+    }
+    if (as_json_) {
+      Print(json{{"outcomes", outcomes}});
+    } else {
+      std::cout << t.Render();
+    }
+    return std::nullopt;
+  }
+
   std::optional<std::string> Placement(uint32_t source, const std::vector<uint64_t>& groups) {
     v1::PlaceReplicasRequest req;
     req.set_source_node_id(source);
@@ -429,6 +479,7 @@ class Command {
   }
 
   std::unique_ptr<v1::AdminService::Stub> stub_;
+  std::unique_ptr<v1::PeerService::Stub> peer_;  // an owner's peer service, on its admin port
   const std::string address_;
   const std::chrono::milliseconds timeout_;
   const bool as_json_;
@@ -550,6 +601,8 @@ struct CommandArgs {
   std::string clear_point;
   uint32_t source = 0;
   std::vector<uint64_t> group_bytes;
+  std::vector<std::string> pull_keys;
+  uint32_t as_node = 0;
 };
 // Each command's run, by the (leaf) subcommand that selects it.
 using Runs = std::map<const CLI::App*, std::function<std::optional<std::string>(Command&)>>;
@@ -567,6 +620,14 @@ void AddInspectCommands(CLI::App& app, CommandArgs* a, Runs* runs) {
       app.add_subcommand("route", "the master's route of KEY and the owner's local state of it");
   route->add_option("KEY", a->key, "the key")->required();
   (*runs)[route] = [a](Command& c) { return c.Route(a->key); };
+  CLI::App* pull = app.add_subcommand(
+      "pull", "the owner at --admin pulls a copy of each KEY's routed value into its memory");
+  pull->add_option("KEY", a->pull_keys, "the keys")->required();
+  pull->add_option("--as-node", a->as_node,
+                   "the node asking (with node-bound certificates: the certificate's)")
+      ->type_name("N")
+      ->capture_default_str();
+  (*runs)[pull] = [a](Command& c) { return c.Pull(a->pull_keys, a->as_node); };
   CLI::App* keys = app.add_subcommand("keys", "published keys (sorted; default limit 100)");
   keys->add_option("--prefix", a->prefix, "list only keys starting with P")->type_name("P");
   keys->add_option("--limit", a->limit, "list at most N keys")
@@ -695,8 +756,7 @@ int Main(int argc, char** argv) {
   }
   // The daemon's message limits, not gRPC's 4 MiB default: every admin answer the daemon may
   // send (a page of keys, a large owner listing) is readable.
-  Command command(v1::AdminService::NewStub(
-                      security->Channel(flags.address, ControlChannelArgs(), flags.tls_name)),
+  Command command(security->Channel(flags.address, ControlChannelArgs(), flags.tls_name),
                   flags.address, std::chrono::milliseconds(flags.timeout_ms), flags.as_json);
   try {
     if (std::optional<std::string> error = runs.at(selected)(command)) {
