@@ -13,7 +13,8 @@ namespace {
 // Internal sizes and bounds (not settings).
 constexpr size_t kPublishQueueCapacity = 512;
 constexpr std::chrono::milliseconds kJoinTimeout{5'000};  // a joiner waits this long for a leader
-constexpr uint64_t kPopulateBytesPerRound = 64ull << 20;  // of carved grants, per maintenance round
+constexpr uint64_t kPopulateBytesPerRound = 64ull << 20;  // of carved grants, per prefault step
+constexpr std::chrono::milliseconds kPrefaultIdle{20};    // the prefault thread's idle poll
 }  // namespace
 
 // The one place the parts' options are built from the owner's config.
@@ -94,6 +95,7 @@ absl::Status OwnerCore::Start() {
   started_ = true;
   threads_.emplace_back([this] { publisher_->Run(); });
   threads_.emplace_back([this] { MaintenanceLoop(); });
+  threads_.emplace_back([this] { PrefaultLoop(); });
   threads_.emplace_back([this] { registration_->HeartbeatLoop(config_.heartbeat_interval); });
   threads_.emplace_back([this] { republisher_->Run(); });
   return absl::OkStatus();
@@ -126,6 +128,17 @@ void OwnerCore::DisconnectClient(uint64_t client_id) {
   }
 }
 
+void OwnerCore::PrefaultLoop() {
+  // First touch of grant memory, off every request's and the maintenance thread's path (expiry
+  // and eviction never wait behind 512 MiB of page clearing): carved grants first (clients may
+  // be writing into them), then free positions ahead of carves (warm_grants).
+  while (!stop_.stopped()) {
+    if (memory_->pool().PopulateBehind(kPopulateBytesPerRound) > 0) continue;
+    memory_->pool().PrefaultAhead();
+    if (!stop_.SleepFor(kPrefaultIdle)) return;
+  }
+}
+
 void OwnerCore::MaintenanceLoop() {
   while (evictor_->WaitForWork(runtime_.maintenance_interval)) {
     const auto now = std::chrono::steady_clock::now();
@@ -134,11 +147,6 @@ void OwnerCore::MaintenanceLoop() {
     remote_->RunMaintenance(now);
     memory_->pool().ShrinkIdleGrants();
     memory_->pool().RefillLowClasses();
-    // Carved grants first (clients may be writing into them), then positions ahead of carves.
-    // Bounded per round so expiry and eviction are not held up (~64 MiB, tens of ms).
-    if (memory_->pool().PopulateBehind(kPopulateBytesPerRound) == 0) {
-      memory_->pool().PrefaultAhead();
-    }
     evictor_->RunRound();
   }
 }

@@ -184,6 +184,7 @@ class OwnerCore {
  private:
   OwnerCore(const OwnerConfig& config, OwnerRuntime runtime);
   void MaintenanceLoop();
+  void PrefaultLoop();
 
   const OwnerConfig config_;
   const OwnerRuntime runtime_;
