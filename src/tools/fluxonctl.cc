@@ -755,9 +755,14 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   // The daemon's message limits, not gRPC's 4 MiB default: every admin answer the daemon may
-  // send (a page of keys, a large owner listing) is readable.
-  Command command(security->Channel(flags.address, ControlChannelArgs(), flags.tls_name),
-                  flags.address, std::chrono::milliseconds(flags.timeout_ms), flags.as_json);
+  // send (a page of keys, a large owner listing) is readable. Not the control channels' short
+  // reconnect backoff: its minimum is also the connect (and TLS handshake) deadline, which one
+  // fluxonctl call on a busy machine can outlast.
+  grpc::ChannelArguments limits;
+  limits.SetMaxReceiveMessageSize(kGrpcMaxMessageBytes);
+  limits.SetMaxSendMessageSize(kGrpcMaxMessageBytes);
+  Command command(security->Channel(flags.address, limits, flags.tls_name), flags.address,
+                  std::chrono::milliseconds(flags.timeout_ms), flags.as_json);
   try {
     if (std::optional<std::string> error = runs.at(selected)(command)) {
       std::cerr << "fluxonctl: " << *error << "\n";
