@@ -8,6 +8,10 @@
 // operation whose answer showed version v gets a version above v, whatever the local clocks
 // say (a clock stepped back only slows the physical part: the logical part keeps the order).
 //
+// Stamps come from other processes (an owner's publish, a master's answer), so Observe takes
+// in none further ahead of the local wall clock than kMaxAhead: a buggy or hostile peer cannot
+// drag every later version far into the future, or make the clock wrap around.
+//
 // Thread-safe; lock-free.
 #pragma once
 
@@ -20,6 +24,8 @@ namespace fluxon {
 class HybridClock {
  public:
   static constexpr int kLogicalBits = 16;
+  // The furthest ahead of the local wall clock an observed stamp may be (one hour).
+  static constexpr uint64_t kMaxAhead = uint64_t{3'600'000} << kLogicalBits;
 
   // A stamp of the wall clock now, before any ordering (for tests and log lines).
   static uint64_t PhysicalStamp() {
@@ -41,10 +47,13 @@ class HybridClock {
   }
 
   // Takes in a stamp seen elsewhere (0: none): later Now()s are above it.
-  void Observe(uint64_t stamp) {
+  // False (ignored) when the stamp is more than kMaxAhead past the local wall clock.
+  bool Observe(uint64_t stamp) {
+    if (stamp > PhysicalStamp() + kMaxAhead) return false;
     uint64_t last = last_.load(std::memory_order_relaxed);
     while (stamp > last && !last_.compare_exchange_weak(last, stamp, std::memory_order_acq_rel)) {
     }
+    return true;
   }
 
   // The highest stamp issued or observed so far.

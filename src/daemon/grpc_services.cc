@@ -1,6 +1,5 @@
 #include "daemon/grpc_services.h"
 
-#include <grpc/grpc_security_constants.h>
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -198,15 +197,10 @@ class PeerServiceImpl final : public v1::PeerService::Service {
 
   grpc::Status PullReplicas(grpc::ServerContext* ctx, const v1::PullReplicasRequest* r,
                             v1::PullReplicasReply* out) override {
-    if (GrpcSecurity::PeerAuthenticated(*ctx)) {
-      const auto cns = ctx->auth_context()->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
-      const std::optional<uint32_t> named =
-          cns.empty() ? std::nullopt
-                      : CertificateNode(std::string(cns.front().data(), cns.front().size()));
-      if (named && *named != r->requester_node_id()) {
-        return ToGrpcStatus(absl::PermissionDeniedError(absl::StrFormat(
-            "the certificate of node %d may not pull as node %d", *named, r->requester_node_id())));
-      }
+    if (const std::optional<uint32_t> named = PeerCertificateNode(*ctx);
+        named && *named != r->requester_node_id()) {
+      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrFormat(
+          "the certificate of node %d may not pull as node %d", *named, r->requester_node_id())));
     }
     std::vector<PullItem> items;
     items.reserve(r->items_size());

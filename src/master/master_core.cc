@@ -172,7 +172,12 @@ absl::StatusOr<v1::PublishBatchReply> MasterCore::PublishBatch(const v1::Publish
     const RouteLocation loc{
         r.node_id(),   r.generation(), item.put_id() ? item.put_id() : r.put_id(),
         item.offset(), item.len(),     item.version()};
-    clock_.Observe(loc.version);
+    if (!clock_.Observe(loc.version)) {
+      spdlog::warn(
+          "node {} published '{}' with version {}, over an hour ahead of this clock; not taken "
+          "into the master's clock",
+          r.node_id(), item.key(), loc.version);
+    }
     displaced.clear();
     switch (routes_.Publish(item.key(), loc, PublishKind{r.republish(), item.copy()}, &displaced)) {
       case RouteTable::PublishOutcome::kSuperseded:

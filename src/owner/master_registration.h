@@ -86,7 +86,7 @@ class MasterRegistration {
   void NoteEpoch(uint64_t epoch);
   // A master answer showed the master's hybrid clock (0: none): versions this owner gives later
   // sort after every value the master had routed (see HybridClock).
-  void NoteClock(uint64_t hlc) { clock_.Observe(hlc); }
+  void NoteClock(uint64_t hlc) { (void)clock_.Observe(hlc); }
   // The clock that stamps this owner's value versions.
   HybridClock& clock() { return clock_; }
   // A master call was refused because it does not know this generation (restarted master

@@ -251,7 +251,7 @@ class NodeIdentityBinding {
   absl::Status Check(const grpc::ServerContext& ctx, uint32_t node_id) {
     if (!GrpcSecurity::PeerAuthenticated(ctx)) return absl::OkStatus();
     const std::string identity = GrpcSecurity::PeerIdentity(ctx);
-    const std::optional<uint32_t> named = CertificateNode(PeerCommonName(ctx));
+    const std::optional<uint32_t> named = PeerCertificateNode(ctx);
     if (named) {
       if (*named == node_id) return absl::OkStatus();
       return absl::PermissionDeniedError(
@@ -273,15 +273,6 @@ class NodeIdentityBinding {
   }
 
  private:
-  static std::string PeerCommonName(const grpc::ServerContext& ctx) {
-    const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-    if (auth == nullptr) return "";
-    for (const grpc::string_ref& cn : auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
-      return std::string(cn.data(), cn.size());
-    }
-    return "";
-  }
-
   const bool node_bound_;
   Mutex mu_;
   absl::flat_hash_map<uint32_t, std::string> bound_ ABSL_GUARDED_BY(mu_);
@@ -371,6 +362,15 @@ absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
 std::unique_ptr<grpc::Service> MakeMasterGrpcService(MasterApi* master,
                                                      bool node_bound_certificates) {
   return std::make_unique<MasterServiceImpl>(master, node_bound_certificates);
+}
+
+std::optional<uint32_t> PeerCertificateNode(const grpc::ServerContext& ctx) {
+  if (!GrpcSecurity::PeerAuthenticated(ctx)) return std::nullopt;
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  for (const grpc::string_ref& cn : auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
+    return CertificateNode(std::string(cn.data(), cn.size()));
+  }
+  return std::nullopt;
 }
 
 std::optional<uint32_t> CertificateNode(const std::string& common_name) {

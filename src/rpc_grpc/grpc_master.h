@@ -36,6 +36,9 @@ std::unique_ptr<grpc::Service> MakeMasterGrpcService(MasterApi* master,
 // The node a certificate is issued to: its Common Name is "fluxon-node-<id>" (decimal, no
 // leading zeros, below 2^20). Empty for any other name.
 std::optional<uint32_t> CertificateNode(const std::string& common_name);
+// The node the caller's verified certificate is issued to (CertificateNode of its Common Name);
+// empty without TLS or for a certificate naming no node.
+std::optional<uint32_t> PeerCertificateNode(const grpc::ServerContext& ctx);
 
 // gRPC message size limit of every control channel and server, set explicitly (gRPC's default
 // receive limit is 4 MiB). No request or answer of ours comes near it: the client splits master

@@ -477,6 +477,24 @@ TEST(RemoteGetMaster, RepublishedCopyOfTheRoutedVersionJoinsTheRoute) {
   EXPECT_EQ(reply->outcomes(0), v1::SUPERSEDED);
 }
 
+// T2 by identity: a get naming the routed put_id with another version is stale, never started
+// (equal put_ids of different versions are different values).
+TEST(RemoteGetMaster, GetOfTheRoutedPutIdWithAnotherVersionIsStale) {
+  MasterCore m;
+  PublishOnOwnerOne(m, {"k"});  // routed with version 0
+  v1::BatchGetStartRequest start = Start(2, 22, 1, {"k"}, 7);
+  start.mutable_items(0)->set_version(5);
+  auto reply = m.BatchGetStart(start);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->results(0).outcome(), v1::GET_STALE_VERSION);
+  start.mutable_items(0)->set_version(0);
+  start.set_request_id(2);
+  reply = m.BatchGetStart(start);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->results(0).outcome(), v1::GET_STARTED);
+  EXPECT_EQ(reply->results(0).source().version(), 0u);
+}
+
 // Versions issue, item 4: a publish naming a routed put_id as the publisher's own value, from an
 // owner that did not put it, is refused and counted (equal numbers are not equal bytes); the
 // same put_id with another version is another value and never joins. After a master restart the
