@@ -186,7 +186,7 @@ def _check_groups(groups, n: int) -> list:
     return out
 
 
-def _check_supported(reject_inflight, reject_exist, write_through, make_replica, mask, lease_id):
+def _check_supported(reject_inflight, reject_exist, write_through, lease_id):
     """Options the API names but Fluxon does not implement yet are refused, never ignored (the
     same rule as the C++ client's and the owner's ValidateSupportedPutOptions)."""
     if not reject_inflight:
@@ -201,14 +201,6 @@ def _check_supported(reject_inflight, reject_exist, write_through, make_replica,
         raise InvalidArgumentError(
             "write_through=True is not implemented yet (no remote placement); use "
             "write_through=False")
-    if make_replica:
-        raise InvalidArgumentError(
-            "make_replica_task=True is not implemented yet: no replica would be made, so it is "
-            "refused rather than ignored")
-    if mask is not None and any(mask):
-        raise InvalidArgumentError(
-            f"make_replica_task_mask[{list(mask).index(True)}] selects a key for a replica; "
-            "replicas are not implemented yet")
     if lease_id:
         raise InvalidArgumentError(
             "lease_id is not implemented (no lease semantics yet); leave it unset")
@@ -236,10 +228,13 @@ def _check_mask(mask, groups: list, n: int) -> list:
 
 @dataclass
 class PutOptionalArgs:
-    """Options of local_fast_put_start. In effect: atomic_group_lens and parent_key. The reject
-    flags are always on (False is refused); write_through=True, make_replica_task=True, a mask
-    selecting any key and a lease_id are refused (InvalidArgumentError naming the option) until
-    replicas, write-through and leases are implemented — never accepted and ignored."""
+    """Options of local_fast_put_start. In effect: atomic_group_lens, parent_key,
+    make_replica_task and make_replica_task_mask (after the local commit the owner asks the
+    master for a target per atomic group and the target pulls a copy, off the put's path; a key
+    is replicated when make_replica_task and its mask entry, default True, are both set; the
+    mask is uniform inside each atomic group). The reject flags are always on (False is
+    refused); write_through=True and a lease_id are refused (InvalidArgumentError naming the
+    option) until write-through and leases are implemented — never accepted and ignored."""
 
     reject_if_inflight_same_key: bool = True
     reject_if_exist_same_key: bool = True
@@ -404,7 +399,7 @@ class KvClient:
         flags = [_check_bool(name, getattr(opts, name)) for name in (
             "reject_if_inflight_same_key", "reject_if_exist_same_key", "write_through",
             "make_replica_task")]
-        _check_supported(*flags, mask, lease_id)
+        _check_supported(*flags[:3], lease_id)
         return _call(self._c.put_start, keys, value_len, *flags, mask, groups, lease_id or "",
                      parent_key)
 

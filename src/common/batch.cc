@@ -87,7 +87,6 @@ absl::Status ValidateGroups(std::span<const uint32_t> group_lens, size_t num_key
 
 absl::Status ValidateSupportedPutOptions(bool reject_if_inflight_same_key,
                                          bool reject_if_exist_same_key, bool write_through,
-                                         bool make_replica_task, const std::vector<bool>& mask,
                                          const std::string& lease_id) {
   if (!reject_if_inflight_same_key) {
     return absl::InvalidArgumentError(
@@ -103,19 +102,6 @@ absl::Status ValidateSupportedPutOptions(bool reject_if_inflight_same_key,
     return absl::InvalidArgumentError(
         "write_through=True is not implemented yet (no remote placement); use "
         "write_through=False");
-  }
-  if (make_replica_task) {
-    return absl::InvalidArgumentError(
-        "make_replica_task=True is not implemented yet: no replica would be made, so it is "
-        "refused rather than ignored");
-  }
-  for (size_t i = 0; i < mask.size(); ++i) {
-    if (mask[i]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "make_replica_task_mask[%d] selects a key for a replica; replicas are not implemented "
-          "yet",
-          i));
-    }
   }
   if (!lease_id.empty()) {
     return absl::InvalidArgumentError(
@@ -136,8 +122,7 @@ absl::Status ValidatePutStart(std::span<const std::string> keys, int64_t value_l
     return s;
   }
   return ValidateSupportedPutOptions(o.reject_if_inflight_same_key, o.reject_if_exist_same_key,
-                                     o.write_through, o.make_replica_task, o.make_replica_task_mask,
-                                     o.lease_id);
+                                     o.write_through, o.lease_id);
 }
 
 absl::Status ValidateReplicaMask(const std::vector<bool>& mask,

@@ -31,12 +31,11 @@ absl::Status ValidateValueLen(int64_t value_len);
 absl::Status ValidateGroups(std::span<const uint32_t> group_lens, size_t num_keys);
 // Options that exist in the API but are not implemented yet are refused, never carried and
 // ignored: reject_if_inflight_same_key and reject_if_exist_same_key are always on (False is
-// refused), write_through, make_replica_task, a make_replica_task_mask that selects any key and
-// a non-empty lease_id are refused — each with InvalidArgument naming the option. Called by the
+// refused), write_through and a non-empty lease_id are refused — each with InvalidArgument
+// naming the option (make_replica_task and its mask are served). Called by the
 // client before any request and by the owner before any reservation.
 absl::Status ValidateSupportedPutOptions(bool reject_if_inflight_same_key,
                                          bool reject_if_exist_same_key, bool write_through,
-                                         bool make_replica_task, const std::vector<bool>& mask,
                                          const std::string& lease_id);
 // Everything a put batch is checked for before anything is reserved or sent: its keys, value_len,
 // parent_key, groups, replica mask and the options not implemented yet. The C++ client calls it

@@ -155,7 +155,13 @@ struct OneOf {
     "a remote get (start, data-plane read, done) ends within this; the rest is a miss")           \
   X(data_address, "data_address", OptionalListen{}, "",                                           \
     "where this owner serves its segment to other owners (port 0: the kernel picks); empty: no "  \
-    "data plane")
+    "data plane")                                                                                 \
+  X(replica_queue_keys, "replica_queue_keys", IntIn<uint64_t>(1, 1 << 24), 16'384,               \
+    "replica tasks (make_replica_task) queued at most; more are dropped and counted (queue_full)") \
+  X(replica_batch_keys, "replica_batch_keys", IntIn<uint64_t>(1, 65'536), 256,                   \
+    "replica tasks placed and sent to targets per batch (one PullReplicas per target)")           \
+  X(replica_pull_timeout, "replica_pull_timeout_ms", Millis{}, std::chrono::milliseconds(30'000), \
+    "a PullReplicas call ends within this (retried twice while its outcome is unknown)")
 
 #define FLUXON_MASTER_SETTINGS(X)                                                                 \
   X(listen_address, "listen_address", ListenAddress{}, "127.0.0.1:50151",                         \

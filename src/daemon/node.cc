@@ -7,6 +7,7 @@
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 #include "rpc/fault_injecting_master.h"
+#include "rpc_grpc/grpc_peer.h"
 #include "rpc_grpc/grpc_security.h"
 #include "security/security_files.h"
 #include "spdlog/spdlog.h"
@@ -77,6 +78,8 @@ absl::Status FluxonNode::StartOwner(const std::string& cluster_secret) {
   rt.node_id = config_.node_id;
   rt.role = config_.role;
   rt.faults = &faults_;
+  peers_ = MakeGrpcPeerClient(*grpc_security_);
+  rt.peers = peers_.get();
   if (!config_.owner->data_address.empty()) {
     // Bound before the owner registers, so the master learns the endpoint peers can reach.
     transport::TcpTransportOptions to;
@@ -107,6 +110,9 @@ absl::Status FluxonNode::ServeSegment() {
 absl::Status FluxonNode::StartServers() {
   FLUXON_ASSIGN_OR_RETURN(grpc_, GrpcServers::Start(this));
   if (owner_) {
+    // An owner that reads peers (a data plane) takes replicas: sources reach its peer service
+    // on the admin port, registered with the master before the first registration.
+    if (data_plane_) owner_->SetPeerAddress(PeerServiceAddress());
     FLUXON_RETURN_IF_ERROR(owner_->Start());
     if (config_.role != Role::kRemoteCache) {
       FLUXON_ASSIGN_OR_RETURN(
@@ -163,6 +169,20 @@ std::string FluxonNode::admin_address() const {
   const size_t colon = configured.rfind(':');
   const std::string host = colon == std::string::npos ? configured : configured.substr(0, colon);
   return absl::StrFormat("%s:%d", host, grpc_ ? grpc_->admin_port() : 0);
+}
+
+std::string FluxonNode::PeerServiceAddress() const {
+  // A wildcard admin address is reachable at the data plane's host (peers reach that one).
+  std::string address = admin_address();
+  const size_t colon = address.rfind(':');
+  const std::string host = address.substr(0, colon);
+  if (host == "0.0.0.0" || host == "[::]" || host == "::") {
+    const std::string data = data_address();
+    const size_t data_colon = data.rfind(':');
+    if (data_colon != std::string::npos)
+      address = data.substr(0, data_colon) + address.substr(colon);
+  }
+  return address;
 }
 
 int FluxonNode::metrics_port() const { return metrics_ ? metrics_->port() : 0; }

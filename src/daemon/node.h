@@ -29,6 +29,7 @@
 #include "master/master_core.h"
 #include "owner/client_server.h"
 #include "owner/owner_core.h"
+#include "rpc/peer_api.h"
 
 namespace fluxon {
 
@@ -60,6 +61,9 @@ class FluxonNode {
   int metrics_port() const;
   // The data-plane endpoint this owner serves its segment on (empty without a data plane).
   std::string data_address() const;
+  // Where sources reach this owner's peer service (PullReplicas): the admin address, at the
+  // data plane's host when the admin service listens on a wildcard.
+  std::string PeerServiceAddress() const;
   // The credentials of every gRPC server and channel of this node (security.tls or plaintext).
   const GrpcSecurity& grpc_security() const { return *grpc_security_; }
 
@@ -77,6 +81,9 @@ class FluxonNode {
   std::unique_ptr<MasterCore> master_;
   std::unique_ptr<MasterApi> remote_master_;
   std::unique_ptr<MasterApi> master_for_owner_;
+  // The owners' peer service as a client (the replica pulls this owner asks for). Declared
+  // before owner_: it outlives the owner's threads and its stop, which cancel its calls.
+  std::unique_ptr<PeerApi> peers_;
   std::unique_ptr<OwnerCore> owner_;
   // The data plane serving the owner's segment to peers. Declared after owner_: destroyed (and
   // its region unregistered) before the owner's memory goes.

@@ -32,12 +32,12 @@ void InflightGets::StoreReply(uint32_t requester_node, uint64_t request_id,
 uint64_t InflightGets::Start(std::string key, uint32_t requester_node,
                              uint64_t requester_generation, uint64_t request_id,
                              const RouteLocation& source, uint64_t target_offset, uint64_t len,
-                             Clock::time_point now) {
+                             Clock::time_point now, bool replica) {
   const uint64_t id = next_get_id_++;
   ++pins_[PinKey{key, source.node_id, source.generation, source.put_id}];
   by_requester_key_[{key, requester_node}] = id;
   gets_.emplace(id, Get{id, std::move(key), requester_node, requester_generation, source,
-                        target_offset, len, request_id, now + ttl_});
+                        target_offset, len, request_id, now + ttl_, replica});
   return id;
 }
 

@@ -50,6 +50,7 @@ class InflightGets {
     uint64_t len = 0;
     uint64_t request_id = 0;  // the BatchGetStart that started it
     Clock::time_point expires;
+    bool replica = false;  // a replica pull, not a client's get (counted apart when done)
   };
   static constexpr size_t kMaxStoredReplies = 65'536;
 
@@ -67,7 +68,7 @@ class InflightGets {
   // Records a get and pins its source; returns the get_id.
   uint64_t Start(std::string key, uint32_t requester_node, uint64_t requester_generation,
                  uint64_t request_id, const RouteLocation& source, uint64_t target_offset,
-                 uint64_t len, Clock::time_point now);
+                 uint64_t len, Clock::time_point now, bool replica = false);
   const Get* Find(uint64_t get_id) const {
     auto it = gets_.find(get_id);
     return it == gets_.end() ? nullptr : &it->second;

@@ -95,6 +95,7 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     rec.info.set_role(r.role());
     rec.info.set_capacity_bytes(r.capacity_bytes());
     rec.info.set_address(r.address());
+    rec.info.set_peer_address(r.peer_address());
     rec.info.mutable_transports()->CopyFrom(r.transports());
     *rec.info.mutable_capacity() = r.capacity();
     rec.last_heard = now;
@@ -336,6 +337,7 @@ absl::StatusOr<v1::PlaceReplicasReply> MasterCore::PlaceReplicas(
       c.generation = rec.info.generation();
       c.role = rec.info.role();
       c.address = rec.info.address();
+      c.peer_address = rec.info.peer_address();
       c.live = now - rec.last_heard < options_.owner_lease;
       c.segment_bytes = rec.info.capacity().segment_bytes();
       c.free_bytes = rec.info.capacity().free_bytes();
@@ -358,6 +360,7 @@ absl::StatusOr<v1::PlaceReplicasReply> MasterCore::PlaceReplicas(
     g->set_generation(c.generation);
     g->set_role(c.role);
     g->set_address(c.address);
+    g->set_peer_address(c.peer_address);
   }
   return reply;
 }
@@ -440,8 +443,8 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
     }
     out->set_outcome(v1::GET_STARTED);
     out->set_get_id(inflight_.Start(item.key(), r.requester_node_id(), r.requester_generation(),
-                                    r.request_id(), *source, item.target_offset(), item.len(),
-                                    now));
+                                    r.request_id(), *source, item.target_offset(), item.len(), now,
+                                    r.replica()));
     FillLocation(*source, out->mutable_source());
     const Peer& peer = peers.at(source->node_id);
     out->set_source_address(peer.address);
@@ -455,6 +458,13 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
 absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGetDoneRequest& r) {
   FLUXON_RETURN_IF_ERROR(CheckGeneration(r.requester_node_id(), r.requester_generation()));
   counters_.get_done_calls.fetch_add(1, std::memory_order_relaxed);
+  // Replica copies are counted by the requester's role (the design's replica target counts).
+  bool requester_remote_cache = false;
+  {
+    MutexLock lock(&owners_mu_);
+    auto it = owners_.find(r.requester_node_id());
+    requester_remote_cache = it != owners_.end() && it->second.info.role() == "remote_cache";
+  }
   v1::BatchGetDoneReply reply;
   reply.set_master_epoch(epoch_);
   MutexLock lock(&gets_mu_);
@@ -505,8 +515,14 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
       added = routes_.AddCopy(item.key(), target);
       outcome = added ? v1::GET_DONE : v1::GET_DONE_STALE;
     }
+    const bool replica = ours && get->replica;
     if (ours) inflight_.Take(item.get_id());  // ends the get, releasing the source pin
     if (added) counters_.gets_done.fetch_add(1, std::memory_order_relaxed);
+    if (added && replica) {
+      (requester_remote_cache ? counters_.replica_copies_remote_cache
+                              : counters_.replica_copies_other_roles)
+          .fetch_add(1, std::memory_order_relaxed);
+    }
     reply.add_outcomes(outcome);
   }
   return reply;

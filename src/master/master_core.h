@@ -77,6 +77,10 @@ namespace fluxon {
     "Remote gets whose target became a location of the route.")                               \
   X(get_done_replayed, "fluxon_master_get_done_replayed_total",                               \
     "BatchGetDone items whose copy was already published (a retried Done, T1).")              \
+  X(replica_copies_remote_cache, "fluxon_master_replica_copies_remote_cache_total",           \
+    "Replica copies (pulled on a source's request) added to routes on remote_cache owners.")  \
+  X(replica_copies_other_roles, "fluxon_master_replica_copies_other_roles_total",             \
+    "Replica copies added to routes on owners of any other role (GPU owners, embedded).")     \
   X(get_revoke_calls, "fluxon_master_get_revoke_calls_total", "BatchGetRevoke calls served.") \
   X(gets_revoked, "fluxon_master_gets_revoked_total", "Remote gets revoked.")                 \
   X(gets_expired, "fluxon_master_gets_expired_total",                                         \

@@ -33,7 +33,9 @@ std::vector<GroupPlacement> PlaceGroups(const ReplicaPlacementOptions& options,
   std::vector<size_t> preferred, others;
   for (size_t i = 0; i < candidates.size(); ++i) {
     const PlacementCandidate& c = candidates[i];
-    if (c.node_id == source_node || !c.live || c.address.empty()) continue;
+    if (c.node_id == source_node || !c.live || c.address.empty() || c.peer_address.empty()) {
+      continue;
+    }
     if (IsRemoteOnly(options, c.role)) {
       preferred.push_back(i);
     } else if (!options.restrict_to_remote_only_node_roles) {

@@ -3,7 +3,8 @@
 // is tested without processes.
 //
 // Rules (each has a test in tests/unit/replica_placement_test.cc):
-// - Never the source owner, never an owner that is not live or serves no data plane.
+// - Never the source owner, never an owner that is not live, serves no data plane or no peer
+//   service (it could not be asked to pull).
 // - A group is placed whole on one target or not at all (atomic groups are never split).
 // - A target takes a group only while its committed bytes plus what this call already gave it
 //   plus the group stay within capacity_ratio of its segment (master.replica_cache_capacity_ratio:
@@ -33,7 +34,8 @@ struct PlacementCandidate {
   uint32_t node_id = 0;
   uint64_t generation = 0;
   std::string role;
-  std::string address;  // data-plane endpoint; empty: serves no peers (never a target)
+  std::string address;       // data-plane endpoint; empty: serves no peers (never a target)
+  std::string peer_address;  // peer service (PullReplicas); empty: takes no replicas
   bool live = false;
   uint64_t segment_bytes = 0;
   uint64_t free_bytes = 0;

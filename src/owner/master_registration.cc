@@ -24,6 +24,7 @@ absl::Status MasterRegistration::Register() {
   req.set_role(identity_.role);
   req.set_capacity_bytes(identity_.capacity_bytes);
   req.set_address(identity_.data_address);
+  req.set_peer_address(peer_address_);
   for (const std::string& t : identity_.transports) req.add_transports(t);
   if (capacity_) *req.mutable_capacity() = capacity_();
   absl::StatusOr<v1::RegisterOwnerReply> r = master_->RegisterOwner(req);

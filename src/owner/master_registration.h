@@ -71,6 +71,9 @@ class MasterRegistration {
   void SetGenerationListener(GenerationListener listener) { listener_ = std::move(listener); }
   // Set before the first Register (not synchronised with the heartbeat thread).
   void SetCapacitySource(CapacitySource source) { capacity_ = std::move(source); }
+  // This owner's peer service (where sources send PullReplicas); set before the first Register
+  // (the admin server binds before the owner starts). Empty: it takes no replicas.
+  void SetPeerAddress(std::string address) { peer_address_ = std::move(address); }
 
   // One RegisterOwner of this identity (also the heartbeat and the re-registration).
   absl::Status Register();
@@ -138,6 +141,7 @@ class MasterRegistration {
   void SetRegistered(bool registered);
 
   const OwnerIdentity identity_;
+  std::string peer_address_;
   MasterApi* const master_;
   OwnerCounters* const counters_;
   StopSignal* const stop_;

@@ -50,9 +50,13 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
       Evictor::Options{config.hot_capacity_ratio, config.eviction_max_bytes_per_round,
                        config.eviction_interval},
       registration, master, c.keys_.get(), c.hot_.get(), pool, counters, &c.stop_);
+  c.replicas_ = std::make_unique<ReplicaQueue>(
+      ReplicaQueue::Options{config.replica_queue_keys, config.replica_batch_keys,
+                            config.replica_pull_timeout},
+      rt.node_id, master, rt.peers, c.keys_.get(), counters, &c.stop_);
   c.publisher_ = std::make_unique<Publisher>(
       Publisher::Options{kPublishQueueCapacity, config.commit_wait_timeout}, registration, master,
-      c.keys_.get(), pool, c.hot_.get(), counters, c.evictor_.get(), &c.stop_);
+      c.keys_.get(), pool, c.hot_.get(), counters, c.evictor_.get(), &c.stop_, c.replicas_.get());
   c.puts_ = std::make_unique<PutPath>(rt.node_id, config.put_lease, c.keys_.get(), pool,
                                       c.publisher_.get(), counters);
   c.republisher_ =
@@ -82,6 +86,7 @@ OwnerCore::~OwnerCore() {
   republisher_.reset();
   puts_.reset();
   publisher_.reset();
+  replicas_.reset();
   evictor_.reset();
   handles_.reset();
   flights_.reset();
@@ -98,12 +103,14 @@ absl::Status OwnerCore::Start() {
   threads_.emplace_back([this] { PrefaultLoop(); });
   threads_.emplace_back([this] { registration_->HeartbeatLoop(config_.heartbeat_interval); });
   threads_.emplace_back([this] { republisher_->Run(); });
+  threads_.emplace_back([this] { replicas_->Run(); });
   return absl::OkStatus();
 }
 
 void OwnerCore::BeginStop() {
   stop_.Stop();
   if (publisher_) publisher_->Interrupt();
+  if (replicas_) replicas_->Interrupt();
   if (evictor_) evictor_->Interrupt();
   if (registration_) registration_->Interrupt();
   if (memory_) memory_->pool().CancelClaims();

@@ -68,6 +68,7 @@
 #include "owner/put_path.h"
 #include "owner/remote_fetcher.h"
 #include "owner/replica_puller.h"
+#include "owner/replica_queue.h"
 #include "owner/republisher.h"
 #include "owner/single_flight.h"
 #include "rpc/master_api.h"
@@ -87,6 +88,9 @@ struct OwnerRuntime {
   transport::Transport* data_plane = nullptr;
   // Fault points of the data plane ("peer.read"); not owned, may be null.
   FaultInjector* faults = nullptr;
+  // The owners' peer service as a client (replica pulls this owner asks targets for); not
+  // owned, must outlive the core's threads. Null: replica tasks end failed.
+  PeerApi* peers = nullptr;
   // How often the maintenance actor runs when nothing wakes it (expiry, shrink, eviction
   // rounds). Not a setting: tests shorten it.
   std::chrono::milliseconds maintenance_interval{50};
@@ -153,6 +157,11 @@ class OwnerCore {
   absl::StatusOr<std::vector<PullOutcome>> PullReplicas(const std::vector<PullItem>& items) {
     return puller_->Pull(items);
   }
+  // Where this owner serves the peer service (registered with the master; sources send their
+  // PullReplicas there). Set before Start; empty: it takes no replicas.
+  void SetPeerAddress(std::string address) { registration_->SetPeerAddress(std::move(address)); }
+  // True when no replica task of this owner's puts is queued or in progress.
+  bool replicas_idle() const { return replicas_->idle(); }
 
   // Remote-get read latency per source node.
   std::map<uint32_t, LatencyHistogram::Snapshot> RemoteReadLatency() const {
@@ -198,6 +207,7 @@ class OwnerCore {
   std::unique_ptr<SingleFlight> flights_;
   std::unique_ptr<HandleTable> handles_;
   std::unique_ptr<Evictor> evictor_;
+  std::unique_ptr<ReplicaQueue> replicas_;
   std::unique_ptr<Publisher> publisher_;
   std::unique_ptr<PutPath> puts_;
   std::unique_ptr<Republisher> republisher_;

@@ -73,6 +73,25 @@ enum class CounterKind { kCounter, kGauge, kMicros };
   X(replica_pulls_source_gone, kCounter, "fluxon_replica_pulls_total", "outcome=source_gone", "") \
   X(replica_pulls_no_space, kCounter, "fluxon_replica_pulls_total", "outcome=no_space", "")       \
   X(replica_pulls_failed, kCounter, "fluxon_replica_pulls_total", "outcome=failed", "")           \
+  X(replica_tasks_enqueued, kCounter, "fluxon_replica_tasks_total", "outcome=enqueued",           \
+    "Replica tasks of this owner's puts (make_replica_task), by what became of them: enqueued, "   \
+    "dropped (queue_full, duplicate), and each sent pull's outcome (owner/replica_queue.h).")      \
+  X(replica_tasks_queue_full, kCounter, "fluxon_replica_tasks_total", "outcome=queue_full", "")   \
+  X(replica_tasks_duplicate, kCounter, "fluxon_replica_tasks_total", "outcome=duplicate", "")     \
+  X(replica_tasks_completed, kCounter, "fluxon_replica_tasks_total", "outcome=completed", "")     \
+  X(replica_tasks_already_held, kCounter, "fluxon_replica_tasks_total", "outcome=already_held",   \
+    "")                                                                                           \
+  X(replica_tasks_obsolete, kCounter, "fluxon_replica_tasks_total", "outcome=obsolete", "")       \
+  X(replica_tasks_source_gone, kCounter, "fluxon_replica_tasks_total", "outcome=source_gone", "") \
+  X(replica_tasks_no_space, kCounter, "fluxon_replica_tasks_total", "outcome=no_space", "")       \
+  X(replica_tasks_failed, kCounter, "fluxon_replica_tasks_total", "outcome=failed", "")           \
+  X(replica_targets_remote_cache, kCounter, "fluxon_replica_targets_total", "role=remote_cache",  \
+    "Replica tasks sent to a target, by the target's role (remote_cache, or any other role).")    \
+  X(replica_targets_other_roles, kCounter, "fluxon_replica_targets_total", "role=other", "")      \
+  X(replica_pull_calls, kCounter, "fluxon_replica_pull_calls_total", "",                          \
+    "PullReplicas calls this owner sent to targets (retries included).")                          \
+  X(replica_queue_keys, kGauge, "fluxon_replica_queue_keys", "",                                  \
+    "Replica tasks queued or being replicated.")                                                  \
   X(remote_misses, kCounter, "fluxon_remote_misses_total", "",                                    \
     "Keys routed to another owner that could not be fetched (no slot, refused, transfer failed, " \
     "lost answer, timeout).")                                                                     \

@@ -177,15 +177,23 @@ void Publisher::PromoteAndAdmit(const PutBatch& b, uint64_t version,
   if (groups.empty()) groups.assign(b.keys.size(), 1);
   size_t start = 0;
   std::vector<Cohort> cohorts;
+  std::vector<ReplicaGroup> replica_groups;
   for (uint32_t len : groups) {
     Cohort cohort;
     cohort.id = next_cohort_id_.fetch_add(1);
     cohort.put_id = b.put_id;
+    // The mask is uniform inside a group (validated): its first member decides for the group.
+    const bool replicate = !b.replicate.empty() && b.replicate[start];
+    ReplicaGroup replica;
     for (size_t i = start; i < start + len; ++i) {
       if (published[i]) {
         if (keys_->Promote(b.keys[i], b.put_id, cohort.id, version)) {
           cohort.keys.push_back(b.keys[i]);
           cohort.weight += pool_->SlotSizeOf(b.slots[i]);
+          if (replicate) {
+            replica.push_back(ReplicaTask{b.keys[i], b.put_id, version, b.value_len,
+                                          pool_->SlotSizeOf(b.slots[i])});
+          }
         }
       } else {
         // Never published (superseded or rejected): the value stays local-only no longer.
@@ -195,11 +203,16 @@ void Publisher::PromoteAndAdmit(const PutBatch& b, uint64_t version,
     }
     start += len;
     if (!cohort.keys.empty()) cohorts.push_back(std::move(cohort));
+    if (!replica.empty()) replica_groups.push_back(std::move(replica));
   }
   // A1: the whole batch is admitted after every member was promoted, as one chain that continues
   // the parent's when the client named the page before it.
   const uint64_t parent_cohort = b.parent_key.empty() ? 0 : keys_->CommittedCohort(b.parent_key);
   hot_->AdmitChain(std::move(cohorts), parent_cohort);
+  // After the route is published (a target's pull pins it at the master); never blocks.
+  if (replicas_ != nullptr && !replica_groups.empty()) {
+    replicas_->Enqueue(std::move(replica_groups));
+  }
   // Wake claims that may be waiting for eviction of now-evictable cohorts.
   signals_->CandidatesChanged();
   signals_->SignalPressure();

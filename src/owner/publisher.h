@@ -32,6 +32,7 @@
 #include "owner/key_index.h"
 #include "owner/master_registration.h"
 #include "owner/owner_counters.h"
+#include "owner/replica_queue.h"
 #include "rpc/master_api.h"
 #include "slot/slot_pool.h"
 
@@ -58,6 +59,9 @@ struct PutBatch {
   uint64_t value_len = 0;
   std::vector<uint32_t> group_lens;
   std::string parent_key;
+  // Per key: replicate after the commit (make_replica_task and its mask, uniform per atomic
+  // group); empty: no key.
+  std::vector<bool> replicate;
   std::chrono::steady_clock::time_point deadline;  // put_lease
 };
 
@@ -72,7 +76,7 @@ class Publisher {
   static constexpr std::chrono::milliseconds kRefusedRetryWindow{10'000};
   Publisher(Options options, MasterRegistration* registration, MasterApi* master, KeyIndex* keys,
             SlotPool* pool, HotTier<>* hot, OwnerCounters* counters, EvictionSignals* signals,
-            StopSignal* stop)
+            StopSignal* stop, ReplicaQueue* replicas = nullptr)
       : options_(options),
         registration_(registration),
         master_(master),
@@ -81,7 +85,8 @@ class Publisher {
         hot_(hot),
         counters_(counters),
         signals_(signals),
-        stop_(stop) {}
+        stop_(stop),
+        replicas_(replicas) {}
 
   // Takes a place in the queue, waiting up to commit_wait_timeout; Unavailable when none was
   // found in time or the owner is stopping.
@@ -121,6 +126,7 @@ class Publisher {
   OwnerCounters* const counters_;
   EvictionSignals* const signals_;
   StopSignal* const stop_;
+  ReplicaQueue* const replicas_;  // null: replica tasks are not served (tests)
   std::atomic<uint64_t> next_cohort_id_{1};
 
   mutable Mutex mu_;

@@ -59,6 +59,13 @@ absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, PutStartArgs 
   batch->value_len = static_cast<uint64_t>(a.value_len);
   batch->group_lens = std::move(a.options.atomic_group_lens);
   batch->parent_key = std::move(a.options.parent_key);
+  // The design's per-key decision: !write_through && make_replica_task && mask[i] (an empty
+  // mask broadcasts make_replica_task; write_through is refused by validation).
+  if (a.options.make_replica_task) {
+    batch->replicate = a.options.make_replica_task_mask.empty()
+                           ? std::vector<bool>(n, true)
+                           : std::move(a.options.make_replica_task_mask);
+  }
   batch->deadline = std::chrono::steady_clock::now() + put_lease_;
   PutStartOutcome out;
   out.put_id = put_id;

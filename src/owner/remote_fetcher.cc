@@ -170,12 +170,14 @@ std::vector<std::unique_ptr<RemoteFetcher::Target>> RemoteFetcher::ReserveAndCla
 
 bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
                               Clock::time_point deadline, std::chrono::milliseconds ttl,
-                              std::vector<Target*>* started, std::vector<Target*>* revoke) {
+                              bool replica, std::vector<Target*>* started,
+                              std::vector<Target*>* revoke) {
   // G8: one BatchGetStart for every target of the batch, the same identity on every retry.
   v1::BatchGetStartRequest req;
   req.set_requester_node_id(registration_->identity().node_id);
   req.set_requester_generation(registration_->generation());
   req.set_request_id(NextRequestId());
+  req.set_replica(replica);
   for (auto& t : targets) {
     v1::GetStartItem* item = req.add_items();
     item->set_key(t->key);
@@ -329,7 +331,7 @@ uint32_t RemoteFetcher::Collect(std::vector<std::unique_ptr<Target>>& targets,
 
 std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& leaders,
                                             std::vector<uint64_t>* cohorts,
-                                            std::vector<FetchMiss>* misses) {
+                                            std::vector<FetchMiss>* misses, bool replica) {
   const size_t n = leaders.size();
   std::vector<HolderRef> out(n);
   cohorts->assign(n, 0);
@@ -348,7 +350,7 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
 
   std::vector<std::unique_ptr<Target>> targets = ReserveAndClaim(leaders, deadline, misses);
   std::vector<Target*> started, revoke;  // revoke: started, but with an answer we do not trust
-  if (targets.empty() || !StartGets(targets, deadline, ttl, &started, &revoke)) {
+  if (targets.empty() || !StartGets(targets, deadline, ttl, replica, &started, &revoke)) {
     for (const auto& t : targets) {
       if (t) (*misses)[t->index] = t->miss;
     }

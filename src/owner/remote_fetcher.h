@@ -84,10 +84,11 @@ class RemoteFetcher {
 
   bool enabled() const { return transport_ != nullptr; }
   // Fetches every leader; returns one holder per leader (empty: miss) and its cohort, and (when
-  // `misses` is given) why each leader was missed.
+  // `misses` is given) why each leader was missed. `replica`: the copies are replicas a source
+  // asked for (the master counts them apart), not a client's get.
   std::vector<HolderRef> Fetch(const std::vector<RemoteLeader>& leaders,
                                std::vector<uint64_t>* cohorts,
-                               std::vector<FetchMiss>* misses = nullptr);
+                               std::vector<FetchMiss>* misses = nullptr, bool replica = false);
   // Frees quarantined targets whose time has come and retries unfinished Done/Revoke calls.
   void RunMaintenance(Clock::time_point now);
 
@@ -108,7 +109,7 @@ class RemoteFetcher {
   // get started go to `started`, those started with an answer not to be trusted to `revoke`;
   // the rest are freed or quarantined. False when no get can have started usably.
   bool StartGets(std::vector<std::unique_ptr<Target>>& targets, Clock::time_point deadline,
-                 std::chrono::milliseconds ttl, std::vector<Target*>* started,
+                 std::chrono::milliseconds ttl, bool replica, std::vector<Target*>* started,
                  std::vector<Target*>* revoke);
   // A quarantined target gives up its key's reservation (its slot stays claimed).
   void UnreserveForQuarantine(Target& t);

@@ -270,8 +270,12 @@ TEST(RawProtocol, OwnerRefusesOptionsItDoesNotImplement) {
       {[](v1::PutStartRequest* p) { p->set_reject_if_exist_same_key(false); },
        "reject_if_exist_same_key"},
       {[](v1::PutStartRequest* p) { p->set_write_through(true); }, "write_through"},
-      {[](v1::PutStartRequest* p) { p->set_make_replica_task(true); }, "make_replica_task"},
-      {[](v1::PutStartRequest* p) { p->add_make_replica_task_mask(true); },
+      // A mask of the wrong length (one key, two entries) is malformed, never shortened.
+      {[](v1::PutStartRequest* p) {
+         p->set_make_replica_task(true);
+         p->add_make_replica_task_mask(true);
+         p->add_make_replica_task_mask(true);
+       },
        "make_replica_task_mask"},
       {[](v1::PutStartRequest* p) { p->set_lease_id("lease-1"); }, "lease_id"},
   };

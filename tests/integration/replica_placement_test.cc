@@ -20,6 +20,7 @@ PlacementCandidate Owner(uint32_t node, std::string role, uint64_t free_bytes,
   c.generation = 100 + node;
   c.role = std::move(role);
   c.address = "127.0.0.1:" + std::to_string(7000 + node);
+  c.peer_address = "127.0.0.1:" + std::to_string(8000 + node);
   c.live = true;
   c.segment_bytes = segment;
   c.free_bytes = free_bytes;
@@ -38,9 +39,11 @@ uint32_t Target(const std::vector<PlacementCandidate>& c, const GroupPlacement& 
 
 TEST(ReplicaPlacement, NeverTheSourceNorADeadOrDataPlanelessOwner) {
   std::vector<PlacementCandidate> c = {Owner(1, "owner", 4 * kGiB), Owner(2, "owner", 1 * kGiB),
-                                       Owner(3, "owner", 6 * kGiB), Owner(4, "owner", 7 * kGiB)};
-  c[2].live = false;     // most room after node 4, but its lease ran out
-  c[3].address.clear();  // serves no data plane
+                                       Owner(3, "owner", 6 * kGiB), Owner(4, "owner", 7 * kGiB),
+                                       Owner(5, "owner", 8 * kGiB)};
+  c[2].live = false;          // most room after nodes 4 and 5, but its lease ran out
+  c[3].address.clear();       // serves no data plane
+  c[4].peer_address.clear();  // serves no peer service: it could not be asked to pull
   const auto placed = PlaceGroups(Options(false), /*source=*/1, {kMiB, kMiB}, c);
   ASSERT_EQ(placed.size(), 2u);
   EXPECT_EQ(Target(c, placed[0]), 2u);
@@ -114,6 +117,7 @@ void RegisterWith(MasterCore& m, uint32_t node, uint64_t gen, const std::string&
   r.set_generation(gen);
   r.set_role(role);
   r.set_address("127.0.0.1:" + std::to_string(7000 + node));
+  r.set_peer_address("127.0.0.1:" + std::to_string(8000 + node));
   r.add_transports("tcp");
   v1::OwnerCapacity* c = r.mutable_capacity();
   c->set_segment_bytes(8 * kGiB);
@@ -162,6 +166,7 @@ TEST(MasterPlacement, PlacesByReportedCapacityUnderTheConfiguredRoles) {
     EXPECT_EQ(g.generation(), 30u);
     EXPECT_EQ(g.role(), "remote_cache");
     EXPECT_EQ(g.address(), "127.0.0.1:7003");
+    EXPECT_EQ(g.peer_address(), "127.0.0.1:8003");
   }
   // The remote_cache fills up: its next heartbeat says so, and placement follows.
   RegisterWith(m, 3, 30, "remote_cache", 0, 7 * kGiB);

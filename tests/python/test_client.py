@@ -147,21 +147,23 @@ def test_bad_inputs_raise_invalid_argument_and_leave_nothing(client, call):
     (fluxon.PutOptionalArgs(reject_if_inflight_same_key=False), "reject_if_inflight_same_key"),
     (fluxon.PutOptionalArgs(reject_if_exist_same_key=False), "reject_if_exist_same_key"),
     (fluxon.PutOptionalArgs(write_through=True), "write_through"),
-    (fluxon.PutOptionalArgs(make_replica_task=True), "make_replica_task"),
-    (fluxon.PutOptionalArgs(make_replica_task_mask=[False, True]), "make_replica_task_mask"),
     (fluxon.PutOptionalArgs(lease_id="lease-7"), "lease_id"),
 ])
 def test_options_not_implemented_are_refused_not_ignored(client, opts, option):
-    """An option Fluxon does not implement yet (replicas, write-through, leases) or whose other
+    """An option Fluxon does not implement yet (write-through, leases) or whose other
     value it does not support (the reject_if_* flags are always on) is an InvalidArgumentError
     naming it — never a success that silently does less — and reserves nothing."""
     with pytest.raises(fluxon.InvalidArgumentError, match=option):
         client.local_fast_put_start(["o1", "o2"], VALUE_LEN, opts)
     assert_baseline(client)
     assert client.stats()["keys"] == 0
-    # All defaults, and an all-False mask, are fine.
+    # All defaults, an all-False mask and replicas asked for are fine (replicas are made off
+    # the put's path; a single node has no target, which the owner counts as NoSpace).
     plan = client.local_fast_put_start(["o1", "o2"], VALUE_LEN, fluxon.PutOptionalArgs(
         make_replica_task_mask=[False, False]))
+    client.put_abort(plan)
+    plan = client.local_fast_put_start(["o1", "o2"], VALUE_LEN, fluxon.PutOptionalArgs(
+        make_replica_task=True, make_replica_task_mask=[False, True]))
     client.put_abort(plan)
 
 

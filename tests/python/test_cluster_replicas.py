@@ -1,14 +1,26 @@
-"""Replicas by pull with real processes (docs/replicas.md): a master and two owners, each its own
-fluxond and config. Owner 1 pulls copies of values owner 2 put (`fluxonctl pull`, the owners'
+"""Replicas by pull with real processes (docs/replicas.md), each node its own fluxond and config.
+
+The target's side: owner 1 pulls copies of values owner 2 put (`fluxonctl pull`, the owners'
 peer service on owner 1's admin port): each copy is exactly the routed identity, a second pull
 makes no second copy, and after owner 2 is killed (-9) owner 1 still reads every value
-byte-exact from its own copies. Temporary state ends at baseline.
+byte-exact from its own copies.
+
+The source asks: puts with make_replica_task on owner 1 are copied to a remote_cache (node 3)
+that a strict master picks (never a GPU owner); the counts agree end to end (completed pulls =
+copies the master appended = its replica target count), and after owner 1 is killed (-9) owner 2
+reads every value byte-exact from the remote_cache. Temporary state ends at baseline.
 """
 
 import signal
+import time
 
-from test_cluster_remote_get import (cluster, expect_pages, get_pages, keys_of,  # noqa: F401
-                                     put_pages, wait_baseline)
+import numpy as np
+import pytest
+
+import fluxon
+from test_cluster_placement import STRICT, PlacementCluster
+from test_cluster_remote_get import (VALUE_LEN, cluster, expect_pages, get_pages,  # noqa: F401
+                                     keys_of, put_pages, wait_baseline)
 
 
 def pull(cluster, node, keys):
@@ -53,3 +65,110 @@ def test_pull_of_an_unrouted_key_copies_nothing(cluster):
     n, _ = get_pages(a, ["gone-0"])
     assert n == 0
     wait_baseline(cluster, {1: a, 2: b})
+
+
+# --- The source asks: make_replica_task (the source's replica queue, owner/replica_queue.h) ---
+
+SETTLED = ("replica_tasks_completed", "replica_tasks_already_held", "replica_tasks_obsolete",
+           "replica_tasks_source_gone", "replica_tasks_no_space", "replica_tasks_failed")
+
+
+def put_replicated(client, keys, seed, mask=None, groups=None):
+    opts = fluxon.PutOptionalArgs(make_replica_task=True, make_replica_task_mask=mask,
+                                  atomic_group_lens=groups)
+    plan = client.local_fast_put_start(keys, VALUE_LEN, opts)
+    buf = np.empty(len(keys) * VALUE_LEN, dtype=np.uint8)
+    for i in range(len(keys)):
+        buf[i * VALUE_LEN:(i + 1) * VALUE_LEN] = (seed + i) % 251
+    fluxon.copy_to_plan(plan, buf.ctypes.data, VALUE_LEN)
+    client.local_fast_put_commit(plan).wait(10)
+
+
+def wait_replicated(client, n, timeout=15.0):
+    """Until `n` replica tasks of the client's owner ended (any outcome); returns its stats."""
+    deadline = time.time() + timeout
+    while True:
+        s = client.stats()
+        if sum(s.get(k, 0) for k in SETTLED) >= n and s.get("replica_queue_keys", 0) == 0:
+            return s
+        assert time.time() < deadline, {k: s.get(k) for k in SETTLED + ("replica_tasks_enqueued",)}
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def four_nodes(daemon_factory, tmp):
+    """A master restricted to remote_cache targets, owners 1 and 2, a remote_cache (node 3)."""
+    c = PlacementCluster(daemon_factory, tmp, owners=2, master_extra=STRICT)
+    c.start_remote_cache(3)
+    deadline = time.time() + 10
+    while 3 not in c.owners() or not c.owners()[3].get("peer_address"):
+        assert time.time() < deadline, "the remote_cache never registered its peer service"
+        time.sleep(0.05)
+    return c
+
+
+def test_make_replica_task_copies_to_the_remote_cache_and_outlives_the_source(four_nodes):
+    c = four_nodes
+    a, b = c.client(1), c.client(2)
+    keys = keys_of("rt", 12)
+    put_replicated(a, keys, seed=91, groups=[4, 4, 4])
+    s = wait_replicated(a, 12)
+    assert s["replica_tasks_enqueued"] == 12
+    assert s["replica_tasks_completed"] == 12, s
+    assert s["replica_targets_remote_cache"] == 12 and s["replica_targets_other_roles"] == 0
+    for k in keys:
+        locs = c.route(k)["route"]["locations"]
+        assert sorted(int(loc["node_id"]) for loc in locs) == [1, 3], locs
+        assert len({loc["put_id"] for loc in locs}) == 1
+    m = c.master_stats()
+    # Completed pulls = copies the master appended = its replica target count; GPU owners: 0.
+    assert m["master_replica_copies_remote_cache"] == 12, m
+    assert m["master_replica_copies_other_roles"] == 0
+    rc = c.ctl(c.admin[3], "stats")
+    assert rc["owner_replica_pulls_completed"] == 12, rc
+
+    c.daemons[1].proc.send_signal(signal.SIGKILL)
+    c.daemons[1].proc.wait(timeout=10)
+    # Until its lease runs out the master still hands out the dead owner's location (a read of
+    # it fails: a miss); from then on only the remote_cache's copy is a source.
+    deadline = time.time() + 10
+    while c.owners().get(1, {}).get("lease_ms_left", 0) > 0:
+        assert time.time() < deadline, "owner 1's lease never ran out"
+        time.sleep(0.05)
+    n, data = get_pages(b, keys)
+    assert n == len(keys)
+    expect_pages(data, n, seed=91)
+    assert b.stats()["remote_hits"] == len(keys)  # read from the remote_cache's copies
+    wait_baseline(c, {2: b})
+
+
+def test_the_mask_selects_whole_groups(four_nodes):
+    c = four_nodes
+    a = c.client(1)
+    keys = keys_of("mask", 4)
+    put_replicated(a, keys, seed=5, mask=[True, True, False, False], groups=[2, 2])
+    s = wait_replicated(a, 2)
+    assert s["replica_tasks_enqueued"] == 2 and s["replica_tasks_completed"] == 2, s
+    time.sleep(0.3)  # nothing more arrives
+    assert a.stats()["replica_tasks_enqueued"] == 2
+    nodes = {k: sorted(int(loc["node_id"]) for loc in c.route(k)["route"]["locations"])
+             for k in keys}
+    assert nodes == {keys[0]: [1, 3], keys[1]: [1, 3], keys[2]: [1], keys[3]: [1]}, nodes
+    wait_baseline(c, {1: a})
+
+
+def test_without_a_remote_cache_a_strict_master_places_nothing(daemon_factory, tmp):
+    c = PlacementCluster(daemon_factory, tmp, owners=2, master_extra=STRICT)
+    a = c.client(1)
+    keys = keys_of("ns", 3)
+    put_replicated(a, keys, seed=2)
+    s = wait_replicated(a, 3)
+    assert s["replica_tasks_no_space"] == 3 and s["replica_tasks_completed"] == 0, s
+    assert s["replica_targets_other_roles"] == 0
+    assert c.master_stats()["master_replica_copies_other_roles"] == 0
+    assert all(len(c.route(k)["route"]["locations"]) == 1 for k in keys)
+    # The values themselves are stored and readable as always.
+    n, data = get_pages(a, keys)
+    assert n == 3
+    expect_pages(data, 3, seed=2)
+    wait_baseline(c, {1: a})

@@ -75,6 +75,8 @@ struct PartsOptions {
   milliseconds remote_get_timeout{3'000};
   // Registers the identity at the master when created (else the test does, or never).
   bool register_at_master = true;
+  // The peer service address registered with the master (replica placement needs one).
+  std::string peer_address;
   // Runs Publisher::Run on a thread (else queued batches wait until the test runs it).
   bool run_publisher = true;
   // Runs MasterRegistration::HeartbeatLoop on a thread with this interval (0: no heartbeat).
@@ -138,6 +140,7 @@ class OwnerParts {
         OwnerIdentity{o.node_id, p->memory->segment().generation(), "embedded",
                       p->memory->segment().data_bytes(), address, transports},
         master, counters, &p->stop);
+    p->registration->SetPeerAddress(o.peer_address);
     if (p->plane) {
       transport::Transport* plane = p->plane.get();
       p->registration->SetGenerationListener(

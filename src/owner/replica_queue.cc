@@ -1,0 +1,262 @@
+#include "owner/replica_queue.h"
+
+#include <map>
+
+#include "absl/strings/str_format.h"
+#include "rpc/retry.h"
+#include "spdlog/spdlog.h"
+
+namespace fluxon {
+
+namespace {
+
+void Add(std::atomic<int64_t>& c, int64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
+
+}  // namespace
+
+ReplicaQueue::ReplicaQueue(Options options, uint32_t node_id, MasterApi* master, PeerApi* peers,
+                           KeyIndex* keys, OwnerCounters* counters, StopSignal* stop)
+    : options_(options),
+      node_id_(node_id),
+      master_(master),
+      peers_(peers),
+      keys_(keys),
+      counters_(counters),
+      stop_(stop) {}
+
+void ReplicaQueue::Enqueue(std::vector<ReplicaGroup> groups) {
+  int64_t enqueued = 0, full = 0, duplicate = 0;
+  {
+    MutexLock lock(&mu_);
+    for (ReplicaGroup& g : groups) {
+      if (g.empty()) continue;
+      bool seen = false;
+      for (const ReplicaTask& t : g) seen |= queued_.contains(TaskId{t.key, t.put_id});
+      if (seen) {
+        duplicate += static_cast<int64_t>(g.size());
+        continue;
+      }
+      if (keys_queued_ + g.size() > options_.capacity_keys) {
+        full += static_cast<int64_t>(g.size());
+        continue;
+      }
+      for (const ReplicaTask& t : g) queued_.insert(TaskId{t.key, t.put_id});
+      keys_queued_ += g.size();
+      enqueued += static_cast<int64_t>(g.size());
+      queue_.push_back(std::move(g));
+    }
+    counters_->replica_queue_keys.store(static_cast<int64_t>(keys_queued_),
+                                        std::memory_order_relaxed);
+    if (enqueued > 0) cv_.SignalAll();
+  }
+  Add(counters_->replica_tasks_enqueued, enqueued);
+  Add(counters_->replica_tasks_queue_full, full);
+  Add(counters_->replica_tasks_duplicate, duplicate);
+  if (full > 0) {
+    spdlog::warn("replica queue full ({} keys): {} replica tasks dropped", options_.capacity_keys,
+                 full);
+  }
+}
+
+size_t ReplicaQueue::queued_keys() const {
+  MutexLock lock(&mu_);
+  return keys_queued_;
+}
+
+bool ReplicaQueue::idle() const {
+  MutexLock lock(&mu_);
+  return queue_.empty() && !busy_;
+}
+
+void ReplicaQueue::Interrupt() {
+  if (peers_ != nullptr) peers_->Cancel();
+  MutexLock lock(&mu_);
+  cv_.SignalAll();
+}
+
+std::vector<ReplicaGroup> ReplicaQueue::TakeBatch() {
+  std::vector<ReplicaGroup> batch;
+  absl::flat_hash_set<std::string> keys;
+  size_t n = 0;
+  while (!queue_.empty()) {
+    const ReplicaGroup& g = queue_.front();
+    if (!batch.empty() && n + g.size() > options_.batch_keys) break;
+    bool repeats = false;
+    for (const ReplicaTask& t : g) repeats |= keys.contains(t.key);
+    if (repeats) break;  // the key again (a newer put of it): the next batch takes it
+    for (const ReplicaTask& t : g) keys.insert(t.key);
+    n += g.size();
+    batch.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+  return batch;
+}
+
+void ReplicaQueue::Run() {
+  for (;;) {
+    std::vector<ReplicaGroup> batch;
+    {
+      MutexLock lock(&mu_);
+      while (queue_.empty()) {
+        if (stop_->stopped()) return;
+        cv_.WaitUntil(&mu_, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+      }
+      if (stop_->stopped()) {
+        // Queued tasks end with the owner (its values go with it); nothing was asked for them.
+        queue_.clear();
+        queued_.clear();
+        keys_queued_ = 0;
+        counters_->replica_queue_keys.store(0, std::memory_order_relaxed);
+        return;
+      }
+      batch = TakeBatch();
+      busy_ = true;
+    }
+    Replicate(batch);
+    Finished(batch);
+  }
+}
+
+void ReplicaQueue::Finished(const std::vector<ReplicaGroup>& batch) {
+  MutexLock lock(&mu_);
+  for (const ReplicaGroup& g : batch) {
+    for (const ReplicaTask& t : g) {
+      if (queued_.erase(TaskId{t.key, t.put_id}) > 0) --keys_queued_;
+    }
+  }
+  busy_ = false;
+  counters_->replica_queue_keys.store(static_cast<int64_t>(keys_queued_),
+                                      std::memory_order_relaxed);
+  cv_.SignalAll();
+}
+
+ReplicaGroup ReplicaQueue::StillHeld(const ReplicaGroup& g) {
+  ReplicaGroup held;
+  for (const ReplicaTask& t : g) {
+    const std::optional<KeyIndex::Identity> id = keys_->IdentityOf(t.key);
+    if (id && id->state == KeyIndex::State::kCommitted && id->put_id == t.put_id &&
+        id->version == t.version) {
+      held.push_back(t);
+    } else if (id && id->state == KeyIndex::State::kCommitted) {
+      Add(counters_->replica_tasks_obsolete, 1);  // another identity of the key is held now
+    } else {
+      Add(counters_->replica_tasks_source_gone, 1);  // evicted or deleted first (S3)
+    }
+  }
+  return held;
+}
+
+void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
+  std::vector<ReplicaGroup> groups;
+  for (const ReplicaGroup& g : batch) {
+    ReplicaGroup held = StillHeld(g);
+    if (!held.empty()) groups.push_back(std::move(held));
+  }
+  if (groups.empty()) return;
+  size_t tasks = 0;
+  v1::PlaceReplicasRequest place;
+  place.set_source_node_id(node_id_);
+  for (const ReplicaGroup& g : groups) {
+    uint64_t bytes = 0;
+    for (const ReplicaTask& t : g) bytes += t.slot_bytes;
+    place.add_group_bytes(bytes);
+    tasks += g.size();
+  }
+  absl::StatusOr<v1::PlaceReplicasReply> placed =
+      RetryUncertain([&] { return master_->PlaceReplicas(place); }, stop_,
+                     [](const absl::Status&, std::chrono::milliseconds) {},
+                     RetryOptions{.max_attempts = options_.max_attempts});
+  if (placed.ok() && placed->groups_size() != static_cast<int>(groups.size())) {
+    placed = absl::DataLossError(
+        absl::StrFormat("the master placed %d groups of %d", placed->groups_size(), groups.size()));
+  }
+  if (!placed.ok()) {
+    if (!stop_->stopped()) {
+      spdlog::warn("replicas: PlaceReplicas for {} tasks failed: {}", tasks,
+                   placed.status().ToString());
+    }
+    Add(counters_->replica_tasks_failed, static_cast<int64_t>(tasks));
+    return;
+  }
+  // One call per target, its groups' items in order.
+  std::map<std::string, std::vector<ReplicaTask>> by_target;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const v1::PlacedGroup& p = placed->groups(static_cast<int>(g));
+    if (!p.placed() || p.peer_address().empty()) {
+      Add(counters_->replica_tasks_no_space, static_cast<int64_t>(groups[g].size()));
+      continue;
+    }
+    Add(p.role() == "remote_cache" ? counters_->replica_targets_remote_cache
+                                   : counters_->replica_targets_other_roles,
+        static_cast<int64_t>(groups[g].size()));
+    std::vector<ReplicaTask>& items = by_target[p.peer_address()];
+    items.insert(items.end(), groups[g].begin(), groups[g].end());
+  }
+  for (const auto& [peer, items] : by_target) PullOn(peer, items);
+}
+
+void ReplicaQueue::PullOn(const std::string& peer_address, const std::vector<ReplicaTask>& items) {
+  if (peers_ == nullptr) {
+    Add(counters_->replica_tasks_failed, static_cast<int64_t>(items.size()));
+    return;
+  }
+  std::vector<v1::PullOutcome> final(items.size(), v1::PULL_FAILED);
+  std::vector<size_t> open(items.size());  // items whose outcome is not final yet
+  for (size_t i = 0; i < items.size(); ++i) open[i] = i;
+  const absl::Status last = RetryUncertain(
+      [&]() -> absl::Status {
+        v1::PullReplicasRequest req;
+        req.set_requester_node_id(node_id_);
+        for (size_t i : open) {
+          v1::PullItem* it = req.add_items();
+          it->set_key(items[i].key);
+          it->set_put_id(items[i].put_id);
+          it->set_version(items[i].version);
+          it->set_len(items[i].len);
+        }
+        Add(counters_->replica_pull_calls, 1);
+        absl::StatusOr<v1::PullReplicasReply> r =
+            peers_->PullReplicas(peer_address, req, options_.pull_timeout);
+        if (!r.ok()) return r.status();
+        std::vector<size_t> again;
+        for (size_t j = 0; j < open.size(); ++j) {
+          final[open[j]] = r->outcomes(static_cast<int>(j));
+          if (final[open[j]] == v1::PULL_FAILED) again.push_back(open[j]);
+        }
+        open = std::move(again);
+        if (open.empty()) return absl::OkStatus();
+        // A busy key or a failed read at the target: tried again, like an unknown outcome.
+        return absl::UnavailableError(
+            absl::StrFormat("%d of %d items failed at the target", open.size(), items.size()));
+      },
+      stop_, [](const absl::Status&, std::chrono::milliseconds) {},
+      RetryOptions{.max_attempts = options_.max_attempts});
+  if (!last.ok() && !stop_->stopped()) {
+    spdlog::warn("replicas: {} of {} pulls on {} not completed: {}", open.size(), items.size(),
+                 peer_address, last.ToString());
+  }
+  for (v1::PullOutcome o : final) {
+    switch (o) {
+      case v1::PULL_COMPLETED:
+        Add(counters_->replica_tasks_completed, 1);
+        break;
+      case v1::PULL_ALREADY_HELD:
+        Add(counters_->replica_tasks_already_held, 1);
+        break;
+      case v1::PULL_OBSOLETE:
+        Add(counters_->replica_tasks_obsolete, 1);
+        break;
+      case v1::PULL_SOURCE_GONE:
+        Add(counters_->replica_tasks_source_gone, 1);
+        break;
+      case v1::PULL_NO_SPACE:
+        Add(counters_->replica_tasks_no_space, 1);
+        break;
+      default:
+        Add(counters_->replica_tasks_failed, 1);
+        break;
+    }
+  }
+}
+
+}  // namespace fluxon

@@ -1,0 +1,105 @@
+// ReplicaQueue: the source's side of replicas by pull (docs/replicas.md). After a put batch's
+// values are Committed (their route published), the groups the client asked replicas for
+// (make_replica_task, make_replica_task_mask) are queued here; one actor drains the queue in
+// batches: it asks the master where each atomic group goes (PlaceReplicas: whole groups, never
+// this owner) and sends each target one PullReplicas for its groups. The target pulls the exact
+// identities through the remote-get path; nothing is written into another owner's segment.
+//
+// Invariants:
+// - Never on the put's path: Enqueue does not block and does no I/O. A task that does not fit
+//   (capacity_keys) is dropped and counted (queue_full); a (key, put_id) already queued is
+//   counted (duplicate) and not queued twice.
+// - Replicas never hold up or veto freeing this owner's memory (S3): nothing here pins a value.
+//   A task whose value this owner no longer holds with that identity when its batch is formed is
+//   "source gone" (or "obsolete": another identity is held) without asking anyone; a value evicted
+//   while its pull runs makes the target answer "source gone".
+// - Atomic groups are placed whole: one group goes to one target in one call.
+// - A PullReplicas call is retried (same items, idempotent at the target, T1) while its outcome
+//   is unknown or items answer PULL_FAILED, at most max_attempts calls with a 25 ms, 50 ms, ...
+//   backoff; whatever is still unresolved is counted failed. A retried item the target already
+//   copied answers "already held": never a second copy.
+// - One PullReplicas carries at most batch_keys distinct keys (the target refuses a key twice).
+// - Every wait is bounded (pull_timeout per call) and ends when the owner stops (the peer client
+//   is cancelled); tasks still queued then are dropped uncounted.
+// - Every task ends in exactly one outcome counter: enqueued = completed + already_held +
+//   obsolete + source_gone + no_space + failed + (dropped at stop).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "common/mutex.h"
+#include "common/stop_signal.h"
+#include "owner/key_index.h"
+#include "owner/owner_counters.h"
+#include "rpc/master_api.h"
+#include "rpc/peer_api.h"
+
+namespace fluxon {
+
+// One value to replicate: its key and identity, its length and the bytes of its slot (what the
+// target will claim, for placement).
+struct ReplicaTask {
+  std::string key;
+  uint64_t put_id = 0;
+  uint64_t version = 0;
+  uint64_t len = 0;
+  uint64_t slot_bytes = 0;
+};
+// One atomic group (or a single key): placed whole on one target.
+using ReplicaGroup = std::vector<ReplicaTask>;
+
+class ReplicaQueue {
+ public:
+  struct Options {
+    size_t capacity_keys = 16'384;
+    size_t batch_keys = 256;
+    std::chrono::milliseconds pull_timeout{30'000};
+    int max_attempts = 3;
+  };
+  ReplicaQueue(Options options, uint32_t node_id, MasterApi* master, PeerApi* peers, KeyIndex* keys,
+               OwnerCounters* counters, StopSignal* stop);
+
+  // Queues `groups` (never blocks). A group is queued whole or dropped whole.
+  void Enqueue(std::vector<ReplicaGroup> groups);
+  // The actor: replicates queued groups until stopping.
+  void Run();
+  // Wakes the actor and cancels calls in progress (call after stop_->Stop()).
+  void Interrupt();
+  // Tasks queued or being replicated.
+  size_t queued_keys() const;
+  // True when nothing is queued or in progress (tests wait for it).
+  bool idle() const;
+
+ private:
+  using TaskId = std::pair<std::string, uint64_t>;  // (key, put_id)
+  // The next batch: whole groups up to batch_keys keys, no key twice.
+  std::vector<ReplicaGroup> TakeBatch();
+  void Replicate(std::vector<ReplicaGroup> batch);
+  // The members still held here with their identity; the others are counted.
+  ReplicaGroup StillHeld(const ReplicaGroup& g);
+  // Sends `items` to one target, retrying as described; counts every item's final outcome.
+  void PullOn(const std::string& peer_address, const std::vector<ReplicaTask>& items);
+  void Finished(const std::vector<ReplicaGroup>& batch);
+
+  const Options options_;
+  const uint32_t node_id_;
+  MasterApi* const master_;
+  PeerApi* const peers_;
+  KeyIndex* const keys_;
+  OwnerCounters* const counters_;
+  StopSignal* const stop_;
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<ReplicaGroup> queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<TaskId> queued_ ABSL_GUARDED_BY(mu_);  // queued or in progress
+  size_t keys_queued_ ABSL_GUARDED_BY(mu_) = 0;              // tasks in queued_
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;                   // a batch is being replicated
+};
+
+}  // namespace fluxon

@@ -1,0 +1,267 @@
+// ReplicaQueue on its own (src/owner/replica_queue.h): the source (node 2) queues replica tasks
+// of values it published; the actor places them at one MasterCore and asks the target (node 1)
+// through a PeerApi that calls the target's ReplicaPuller in process (the gRPC peer service is
+// the daemon's; tests/python/test_cluster_replicas.py covers it). Each test checks the copies the
+// master routes and that every task ends in exactly one outcome counter.
+#include "owner/replica_queue.h"
+
+#include <thread>
+
+#include "owner/replica_puller.h"
+#include "tests/unit/owner/owner_parts_fixture.h"
+
+namespace fluxon::testing {
+namespace {
+
+constexpr char kTargetAddress[] = "target:1";
+
+// The target's peer service in process. `lose_answers` answers drop after the pull ran (an
+// uncertain outcome); with `block`, a call waits until Cancel.
+class InProcessPeers final : public PeerApi {
+ public:
+  explicit InProcessPeers(ReplicaPuller* puller) : puller_(puller) {}
+  absl::StatusOr<v1::PullReplicasReply> PullReplicas(const std::string& address,
+                                                     const v1::PullReplicasRequest& r,
+                                                     std::chrono::milliseconds timeout) override {
+    calls.fetch_add(1);
+    if (block.load()) {
+      MutexLock lock(&mu_);
+      const auto until = std::chrono::steady_clock::now() + timeout;
+      while (!cancelled_) {
+        if (!cv_.WaitUntil(&mu_, until)) return absl::DeadlineExceededError("blocked call");
+      }
+      return absl::CancelledError("cancelled");
+    }
+    if (address != kTargetAddress) return absl::UnavailableError("no such peer");
+    std::vector<PullItem> items;
+    for (const v1::PullItem& it : r.items()) {
+      items.push_back(PullItem{it.key(), it.put_id(), it.version(), it.len()});
+    }
+    absl::StatusOr<std::vector<PullOutcome>> got = puller_->Pull(items);
+    if (!got.ok()) return got.status();
+    if (lose_answers.load() > 0) {
+      lose_answers.fetch_sub(1);
+      return absl::UnavailableError("answer lost");
+    }
+    v1::PullReplicasReply reply;
+    for (PullOutcome o : *got) {
+      reply.add_outcomes(o == PullOutcome::kCompleted     ? v1::PULL_COMPLETED
+                         : o == PullOutcome::kAlreadyHeld ? v1::PULL_ALREADY_HELD
+                         : o == PullOutcome::kObsolete    ? v1::PULL_OBSOLETE
+                         : o == PullOutcome::kSourceGone  ? v1::PULL_SOURCE_GONE
+                         : o == PullOutcome::kNoSpace     ? v1::PULL_NO_SPACE
+                                                          : v1::PULL_FAILED);
+    }
+    return reply;
+  }
+  void Cancel() override {
+    MutexLock lock(&mu_);
+    cancelled_ = true;
+    cv_.SignalAll();
+  }
+
+  std::atomic<int> calls{0};
+  std::atomic<int> lose_answers{0};
+  std::atomic<bool> block{false};
+
+ private:
+  ReplicaPuller* const puller_;
+  Mutex mu_;
+  CondVar cv_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class ReplicaQueueTest : public OwnerPartsTest {
+ protected:
+  void TwoOwners(ReplicaQueue::Options options = {}) {
+    PartsOptions target, source;
+    target.node_id = 1;
+    target.data_plane = true;
+    target.peer_address = kTargetAddress;
+    source.node_id = 2;
+    source.data_plane = true;
+    a_ = &Make(target);
+    b_ = &Make(source);
+    // The target's capacity as its heartbeat would report it (placement reads it).
+    a_->registration->SetCapacitySource([] {
+      v1::OwnerCapacity c;
+      c.set_segment_bytes(uint64_t{1} << 30);
+      c.set_free_bytes(uint64_t{1} << 30);
+      return c;
+    });
+    ASSERT_TRUE(a_->registration->Register().ok());
+    puller_ = std::make_unique<ReplicaPuller>(a_->keys.get(), a_->remote.get(), a_->counters.get());
+    peers_ = std::make_unique<InProcessPeers>(puller_.get());
+    queue_ = std::make_unique<ReplicaQueue>(options, 2, &master(), peers_.get(), b_->keys.get(),
+                                            b_->counters.get(), &stop_);
+  }
+  void TearDown() override {
+    StopActor();
+    OwnerPartsTest::TearDown();
+  }
+  void StartActor() {
+    actor_ = std::thread([this] { queue_->Run(); });
+  }
+  void StopActor() {
+    if (!actor_.joinable()) return;
+    stop_.Stop();
+    queue_->Interrupt();
+    actor_.join();
+  }
+  // The group of `keys` as the master routes them (the source's identities).
+  ReplicaGroup GroupOf(const std::vector<std::string>& keys) {
+    ReplicaGroup g;
+    for (const std::string& k : keys) {
+      auto route = RouteOf(master(), k);
+      EXPECT_TRUE(route.has_value()) << k;
+      if (route)
+        g.push_back(ReplicaTask{k, route->put_id(), route->version(), kValueLen, kValueLen});
+    }
+    return g;
+  }
+  void WaitIdle() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!queue_->idle()) {
+      ASSERT_LT(std::chrono::steady_clock::now(), until) << "the replica queue never drained";
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  size_t Locations(const std::string& key) {
+    auto route = RouteOf(master(), key);
+    return route ? static_cast<size_t>(route->locations_size()) : 0;
+  }
+  const OwnerCounters& src() { return *b_->counters; }
+  // Every enqueued task ended in exactly one outcome.
+  void ExpectAccounted() {
+    const OwnerCounters& c = src();
+    EXPECT_EQ(c.replica_tasks_enqueued.load(),
+              c.replica_tasks_completed.load() + c.replica_tasks_already_held.load() +
+                  c.replica_tasks_obsolete.load() + c.replica_tasks_source_gone.load() +
+                  c.replica_tasks_no_space.load() + c.replica_tasks_failed.load());
+    EXPECT_EQ(c.replica_queue_keys.load(), 0);
+  }
+
+  OwnerParts* a_ = nullptr;
+  OwnerParts* b_ = nullptr;
+  StopSignal stop_;
+  std::unique_ptr<ReplicaPuller> puller_;
+  std::unique_ptr<InProcessPeers> peers_;
+  std::unique_ptr<ReplicaQueue> queue_;
+  std::thread actor_;
+};
+
+// Queued groups are placed on the target and pulled there: each key gets a second location of
+// its identity, the master counts the replica copies, and every task is completed.
+TEST_F(ReplicaQueueTest, QueuedGroupsArePulledByTheirTarget) {
+  TwoOwners();
+  const std::vector<std::string> keys = Keys("rq", 6);
+  ASSERT_TRUE(PutAndPublish(*b_, keys, {2, 4}).ok());
+  StartActor();
+  queue_->Enqueue({GroupOf({keys[0], keys[1]}), GroupOf({keys[2], keys[3], keys[4], keys[5]})});
+  WaitIdle();
+  for (const std::string& k : keys) {
+    EXPECT_EQ(Locations(k), 2u) << k;
+    EXPECT_EQ(a_->State(k), "committed") << k;
+  }
+  EXPECT_EQ(src().replica_tasks_enqueued.load(), 6);
+  EXPECT_EQ(src().replica_tasks_completed.load(), 6);
+  EXPECT_EQ(src().replica_targets_other_roles.load(), 6);  // the target registered as embedded
+  EXPECT_EQ(src().replica_pull_calls.load(), 1);           // one call for the one target
+  EXPECT_EQ(a_->counters->replica_pulls_completed.load(), 6);
+  EXPECT_EQ(master().counters().replica_copies_other_roles.load(), 6);
+  EXPECT_EQ(master().counters().replica_copies_remote_cache.load(), 0);
+  ExpectAccounted();
+}
+
+// T1: a PullReplicas answer lost after the target copied is retried with the same items; the
+// retry finds them held, and the route has one copy per key.
+TEST_F(ReplicaQueueTest, ALostAnswerIsRetriedAndFindsTheCopyHeld) {
+  TwoOwners();
+  const std::vector<std::string> keys = Keys("lost", 3);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  peers_->lose_answers = 1;
+  StartActor();
+  queue_->Enqueue({GroupOf({keys[0]}), GroupOf({keys[1]}), GroupOf({keys[2]})});
+  WaitIdle();
+  EXPECT_EQ(peers_->calls.load(), 2);
+  EXPECT_EQ(src().replica_tasks_already_held.load(), 3);
+  EXPECT_EQ(src().replica_tasks_completed.load(), 0);
+  for (const std::string& k : keys) EXPECT_EQ(Locations(k), 2u) << k;
+  EXPECT_EQ(master().counters().replica_copies_other_roles.load(), 3);  // copied once each
+  ExpectAccounted();
+}
+
+// S3: a value the source deleted before its batch was formed is "source gone" without asking
+// anyone; nothing is copied.
+TEST_F(ReplicaQueueTest, AValueGoneBeforeItsBatchIsSourceGoneWithoutACall) {
+  TwoOwners();
+  ASSERT_TRUE(PutAndPublish(*b_, {"gone-a", "gone-b"}).ok());
+  const ReplicaGroup g = GroupOf({"gone-a", "gone-b"});
+  auto removed = b_->evictor->DeletePrefix("gone-");
+  ASSERT_TRUE(removed.ok());
+  queue_->Enqueue({g});
+  StartActor();
+  WaitIdle();
+  EXPECT_EQ(src().replica_tasks_source_gone.load(), 2);
+  EXPECT_EQ(peers_->calls.load(), 0);
+  EXPECT_EQ(a_->State("gone-a"), "absent");
+  ExpectAccounted();
+}
+
+// The queue is bounded and never blocks: a group that does not fit is dropped whole and
+// counted; a (key, put_id) already queued is not queued twice.
+TEST_F(ReplicaQueueTest, BoundedAndDeduplicated) {
+  ReplicaQueue::Options small;
+  small.capacity_keys = 4;
+  TwoOwners(small);
+  const std::vector<std::string> keys = Keys("b", 6);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  queue_->Enqueue({GroupOf({keys[0], keys[1]}), GroupOf({keys[0]}), GroupOf({keys[2], keys[3]}),
+                   GroupOf({keys[4], keys[5]})});
+  EXPECT_EQ(queue_->queued_keys(), 4u);
+  EXPECT_EQ(src().replica_tasks_enqueued.load(), 4);
+  EXPECT_EQ(src().replica_tasks_duplicate.load(), 1);
+  EXPECT_EQ(src().replica_tasks_queue_full.load(), 2);
+  StartActor();
+  WaitIdle();
+  EXPECT_EQ(src().replica_tasks_completed.load(), 4);
+  EXPECT_EQ(Locations(keys[4]), 1u);
+  ExpectAccounted();
+}
+
+// No target: the master places nothing (the only other owner registered no peer service), so
+// every task is NoSpace and nobody is asked.
+TEST_F(ReplicaQueueTest, NoTargetIsNoSpace) {
+  TwoOwners();
+  ASSERT_TRUE(PutAndPublish(*b_, {"solo"}).ok());
+  a_->registration->SetPeerAddress("");
+  ASSERT_TRUE(a_->registration->Register().ok());  // the heartbeat says: no peer service now
+  queue_->Enqueue({GroupOf({"solo"})});
+  StartActor();
+  WaitIdle();
+  EXPECT_EQ(src().replica_tasks_no_space.load(), 1);
+  EXPECT_EQ(peers_->calls.load(), 0);
+  ExpectAccounted();
+}
+
+// Stopping ends a call in progress at once (the peer client is cancelled) and the actor returns.
+TEST_F(ReplicaQueueTest, StopEndsACallInProgress) {
+  ReplicaQueue::Options slow;
+  slow.pull_timeout = std::chrono::milliseconds(60'000);
+  TwoOwners(slow);
+  ASSERT_TRUE(PutAndPublish(*b_, {"s"}).ok());
+  peers_->block = true;
+  StartActor();
+  queue_->Enqueue({GroupOf({"s"})});
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (peers_->calls.load() == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now(), until);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  StopActor();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+}  // namespace
+}  // namespace fluxon::testing
