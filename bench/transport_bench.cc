@@ -10,6 +10,7 @@
 // noisy); the table reports, per mode and C, the median over rounds of GB/s and batch p50/p99.
 //
 //   transport_bench [--rounds=N] [--batches=K] [--connections=1,2,4,8] [--peer=PATH]
+//                   [--values=128] [--value-len=4718592] [--local=anon|shm]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -43,9 +44,10 @@ using fluxon::transport::testing::PeerProcess;
 using fluxon::transport::testing::SharedMemory;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kValue = 4718592;
-constexpr int kValues = 128;
-constexpr uint64_t kBatchBytes = kValue * kValues;
+// The values read per batch (--values, --value-len); set once in main before any thread.
+uint64_t g_value = 4718592;
+int g_values = 128;
+uint64_t BatchBytes() { return g_value * g_values; }
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -110,9 +112,9 @@ struct RawClient {
     std::vector<std::thread> ts;
     for (int i = 0; i < n; ++i) {
       ts.emplace_back([&, i] {
-        const uint64_t share = kBatchBytes / n;
+        const uint64_t share = BatchBytes() / n;
         const uint64_t off = i * share;
-        const uint64_t len = i + 1 == n ? kBatchBytes - off : share;
+        const uint64_t len = i + 1 == n ? BatchBytes() - off : share;
         uint64_t req[2] = {off, len};
         if (::write(fds[i], req, sizeof(req)) != sizeof(req)) std::abort();
         for (uint64_t got = 0; got < len;) {
@@ -145,6 +147,7 @@ int main(int argc, char** argv) {
   int rounds = 5, batches = 4;
   std::vector<int> conn_counts = {1, 2, 4, 8};
   std::string peer_exe = TRANSPORT_PEER_PATH;
+  bool local_shm_mode = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--rounds=", 0) == 0) {
@@ -157,6 +160,14 @@ int main(int argc, char** argv) {
         int c;
         if (absl::SimpleAtoi(part, &c)) conn_counts.push_back(c);
       }
+    } else if (a.rfind("--values=", 0) == 0) {
+      g_values = std::atoi(a.c_str() + 9);
+    } else if (a.rfind("--value-len=", 0) == 0) {
+      g_value = std::strtoull(a.c_str() + 12, nullptr, 10);
+    } else if (a == "--local=shm") {
+      local_shm_mode = true;
+    } else if (a == "--local=anon") {
+      local_shm_mode = false;
     } else if (a.rfind("--peer=", 0) == 0) {
       peer_exe = a.substr(7);
     } else {
@@ -165,9 +176,13 @@ int main(int argc, char** argv) {
     }
   }
 
-  auto shm = SharedMemory::Create(kBatchBytes);
+  if (g_values <= 0 || g_value == 0 || g_value % 8 != 0) {
+    std::fprintf(stderr, "--values must be positive and --value-len a positive multiple of 8\n");
+    return 2;
+  }
+  auto shm = SharedMemory::Create(BatchBytes());
   if (!shm.ok()) return 1;
-  for (uint64_t i = 0; i < kBatchBytes; i += 8) {
+  for (uint64_t i = 0; i < BatchBytes(); i += 8) {
     const uint64_t v = i * 0x9E3779B97F4A7C15ull;
     std::memcpy((*shm)->base() + i, &v, 8);
   }
@@ -198,10 +213,20 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  void* lp =
-      ::mmap(nullptr, kBatchBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // The reader's destination: anonymous memory, or (--local=shm) a shared memfd mapping like an
+  // owner's segment, whose 4 KiB pages are what a remote get or a replica pull writes into.
+  std::unique_ptr<SharedMemory> local_shm;
+  void* lp = nullptr;
+  if (local_shm_mode) {
+    auto m = SharedMemory::Create(BatchBytes());
+    if (!m.ok()) return 1;
+    local_shm = std::move(*m);
+    lp = local_shm->base();
+  } else {
+    lp = ::mmap(nullptr, BatchBytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
   auto* local = static_cast<uint8_t*>(lp);
-  std::memset(local, 0, kBatchBytes);  // fault the pages in before timing
+  std::memset(local, 0, BatchBytes());  // fault the pages in before timing
 
   struct Runner {
     std::unique_ptr<TcpTransport> transport;
@@ -210,7 +235,8 @@ int main(int argc, char** argv) {
   std::map<int, Runner> fluxon, fluxon_zc;
   std::map<int, std::unique_ptr<RawClient>> raw;
   std::vector<Descriptor> descriptors;
-  for (int i = 0; i < kValues; ++i) descriptors.push_back({i * kValue, local + i * kValue, kValue});
+  for (int i = 0; i < g_values; ++i)
+    descriptors.push_back({i * g_value, local + i * g_value, g_value});
   for (int c : conn_counts) {
     for (auto* m : {&fluxon, &fluxon_zc}) {
       TcpTransportOptions o;
@@ -219,7 +245,7 @@ int main(int argc, char** argv) {
       o.request_bytes = 4 << 20;
       o.max_inflight_bytes_per_peer = 256 << 20;
       auto t = TcpTransport::Create(o);
-      if (!t.ok() || !(*t)->RegisterRegion(1, local, kBatchBytes).ok()) return 1;
+      if (!t.ok() || !(*t)->RegisterRegion(1, local, BatchBytes()).ok()) return 1;
       (*m)[c] = Runner{std::move(*t),
                        PeerId{m == &fluxon ? (*peer)->address() : (*peer_zc)->address(), 1}};
     }
@@ -246,7 +272,7 @@ int main(int argc, char** argv) {
       samples[key].batch_s.push_back(s);
       total += s;
     }
-    samples[key].gbps_per_round.push_back(batches * kBatchBytes / total / 1e9);
+    samples[key].gbps_per_round.push_back(batches * BatchBytes() / total / 1e9);
   };
   for (int round = 0; round < rounds; ++round) {
     for (int c : conn_counts) {
@@ -255,16 +281,17 @@ int main(int argc, char** argv) {
       measure("raw-tcp" + suffix, [&] { raw[c]->Batch(local); });
       measure("fluxon-tcp-zc" + suffix, [&] { run_fluxon(fluxon_zc[c]); });
     }
-    measure("memcpy/1", [&] { std::memcpy(local, (*shm)->base(), kBatchBytes); });
+    measure("memcpy/1", [&] { std::memcpy(local, (*shm)->base(), BatchBytes()); });
     std::fprintf(stderr, "round %d/%d done\n", round + 1, rounds);
   }
-  if (std::memcmp(local, (*shm)->base(), kBatchBytes) != 0) {
+  if (std::memcmp(local, (*shm)->base(), BatchBytes()) != 0) {
     std::fprintf(stderr, "bytes differ after the run\n");
     return 1;
   }
 
-  std::printf("read of %d x %llu B = %.1f MB per batch, %d rounds x %d batches per mode\n", kValues,
-              static_cast<unsigned long long>(kValue), kBatchBytes / 1e6, rounds, batches);
+  std::printf("read of %d x %llu B = %.1f MB per batch, %d rounds x %d batches per mode\n",
+              g_values, static_cast<unsigned long long>(g_value), BatchBytes() / 1e6, rounds,
+              batches);
   std::printf(
       "| mode | connections | GB/s (median of rounds) | batch p50 ms | batch p99 ms | vs raw-tcp "
       "|\n");

@@ -7,6 +7,7 @@
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 #include "rpc/fault_injecting_master.h"
+#include "rpc/fault_injecting_peers.h"
 #include "rpc_grpc/grpc_peer.h"
 #include "rpc_grpc/grpc_security.h"
 #include "security/security_files.h"
@@ -79,7 +80,8 @@ absl::Status FluxonNode::StartOwner(const std::string& cluster_secret) {
   rt.role = config_.role;
   rt.faults = &faults_;
   peers_ = MakeGrpcPeerClient(*grpc_security_);
-  rt.peers = peers_.get();
+  peers_for_owner_ = std::make_unique<FaultInjectingPeers>(peers_.get(), &faults_);
+  rt.peers = peers_for_owner_.get();
   if (!config_.owner->data_address.empty()) {
     // Bound before the owner registers, so the master learns the endpoint peers can reach.
     transport::TcpTransportOptions to;

@@ -84,6 +84,7 @@ class FluxonNode {
   // The owners' peer service as a client (the replica pulls this owner asks for). Declared
   // before owner_: it outlives the owner's threads and its stop, which cancel its calls.
   std::unique_ptr<PeerApi> peers_;
+  std::unique_ptr<PeerApi> peers_for_owner_;  // peers_ through the fault points "peer.<Method>"
   std::unique_ptr<OwnerCore> owner_;
   // The data plane serving the owner's segment to peers. Declared after owner_: destroyed (and
   // its region unregistered) before the owner's memory goes.

@@ -1,11 +1,8 @@
 // FaultInjectingMaster: a MasterApi decorator that applies the FaultInjector's rules at the fault
-// points "master.<Method>". drop = the call is applied but its response is lost (Unavailable);
-// duplicate = applied twice; fail = never applied (Unavailable); refuse = never applied, a
-// definite error (Internal); delay = applied after a sleep
-// that ends early when the rule is cleared or the injector shuts down.
+// points "master.<Method>" (rpc/fault_apply.h says what each action does).
 #pragma once
 
-#include "common/fault_injector.h"
+#include "rpc/fault_apply.h"
 #include "rpc/master_api.h"
 
 namespace fluxon {
@@ -53,30 +50,7 @@ class FaultInjectingMaster final : public MasterApi {
  private:
   template <typename Call>
   auto Apply(const char* point, Call call) -> decltype(call()) {
-    std::optional<FaultRule> rule = faults_->Take(point);
-    if (!rule) return call();
-    switch (rule->action) {
-      case FaultAction::kDelay:
-        // Interruptible: clearing the rule or stopping the node ends the sleep early.
-        faults_->Sleep(*rule);
-        return call();
-      case FaultAction::kDrop: {
-        auto applied = call();
-        (void)applied;
-        return absl::UnavailableError(std::string("injected fault: response of ") + point +
-                                      " dropped");
-      }
-      case FaultAction::kDuplicate: {
-        auto first = call();
-        (void)first;
-        return call();
-      }
-      case FaultAction::kFail:
-        return absl::UnavailableError(std::string("injected fault: ") + point + " not delivered");
-      case FaultAction::kRefuse:
-        return absl::InternalError(std::string("injected fault: ") + point + " refused");
-    }
-    return call();
+    return ApplyFault(faults_, point, std::move(call));
   }
 
   MasterApi* const inner_;

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import fluxon
+from conftest import free_port
 from test_cluster_placement import STRICT, PlacementCluster
 from test_cluster_remote_get import (VALUE_LEN, cluster, expect_pages, get_pages,  # noqa: F401
                                      keys_of, put_pages, wait_baseline)
@@ -95,16 +96,75 @@ def wait_replicated(client, n, timeout=15.0):
         time.sleep(0.05)
 
 
+class ReplicaCluster(PlacementCluster):
+    """A master restricted to remote_cache targets, owners 1 and 2, a remote_cache (node 3) whose
+    admin port takes fault rules."""
+
+    def __init__(self, factory, tmp, cache_segment="1GiB", **kw):
+        self.cache_segment = cache_segment
+        super().__init__(factory, tmp, owners=2, master_extra=STRICT, **kw)
+        self.start_remote_cache(3)
+
+    def start_remote_cache(self, node=3, name=None):
+        """Starts (or restarts: a new generation) the remote_cache and waits until the master
+        knows its new generation and peer service."""
+        before = self.owners().get(node, {}).get("generation")
+        self.admin[node] = free_port()
+        d = self.factory(f"""
+role: remote_cache
+node_id: {node}
+log_level: info
+admin: {{listen_address: "127.0.0.1:{self.admin[node]}", metrics_port: 0, allow_mutations: true}}
+owner:
+  master_address: "127.0.0.1:{self.master_port}"
+  segment: {{size: {self.cache_segment}}}
+  heartbeat_interval_ms: 200
+  data_address: "127.0.0.1:0"
+  remote_get_timeout_ms: {self.remote_timeout_ms}
+  local_reserve: {{claim_soft_timeout_ms: 5, claim_hard_timeout_ms: 1000}}
+  eviction_interval_ms: 10
+""", name=name or f"remote-cache-{node}-{time.time_ns()}")
+        self.daemons[node] = d
+        deadline = time.time() + 15
+        while True:
+            o = self.owners().get(node, {})
+            if o.get("peer_address") and o.get("generation") != before:
+                return d
+            assert time.time() < deadline, "the remote_cache never registered its peer service"
+            time.sleep(0.05)
+
+    def cache_stats(self, node=3):
+        """The remote_cache's owner counters, named as a client's stats() names them."""
+        return {k[len("owner_"):]: v for k, v in self.ctl(self.admin[node], "stats").items()
+                if k.startswith("owner_")}
+
+    def locations(self, key):
+        r = self.ctl(self.master_admin, "route", key, check=False)
+        if not isinstance(r, dict) or not r.get("route"):
+            return []
+        return sorted(int(loc["node_id"]) for loc in r["route"].get("locations", []))
+
+
+    def all_locations(self, prefix):
+        """{key: sorted node_ids} of every route whose key starts with `prefix` (one call)."""
+        doc = self.ctl(self.master_admin, "keys", "--prefix", prefix, "--limit", "1000000")
+        return {r["key"]: sorted(int(loc["node_id"]) for loc in r.get("locations", []))
+                for r in doc["keys"] or []}
+
+
+class CacheStats:
+    """A remote_cache in wait_baseline's clients (it has no client socket)."""
+
+    def __init__(self, cluster, node=3):
+        self.cluster, self.node = cluster, node
+
+    def stats(self):
+        return self.cluster.cache_stats(self.node)
+
+
 @pytest.fixture
 def four_nodes(daemon_factory, tmp):
-    """A master restricted to remote_cache targets, owners 1 and 2, a remote_cache (node 3)."""
-    c = PlacementCluster(daemon_factory, tmp, owners=2, master_extra=STRICT)
-    c.start_remote_cache(3)
-    deadline = time.time() + 10
-    while 3 not in c.owners() or not c.owners()[3].get("peer_address"):
-        assert time.time() < deadline, "the remote_cache never registered its peer service"
-        time.sleep(0.05)
-    return c
+    return ReplicaCluster(daemon_factory, tmp)
 
 
 def test_make_replica_task_copies_to_the_remote_cache_and_outlives_the_source(four_nodes):

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Replicas by pull, measured with real processes on loopback (docs/replicas.md).
+
+A master restricted to remote_cache targets, a source owner (node 1) and a remote_cache (node 3),
+each its own fluxond and config (TCP data plane, the daemon's defaults). Two measurements, their
+modes alternating inside every round (the VM is noisy); the summary gives medians over rounds.
+
+1. Replica throughput. The source puts a batch with make_replica_task=True (128 x 4,718,592 B
+   and 1,024 x 65,536 B); the clock runs from the commit's acknowledgement (the routes are
+   published, the tasks queued) until the source counts every task completed (its stats, polled
+   every 2 ms): pages/s and GB/s of pulls. The ceiling in the same round is the data
+   plane's own read of the same values between two processes: `bench_transport` (fluxon-tcp and
+   raw-tcp at the daemon's 4 connections per peer, --values/--value-len as above).
+2. The put cycle with replicas on and off: batches of 64 x 262,144 B (start, copy, commit, wait
+   for PutDone), p50 and p99 per mode; replicas on puts with make_replica_task=True, so the pulls
+   of earlier batches run while later batches are put.
+
+The remote_cache (8 GiB) populates its whole segment before the first round, as a cache that
+has been running has; each round uses new keys, and the source evicts its oldest values by its
+own policy when full. Exit status 1 if a replica task did not complete.
+
+    PYTHONPATH=build/python python3 bench/replica_bench.py [--rounds 5] [--json FILE]
+"""
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import fluxon
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from soak_cluster import Proc, free_port  # noqa: E402  (one process wrapper for the benches)
+
+SHAPES = [(128, 4_718_592), (1024, 65_536)]
+CYCLE_PAGES, CYCLE_LEN = 64, 262_144
+
+
+def start_cluster(fluxond, tmp, cache_gib=8, batch_keys=256):
+    mport, madmin = free_port(), free_port()
+    master = Proc(fluxond, f"""
+role: master
+log_level: warn
+master:
+  listen_address: "127.0.0.1:{mport}"
+  replica_task_placement: {{remote_only_node_roles: [remote_cache],
+                           restrict_to_remote_only_node_roles: true}}
+admin: {{listen_address: "127.0.0.1:{madmin}", metrics_port: 0}}
+""", tmp, "master")
+    sock = f"{tmp}/owner.sock"
+    cache_admin = free_port()
+    owner = Proc(fluxond, f"""
+role: owner
+node_id: 1
+log_level: warn
+admin: {{listen_address: "127.0.0.1:{free_port()}", metrics_port: 0}}
+owner:
+  master_address: "127.0.0.1:{mport}"
+  socket_path: {sock}
+  segment: {{size: 4GiB}}
+  heartbeat_interval_ms: 200
+  data_address: "127.0.0.1:0"
+  replica_batch_keys: {batch_keys}
+""", tmp, "owner")
+    cache = Proc(fluxond, f"""
+role: remote_cache
+node_id: 3
+log_level: warn
+admin: {{listen_address: "127.0.0.1:{cache_admin}", metrics_port: 0}}
+owner:
+  master_address: "127.0.0.1:{mport}"
+  segment: {{size: {cache_gib}GiB}}
+  heartbeat_interval_ms: 200
+  data_address: "127.0.0.1:0"
+  local_reserve: {{warm_grants: {2 * cache_gib}}}
+""", tmp, "remote-cache")
+    # A remote_cache lends memory it populated up front (every grant position warm): the pulls
+    # measured write into populated memory, as in a cache that has been running.
+    deadline = time.time() + 300
+    while stats_of(fluxonctl_of(fluxond), cache_admin).get("owner_grants_warm", 0) < 2 * cache_gib:
+        if time.time() > deadline:
+            raise RuntimeError("the remote_cache did not populate its segment in time")
+        time.sleep(0.2)
+    return [cache, owner, master], sock
+
+
+def fluxonctl_of(fluxond):
+    return str(Path(fluxond).parent / "fluxonctl")
+
+
+def stats_of(fluxonctl, admin_port):
+    r = subprocess.run([fluxonctl, "--admin", f"127.0.0.1:{admin_port}", "--json", "stats"],
+                       capture_output=True, text=True, timeout=20)
+    return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {}
+
+
+def put(client, keys, value_len, buf, replicate):
+    opts = fluxon.PutOptionalArgs(make_replica_task=replicate)
+    plan = client.local_fast_put_start(keys, value_len, opts)
+    fluxon.copy_to_plan(plan, buf.ctypes.data, value_len)
+    client.local_fast_put_commit(plan).wait(60)
+
+
+def settled(s):
+    return sum(s.get(f"replica_tasks_{o}", 0) for o in (
+        "completed", "already_held", "obsolete", "source_gone", "no_space", "failed"))
+
+
+def replicate_once(client, tag, pages, value_len, buf):
+    """Seconds from the commit's acknowledgement until every task of the batch completed."""
+    before = client.stats()
+    keys = [f"{tag}-{i}" for i in range(pages)]
+    put(client, keys, value_len, buf, True)
+    t0 = time.perf_counter()
+    deadline = t0 + 120
+    while True:
+        s = client.stats()
+        if settled(s) - settled(before) >= pages:
+            break
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"replicas of {tag} did not settle: {s}")
+        time.sleep(0.002)
+    elapsed = time.perf_counter() - t0
+    done = s["replica_tasks_completed"] - before.get("replica_tasks_completed", 0)
+    if done != pages:
+        raise RuntimeError(f"{tag}: {done} of {pages} replicas completed: {s}")
+    return elapsed
+
+
+def transport_ceiling(bench, pages, value_len):
+    """GB/s of fluxon-tcp and raw-tcp at 4 connections for the same values (bench_transport)."""
+    r = subprocess.run([bench, "--rounds=1", "--batches=3", "--connections=4",
+                        f"--values={pages}", f"--value-len={value_len}"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"bench_transport failed: {r.stderr[-2000:]}")
+    out = {}
+    for mode in ("fluxon-tcp", "raw-tcp"):
+        m = re.search(rf"^\| {mode} \| 4 \| ([0-9.]+) \|", r.stdout, re.M)
+        out[mode] = float(m.group(1))
+    return out
+
+
+def put_cycles(client, tag, batches, buf, replicate):
+    out = []
+    for b in range(batches):
+        keys = [f"{tag}-{b}-{i}" for i in range(CYCLE_PAGES)]
+        t0 = time.perf_counter()
+        put(client, keys, CYCLE_LEN, buf, replicate)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fluxond", default="build/src/fluxond")
+    ap.add_argument("--bench-transport", default="build/bench/bench_transport")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cycle-batches", type=int, default=40)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="fxrepl"))
+    procs, sock = start_cluster(a.fluxond, tmp)
+    rows = {f"{p}x{v}": {"replica_s": [], "fluxon-tcp": [], "raw-tcp": []} for p, v in SHAPES}
+    cycles = {"off": [], "on": []}
+    try:
+        client = fluxon.KvClient(socket_path=sock)
+        bufs = {v: np.random.default_rng(v).integers(0, 255, p * v, dtype=np.uint8)
+                for p, v in SHAPES}
+        cycle_buf = np.random.default_rng(1).integers(0, 255, CYCLE_PAGES * CYCLE_LEN,
+                                                      dtype=np.uint8)
+        for r in range(a.rounds):
+            for p, v in SHAPES:
+                name = f"{p}x{v}"
+                rows[name]["replica_s"].append(replicate_once(client, f"r{r}-{name}", p, v,
+                                                              bufs[v]))
+                for mode, gbps in transport_ceiling(a.bench_transport, p, v).items():
+                    rows[name][mode].append(gbps)
+            order = ("off", "on") if r % 2 == 0 else ("on", "off")
+            for mode in order:
+                cycles[mode] += put_cycles(client, f"c{r}-{mode}", a.cycle_batches, cycle_buf,
+                                           mode == "on")
+            # The replicas of the last "on" batches settle before the next round.
+            deadline = time.time() + 60
+            while client.stats().get("replica_queue_keys", 0) != 0 and time.time() < deadline:
+                time.sleep(0.01)
+            print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+        s = client.stats()
+    finally:
+        for p in procs:
+            p.stop()
+    print(f"replica throughput, median of {a.rounds} rounds (pull path vs the data plane's read "
+          "of the same values in the same round, 4 connections)")
+    print("| values | replica pages/s | replica GB/s | fluxon-tcp GB/s | raw-tcp GB/s | "
+          "vs fluxon-tcp | vs raw-tcp |")
+    print("|---|---|---|---|---|---|---|")
+    summary = {}
+    for p, v in SHAPES:
+        name = f"{p}x{v}"
+        sec = statistics.median(rows[name]["replica_s"])
+        gbps = p * v / sec / 1e9
+        ft = statistics.median(rows[name]["fluxon-tcp"])
+        raw = statistics.median(rows[name]["raw-tcp"])
+        summary[name] = {"replica_s": sec, "replica_gbps": gbps, "fluxon_tcp_gbps": ft,
+                         "raw_tcp_gbps": raw, "rounds": rows[name]}
+        print(f"| {p} x {v:,} B | {p / sec:,.0f} | {gbps:.2f} | {ft:.2f} | {raw:.2f} | "
+              f"{100 * gbps / ft:.0f} % | {100 * gbps / raw:.0f} % |")
+    print()
+    print(f"put cycle, {CYCLE_PAGES} x {CYCLE_LEN:,} B per batch, {a.cycle_batches} batches per "
+          f"mode per round, {a.rounds} rounds")
+    print("| replicas | p50 ms | p99 ms | batches |")
+    print("|---|---|---|---|")
+    for mode in ("off", "on"):
+        xs = cycles[mode]
+        summary[f"cycle_{mode}"] = {"p50_ms": 1e3 * pct(xs, 0.5), "p99_ms": 1e3 * pct(xs, 0.99)}
+        print(f"| {mode} | {1e3 * pct(xs, 0.5):.1f} | {1e3 * pct(xs, 0.99):.1f} | {len(xs)} |")
+    print(f"source counters: enqueued {s.get('replica_tasks_enqueued')}, completed "
+          f"{s.get('replica_tasks_completed')}, no_space {s.get('replica_tasks_no_space')}, "
+          f"failed {s.get('replica_tasks_failed')}, pull calls {s.get('replica_pull_calls')}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(summary, indent=1))
+    return 0 if s.get("replica_tasks_failed", 0) == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
