@@ -8,16 +8,18 @@ modes alternating inside every round (the VM is noisy); the summary gives median
 1. Replica throughput. The source puts a batch with make_replica_task=True (128 x 4,718,592 B
    and 1,024 x 65,536 B); the clock runs from the commit's acknowledgement (the routes are
    published, the tasks queued) until the source counts every task completed (its stats, polled
-   every 2 ms): pages/s and GB/s of pulls. The ceiling in the same round is the data
+   every 2 ms): pages/s and GB/s of pulls, and the share of that time the remote_cache spent
+   in its data-plane reads (the rest is control: placement, the pull call, BatchGetStart/Done,
+   claims, installs). The ceiling in the same round is the data
    plane's own read of the same values between two processes: `bench_transport` (fluxon-tcp and
    raw-tcp at the daemon's 4 connections per peer, --values/--value-len as above).
 2. The put cycle with replicas on and off: batches of 64 x 262,144 B (start, copy, commit, wait
    for PutDone), p50 and p99 per mode; replicas on puts with make_replica_task=True, so the pulls
    of earlier batches run while later batches are put.
 
-The remote_cache (8 GiB) populates its whole segment before the first round, as a cache that
-has been running has; each round uses new keys, and the source evicts its oldest values by its
-own policy when full. Exit status 1 if a replica task did not complete.
+Both owners populate their whole segments before the first round (the source 4 GiB, the
+remote_cache 8 GiB), as owners that have been running have; each round uses new keys, and the
+source evicts its oldest values by its own policy when full. Exit status 1 if a replica task did not complete.
 
     PYTHONPATH=build/python python3 bench/replica_bench.py [--rounds 5] [--json FILE]
 """
@@ -55,12 +57,12 @@ master:
 admin: {{listen_address: "127.0.0.1:{madmin}", metrics_port: 0}}
 """, tmp, "master")
     sock = f"{tmp}/owner.sock"
-    cache_admin = free_port()
+    cache_admin, owner_admin = free_port(), free_port()
     owner = Proc(fluxond, f"""
 role: owner
 node_id: 1
 log_level: warn
-admin: {{listen_address: "127.0.0.1:{free_port()}", metrics_port: 0}}
+admin: {{listen_address: "127.0.0.1:{owner_admin}", metrics_port: 0}}
 owner:
   master_address: "127.0.0.1:{mport}"
   socket_path: {sock}
@@ -68,6 +70,7 @@ owner:
   heartbeat_interval_ms: 200
   data_address: "127.0.0.1:0"
   replica_batch_keys: {batch_keys}
+  local_reserve: {{warm_grants: 8}}
 """, tmp, "owner")
     cache = Proc(fluxond, f"""
 role: remote_cache
@@ -81,14 +84,16 @@ owner:
   data_address: "127.0.0.1:0"
   local_reserve: {{warm_grants: {2 * cache_gib}}}
 """, tmp, "remote-cache")
-    # A remote_cache lends memory it populated up front (every grant position warm): the pulls
-    # measured write into populated memory, as in a cache that has been running.
+    # Both owners populate their segments up front (every grant position warm): the puts and
+    # pulls measured write into populated memory, as in owners that have been running (a
+    # grant's first touch is the put path's own cost: docs/perf.md, "first put of a size").
     deadline = time.time() + 300
-    while stats_of(fluxonctl_of(fluxond), cache_admin).get("owner_grants_warm", 0) < 2 * cache_gib:
-        if time.time() > deadline:
-            raise RuntimeError("the remote_cache did not populate its segment in time")
-        time.sleep(0.2)
-    return [cache, owner, master], sock
+    for admin, grants in ((cache_admin, 2 * cache_gib), (owner_admin, 8)):
+        while stats_of(fluxonctl_of(fluxond), admin).get("owner_grants_warm", 0) < grants:
+            if time.time() > deadline:
+                raise RuntimeError("an owner did not populate its segment in time")
+            time.sleep(0.2)
+    return [cache, owner, master], sock, lambda: stats_of(fluxonctl_of(fluxond), cache_admin)
 
 
 def fluxonctl_of(fluxond):
@@ -113,8 +118,10 @@ def settled(s):
         "completed", "already_held", "obsolete", "source_gone", "no_space", "failed"))
 
 
-def replicate_once(client, tag, pages, value_len, buf):
-    """Seconds from the commit's acknowledgement until every task of the batch completed."""
+def replicate_once(client, cache_stats, tag, pages, value_len, buf):
+    """Seconds from the commit's acknowledgement until every task of the batch completed, and
+    the seconds the remote_cache spent in its data-plane reads of them."""
+    cache_before = cache_stats()
     before = client.stats()
     keys = [f"{tag}-{i}" for i in range(pages)]
     put(client, keys, value_len, buf, True)
@@ -131,7 +138,8 @@ def replicate_once(client, tag, pages, value_len, buf):
     done = s["replica_tasks_completed"] - before.get("replica_tasks_completed", 0)
     if done != pages:
         raise RuntimeError(f"{tag}: {done} of {pages} replicas completed: {s}")
-    return elapsed
+    read_us = cache_stats().get("owner_remote_read_us", 0) - cache_before.get("owner_remote_read_us", 0)
+    return elapsed, read_us / 1e6
 
 
 def transport_ceiling(bench, pages, value_len):
@@ -170,11 +178,14 @@ def main():
     ap.add_argument("--bench-transport", default="build/bench/bench_transport")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cycle-batches", type=int, default=40)
+    ap.add_argument("--batch-keys", type=int, default=256,
+                    help="the source's owner.replica_batch_keys")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fxrepl"))
-    procs, sock = start_cluster(a.fluxond, tmp)
-    rows = {f"{p}x{v}": {"replica_s": [], "fluxon-tcp": [], "raw-tcp": []} for p, v in SHAPES}
+    procs, sock, cache_stats = start_cluster(a.fluxond, tmp, batch_keys=a.batch_keys)
+    rows = {f"{p}x{v}": {"replica_s": [], "read_s": [], "fluxon-tcp": [], "raw-tcp": []}
+            for p, v in SHAPES}
     cycles = {"off": [], "on": []}
     try:
         client = fluxon.KvClient(socket_path=sock)
@@ -185,8 +196,9 @@ def main():
         for r in range(a.rounds):
             for p, v in SHAPES:
                 name = f"{p}x{v}"
-                rows[name]["replica_s"].append(replicate_once(client, f"r{r}-{name}", p, v,
-                                                              bufs[v]))
+                sec, read_s = replicate_once(client, cache_stats, f"r{r}-{name}", p, v, bufs[v])
+                rows[name]["replica_s"].append(sec)
+                rows[name]["read_s"].append(read_s)
                 for mode, gbps in transport_ceiling(a.bench_transport, p, v).items():
                     rows[name][mode].append(gbps)
             order = ("off", "on") if r % 2 == 0 else ("on", "off")
@@ -204,9 +216,9 @@ def main():
             p.stop()
     print(f"replica throughput, median of {a.rounds} rounds (pull path vs the data plane's read "
           "of the same values in the same round, 4 connections)")
-    print("| values | replica pages/s | replica GB/s | fluxon-tcp GB/s | raw-tcp GB/s | "
-          "vs fluxon-tcp | vs raw-tcp |")
-    print("|---|---|---|---|---|---|---|")
+    print("| values | replica pages/s | replica GB/s | of it reads | fluxon-tcp GB/s | "
+          "raw-tcp GB/s | vs fluxon-tcp | vs raw-tcp |")
+    print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for p, v in SHAPES:
         name = f"{p}x{v}"
@@ -216,8 +228,9 @@ def main():
         raw = statistics.median(rows[name]["raw-tcp"])
         summary[name] = {"replica_s": sec, "replica_gbps": gbps, "fluxon_tcp_gbps": ft,
                          "raw_tcp_gbps": raw, "rounds": rows[name]}
-        print(f"| {p} x {v:,} B | {p / sec:,.0f} | {gbps:.2f} | {ft:.2f} | {raw:.2f} | "
-              f"{100 * gbps / ft:.0f} % | {100 * gbps / raw:.0f} % |")
+        reads = statistics.median(rows[name]["read_s"]) / sec
+        print(f"| {p} x {v:,} B | {p / sec:,.0f} | {gbps:.2f} | {100 * reads:.0f} % | {ft:.2f} | "
+              f"{raw:.2f} | {100 * gbps / ft:.0f} % | {100 * gbps / raw:.0f} % |")
     print()
     print(f"put cycle, {CYCLE_PAGES} x {CYCLE_LEN:,} B per batch, {a.cycle_batches} batches per "
           f"mode per round, {a.rounds} rounds")

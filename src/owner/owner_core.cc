@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
       registration, master, c.keys_.get(), c.hot_.get(), pool, counters, &c.stop_);
   c.replicas_ = std::make_unique<ReplicaQueue>(
       ReplicaQueue::Options{config.replica_queue_keys, config.replica_batch_keys,
-                            config.replica_pull_timeout},
+                            config.replica_pull_timeout, config.replica_pulls_in_flight},
       rt.node_id, master, rt.peers, c.keys_.get(), counters, &c.stop_);
   c.publisher_ = std::make_unique<Publisher>(
       Publisher::Options{kPublishQueueCapacity, config.commit_wait_timeout}, registration, master,
@@ -103,7 +103,9 @@ absl::Status OwnerCore::Start() {
   threads_.emplace_back([this] { PrefaultLoop(); });
   threads_.emplace_back([this] { registration_->HeartbeatLoop(config_.heartbeat_interval); });
   threads_.emplace_back([this] { republisher_->Run(); });
-  threads_.emplace_back([this] { replicas_->Run(); });
+  for (uint32_t i = 0; i < config_.replica_pulls_in_flight; ++i) {
+    threads_.emplace_back([this] { replicas_->Run(); });
+  }
   return absl::OkStatus();
 }
 

@@ -65,7 +65,15 @@ size_t ReplicaQueue::queued_keys() const {
 
 bool ReplicaQueue::idle() const {
   MutexLock lock(&mu_);
-  return queue_.empty() && !busy_;
+  return queue_.empty() && batches_in_flight_ == 0;
+}
+
+bool ReplicaQueue::FrontReady() const {
+  if (queue_.empty()) return false;
+  for (const ReplicaTask& t : queue_.front()) {
+    if (keys_in_flight_.contains(t.key)) return false;
+  }
+  return true;
 }
 
 void ReplicaQueue::Interrupt() {
@@ -82,13 +90,16 @@ std::vector<ReplicaGroup> ReplicaQueue::TakeBatch() {
     const ReplicaGroup& g = queue_.front();
     if (!batch.empty() && n + g.size() > options_.batch_keys) break;
     bool repeats = false;
-    for (const ReplicaTask& t : g) repeats |= keys.contains(t.key);
-    if (repeats) break;  // the key again (a newer put of it): the next batch takes it
+    for (const ReplicaTask& t : g) {
+      repeats |= keys.contains(t.key) || keys_in_flight_.contains(t.key);
+    }
+    if (repeats) break;  // the key again (a newer put of it): a later batch takes it
     for (const ReplicaTask& t : g) keys.insert(t.key);
     n += g.size();
     batch.push_back(std::move(queue_.front()));
     queue_.pop_front();
   }
+  for (const std::string& k : keys) keys_in_flight_.insert(k);
   return batch;
 }
 
@@ -97,7 +108,7 @@ void ReplicaQueue::Run() {
     std::vector<ReplicaGroup> batch;
     {
       MutexLock lock(&mu_);
-      while (queue_.empty()) {
+      while (!FrontReady()) {
         if (stop_->stopped()) return;
         cv_.WaitUntil(&mu_, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
       }
@@ -110,7 +121,7 @@ void ReplicaQueue::Run() {
         return;
       }
       batch = TakeBatch();
-      busy_ = true;
+      ++batches_in_flight_;
     }
     Replicate(batch);
     Finished(batch);
@@ -122,9 +133,10 @@ void ReplicaQueue::Finished(const std::vector<ReplicaGroup>& batch) {
   for (const ReplicaGroup& g : batch) {
     for (const ReplicaTask& t : g) {
       if (queued_.erase(TaskId{t.key, t.put_id}) > 0) --keys_queued_;
+      keys_in_flight_.erase(t.key);
     }
   }
-  busy_ = false;
+  --batches_in_flight_;
   counters_->replica_queue_keys.store(static_cast<int64_t>(keys_queued_),
                                       std::memory_order_relaxed);
   cv_.SignalAll();

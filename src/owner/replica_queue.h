@@ -1,8 +1,10 @@
 // ReplicaQueue: the source's side of replicas by pull (docs/replicas.md). After a put batch's
 // values are Committed (their route published), the groups the client asked replicas for
-// (make_replica_task, make_replica_task_mask) are queued here; one actor drains the queue in
-// batches: it asks the master where each atomic group goes (PlaceReplicas: whole groups, never
-// this owner) and sends each target one PullReplicas for its groups. The target pulls the exact
+// (make_replica_task, make_replica_task_mask) are queued here; `in_flight` workers drain the
+// queue in batches: each asks the master where each atomic group of its batch goes
+// (PlaceReplicas: whole groups, never this owner) and sends each target one PullReplicas for its
+// groups. Several batches in flight overlap one batch's control round trips with another's
+// reads. The target pulls the exact
 // identities through the remote-get path; nothing is written into another owner's segment.
 //
 // Invariants:
@@ -18,7 +20,8 @@
 //   is unknown or items answer PULL_FAILED, at most max_attempts calls with a 25 ms, 50 ms, ...
 //   backoff; whatever is still unresolved is counted failed. A retried item the target already
 //   copied answers "already held": never a second copy.
-// - One PullReplicas carries at most batch_keys distinct keys (the target refuses a key twice).
+// - One PullReplicas carries at most batch_keys distinct keys (the target refuses a key twice),
+//   and a key is in at most one batch in flight (a later put of it waits for the earlier one).
 // - Every wait is bounded (pull_timeout per call) and ends when the owner stops (the peer client
 //   is cancelled); tasks still queued then are dropped uncounted.
 // - Every task ends in exactly one outcome counter: enqueued = completed + already_held +
@@ -59,6 +62,7 @@ class ReplicaQueue {
     size_t capacity_keys = 16'384;
     size_t batch_keys = 256;
     std::chrono::milliseconds pull_timeout{30'000};
+    size_t in_flight = 2;  // batches replicated at once (workers running Run)
     int max_attempts = 3;
   };
   ReplicaQueue(Options options, uint32_t node_id, MasterApi* master, PeerApi* peers, KeyIndex* keys,
@@ -66,7 +70,8 @@ class ReplicaQueue {
 
   // Queues `groups` (never blocks). A group is queued whole or dropped whole.
   void Enqueue(std::vector<ReplicaGroup> groups);
-  // The actor: replicates queued groups until stopping.
+  // One worker: replicates queued batches until stopping. The owner runs options.in_flight of
+  // them.
   void Run();
   // Wakes the actor and cancels calls in progress (call after stop_->Stop()).
   void Interrupt();
@@ -77,8 +82,10 @@ class ReplicaQueue {
 
  private:
   using TaskId = std::pair<std::string, uint64_t>;  // (key, put_id)
-  // The next batch: whole groups up to batch_keys keys, no key twice.
-  std::vector<ReplicaGroup> TakeBatch();
+  // The next batch: whole groups up to batch_keys keys, no key twice, none of a batch in flight.
+  std::vector<ReplicaGroup> TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The front group can go now: none of its keys is in a batch in flight.
+  bool FrontReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Replicate(std::vector<ReplicaGroup> batch);
   // The members still held here with their identity; the others are counted.
   ReplicaGroup StillHeld(const ReplicaGroup& g);
@@ -99,7 +106,8 @@ class ReplicaQueue {
   std::deque<ReplicaGroup> queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<TaskId> queued_ ABSL_GUARDED_BY(mu_);  // queued or in progress
   size_t keys_queued_ ABSL_GUARDED_BY(mu_) = 0;              // tasks in queued_
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;                   // a batch is being replicated
+  absl::flat_hash_set<std::string> keys_in_flight_ ABSL_GUARDED_BY(mu_);
+  size_t batches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace fluxon

@@ -99,14 +99,15 @@ class ReplicaQueueTest : public OwnerPartsTest {
     StopActor();
     OwnerPartsTest::TearDown();
   }
-  void StartActor() {
-    actor_ = std::thread([this] { queue_->Run(); });
+  void StartActor(int workers = 1) {
+    for (int i = 0; i < workers; ++i) actors_.emplace_back([this] { queue_->Run(); });
   }
   void StopActor() {
-    if (!actor_.joinable()) return;
+    if (actors_.empty()) return;
     stop_.Stop();
     queue_->Interrupt();
-    actor_.join();
+    for (std::thread& t : actors_) t.join();
+    actors_.clear();
   }
   // The group of `keys` as the master routes them (the source's identities).
   ReplicaGroup GroupOf(const std::vector<std::string>& keys) {
@@ -147,7 +148,7 @@ class ReplicaQueueTest : public OwnerPartsTest {
   std::unique_ptr<ReplicaPuller> puller_;
   std::unique_ptr<InProcessPeers> peers_;
   std::unique_ptr<ReplicaQueue> queue_;
-  std::thread actor_;
+  std::vector<std::thread> actors_;
 };
 
 // Queued groups are placed on the target and pulled there: each key gets a second location of
@@ -170,6 +171,27 @@ TEST_F(ReplicaQueueTest, QueuedGroupsArePulledByTheirTarget) {
   EXPECT_EQ(a_->counters->replica_pulls_completed.load(), 6);
   EXPECT_EQ(master().counters().replica_copies_other_roles.load(), 6);
   EXPECT_EQ(master().counters().replica_copies_remote_cache.load(), 0);
+  ExpectAccounted();
+}
+
+// Several workers drain the queue in batches of batch_keys keys, each batch its own call; every
+// key is copied once.
+TEST_F(ReplicaQueueTest, SeveralBatchesInFlight) {
+  ReplicaQueue::Options o;
+  o.batch_keys = 2;
+  o.in_flight = 2;
+  TwoOwners(o);
+  const std::vector<std::string> keys = Keys("fl", 8);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  std::vector<ReplicaGroup> groups;
+  for (const std::string& k : keys) groups.push_back(GroupOf({k}));
+  queue_->Enqueue(std::move(groups));
+  StartActor(2);
+  WaitIdle();
+  EXPECT_EQ(src().replica_tasks_completed.load(), 8);
+  EXPECT_EQ(src().replica_pull_calls.load(), 4);
+  for (const std::string& k : keys) EXPECT_EQ(Locations(k), 2u) << k;
+  EXPECT_EQ(master().counters().replica_copies_other_roles.load(), 8);
   ExpectAccounted();
 }
 
