@@ -1,6 +1,9 @@
 #include "owner/key_index.h"
 
+#include <map>
+
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "common/check.h"
 #include "spdlog/spdlog.h"
 
@@ -46,6 +49,62 @@ bool KeyIndex::ReserveAll(std::span<const std::string> keys, uint64_t put_id,
   Count(State::kReserved, static_cast<int>(reserved));
   if (conflict) Unreserve(keys, put_id, fetch);
   return !conflict;
+}
+
+absl::StatusOr<std::vector<SlotRef>> KeyIndex::ReserveAndClaim(
+    std::span<const std::string> keys, uint64_t put_id, uint64_t value_len,
+    std::vector<uint32_t>* conflicts, std::optional<std::chrono::milliseconds> wait) {
+  if (!ReserveAll(keys, put_id, conflicts)) {
+    const size_t n = conflicts != nullptr ? conflicts->size() : 0;
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "%d of %d keys are already stored or being written; nothing was reserved", n, keys.size()));
+  }
+  absl::StatusOr<std::vector<SlotRef>> slots = pool_->Claim(value_len, keys.size(), wait);
+  if (!slots.ok()) Unreserve(keys, put_id, /*fetch=*/false);
+  return slots;
+}
+
+std::vector<KeyIndex::TargetClaim> KeyIndex::ReserveAndClaimEach(
+    std::span<const TargetRequest> targets, std::chrono::milliseconds wait) {
+  std::vector<TargetClaim> out(targets.size());
+  // Reserve every key (a local put or another fetch cannot take it meanwhile), then claim.
+  std::map<uint64_t, std::vector<size_t>> by_len;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const std::string key(targets[i].key);
+    if (targets[i].len > 0 &&
+        ReserveAll(std::span<const std::string>(&key, 1), targets[i].put_id, nullptr,
+                   /*fetch=*/true)) {
+      by_len[targets[i].len].push_back(i);
+    }
+  }
+  // Claims: all of one length at once; if that fails, one by one (a prefix is still useful).
+  for (const auto& [len, group] : by_len) {
+    absl::StatusOr<std::vector<SlotRef>> all = pool_->Claim(len, group.size(), wait);
+    if (all.ok()) {
+      for (size_t j = 0; j < group.size(); ++j) out[group[j]].slot = (*all)[j];
+    } else {
+      for (size_t i : group) {
+        absl::StatusOr<std::vector<SlotRef>> one = pool_->Claim(len, 1, wait);
+        if (!one.ok()) break;
+        out[i].slot = one->front();
+      }
+    }
+    for (size_t i : group) {
+      if (out[i].slot) {
+        out[i].outcome = TargetOutcome::kClaimed;
+        continue;
+      }
+      out[i].outcome = TargetOutcome::kNoSpace;
+      const std::string key(targets[i].key);
+      Unreserve(std::span<const std::string>(&key, 1), targets[i].put_id, /*fetch=*/true);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<HolderRef> KeyIndex::CommitHidden(const std::string& key, uint64_t put_id,
+                                                 const SlotRef& slot, uint64_t len) {
+  return HolderRef::CommitHidden(pool_, slot, key, put_id, len);
 }
 
 void KeyIndex::Unreserve(std::span<const std::string> keys, uint64_t put_id, bool fetch) {

@@ -4,8 +4,12 @@
 // checking the key's state — no caller advances the two state machines side by side:
 //
 //   key transition                                    slot transition in the same call
+//   absent --ReserveAndClaim--> Reserved(put_id)      Free --Claim--> Prepared (all or none)
+//   absent --ReserveAndClaimEach--> Reserved(put_id)  Free --Claim--> Prepared (per key: a
+//     (a remote get's or a replica pull's targets)      busy key or no slot leaves it absent)
 //   absent --ReserveAll--> Reserved(put_id)           (the caller claims Prepared slots)
 //   Reserved --ReleaseReservation--> absent           Prepared --Abort--> Free
+//   Reserved --CommitHidden--> Reserved (holder)      Prepared --CommitHidden--> Pending
 //   Reserved --MakeLocalVisible--> LocalVisible       Prepared --CommitLocalVisible--> Pending*
 //   LocalVisible --Promote--> Committed(cohort)       Pending* --PublishRoute--> Committed
 //   LocalVisible --EraseUnpublished--> absent         the last holder goes: -> Free
@@ -38,13 +42,16 @@
 //   state and are changed only here, with the transition.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "holder/holder.h"
 #include "owner/owner_counters.h"
 #include "route/key_control_table.h"
@@ -66,6 +73,35 @@ class KeyIndex {
   // `fetch`: the reservation of a remote get's target (else a local put's).
   bool ReserveAll(std::span<const std::string> keys, uint64_t put_id,
                   std::vector<uint32_t>* conflicts, bool fetch = false);
+  // Reserves every key for `put_id` and claims one Prepared slot of `value_len` bytes for each,
+  // all or none (the put path). A conflict reserves nothing: AlreadyExists, `conflicts` (when
+  // non-null) lists the indices already present. A claim that fails (ResourceExhausted after
+  // `wait`, default the pool's hard timeout; Unavailable when stopping) leaves nothing reserved.
+  absl::StatusOr<std::vector<SlotRef>> ReserveAndClaim(
+      std::span<const std::string> keys, uint64_t put_id, uint64_t value_len,
+      std::vector<uint32_t>* conflicts,
+      std::optional<std::chrono::milliseconds> wait = std::nullopt);
+  // One target of a remote get or a replica pull: its key, identity and length.
+  struct TargetRequest {
+    std::string_view key;
+    uint64_t put_id = 0;
+    uint64_t len = 0;
+  };
+  enum class TargetOutcome : uint8_t { kClaimed, kBusy, kNoSpace };
+  struct TargetClaim {
+    TargetOutcome outcome = TargetOutcome::kBusy;
+    std::optional<SlotRef> slot;  // kClaimed: the Prepared slot of the fetch reservation
+  };
+  // Per target, independently: reserves the key for the fetch (`fetch` reservation) and claims a
+  // slot (all targets of one length at once within `wait`, else one by one, so a prefix is still
+  // served). kBusy: the key is reserved or held here already; kNoSpace: no slot (its reservation
+  // is dropped again). Claimed targets end with ReleaseReservation(fetch) or CommitCopy.
+  std::vector<TargetClaim> ReserveAndClaimEach(std::span<const TargetRequest> targets,
+                                               std::chrono::milliseconds wait);
+  // A fetch target's bytes are in: its Prepared `slot` becomes Pending behind its canonical
+  // holder (hidden: no reader can pin it until CommitCopy).
+  absl::StatusOr<HolderRef> CommitHidden(const std::string& key, uint64_t put_id,
+                                         const SlotRef& slot, uint64_t len);
   // Drops `put_id`'s reservations of `keys` of the same kind and aborts the Prepared `slots`
   // claimed for them (an abort, an expired put, a failed claim with no slots, a remote get's
   // target that was never filled). `keys` may be empty: slots whose reservation already went.

@@ -33,19 +33,14 @@ absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, PutStartArgs 
                                                std::vector<uint32_t>* conflicts) {
   FLUXON_RETURN_IF_ERROR(ValidatePutStart(a.keys, a.value_len, a.options));
   const uint64_t put_id = next_put_id_.fetch_add(1);
-  // Reserve every key, one shard lock each (G3); a conflict reserves nothing.
-  if (!keys_->ReserveAll(a.keys, put_id, conflicts)) {
-    counters_->put_conflicts.fetch_add(1, std::memory_order_relaxed);
-    const size_t n = conflicts != nullptr ? conflicts->size() : 0;
-    return absl::AlreadyExistsError(
-        absl::StrFormat("%d of %d keys are already stored or being written; nothing was reserved",
-                        n, a.keys.size()));
-  }
+  // Reserve every key, one shard lock each (G3), and claim their slots; a conflict or a failed
+  // claim leaves nothing reserved.
   absl::StatusOr<std::vector<SlotRef>> slots =
-      pool_->Claim(static_cast<uint64_t>(a.value_len), a.keys.size());
+      keys_->ReserveAndClaim(a.keys, put_id, static_cast<uint64_t>(a.value_len), conflicts);
   if (!slots.ok()) {
-    keys_->ReleaseReservation(a.keys, put_id, {});
-    if (slots.status().code() == absl::StatusCode::kResourceExhausted) {
+    if (slots.status().code() == absl::StatusCode::kAlreadyExists) {
+      counters_->put_conflicts.fetch_add(1, std::memory_order_relaxed);
+    } else if (slots.status().code() == absl::StatusCode::kResourceExhausted) {
       counters_->put_no_space.fetch_add(1, std::memory_order_relaxed);
     }
     return slots.status();

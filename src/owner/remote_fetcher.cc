@@ -120,50 +120,35 @@ const char* FetchMissName(FetchMiss m) {
 std::vector<std::unique_ptr<RemoteFetcher::Target>> RemoteFetcher::ReserveAndClaim(
     const std::vector<RemoteLeader>& leaders, Clock::time_point deadline,
     std::vector<FetchMiss>* misses) {
-  // Reserve every key (a local put or another batch cannot take it meanwhile), then claim.
-  std::vector<std::unique_ptr<Target>> targets;
+  std::vector<KeyIndex::TargetRequest> requests;
+  requests.reserve(leaders.size());
+  for (const RemoteLeader& l : leaders) requests.push_back({l.key, l.put_id, l.len});
+  const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::clamp(deadline - Clock::now(), Clock::duration(std::chrono::milliseconds(1)),
+                 Clock::duration(std::chrono::milliseconds(200))));
+  const std::vector<KeyIndex::TargetClaim> claims = keys_->ReserveAndClaimEach(requests, wait);
+  std::vector<std::unique_ptr<Target>> claimed;
   for (size_t i = 0; i < leaders.size(); ++i) {
+    switch (claims[i].outcome) {
+      case KeyIndex::TargetOutcome::kBusy:
+        (*misses)[i] = leaders[i].len == 0 ? FetchMiss::kFailed : FetchMiss::kBusy;
+        continue;
+      case KeyIndex::TargetOutcome::kNoSpace:
+        (*misses)[i] = FetchMiss::kNoSpace;
+        continue;
+      case KeyIndex::TargetOutcome::kClaimed:
+        break;
+    }
     auto t = std::make_unique<Target>();
     t->index = i;
     t->key = leaders[i].key;
     t->put_id = leaders[i].put_id;
     t->version = leaders[i].version;
     t->len = leaders[i].len;
-    if (t->len == 0 || !keys_->ReserveAll(std::span<const std::string>(&t->key, 1), t->put_id,
-                                          nullptr, /*fetch=*/true)) {
-      (*misses)[i] = t->len == 0 ? FetchMiss::kFailed : FetchMiss::kBusy;
-      continue;
-    }
     t->reserved = true;
-    targets.push_back(std::move(t));
-  }
-  // Claims: all of one length at once; if that fails, one by one (a prefix is still useful).
-  std::map<uint64_t, std::vector<Target*>> by_len;
-  for (auto& t : targets) by_len[t->len].push_back(t.get());
-  for (auto& [len, group] : by_len) {
-    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::clamp(deadline - Clock::now(), Clock::duration(std::chrono::milliseconds(1)),
-                   Clock::duration(std::chrono::milliseconds(200))));
-    absl::StatusOr<std::vector<SlotRef>> all = pool_->Claim(len, group.size(), wait);
-    if (all.ok()) {
-      for (size_t j = 0; j < group.size(); ++j) group[j]->slot = (*all)[j];
-    } else {
-      for (Target* t : group) {
-        absl::StatusOr<std::vector<SlotRef>> one = pool_->Claim(len, 1, wait);
-        if (!one.ok()) break;
-        t->slot = one->front();
-      }
-    }
-  }
-  std::vector<std::unique_ptr<Target>> claimed;
-  for (auto& t : targets) {
-    if (t->slot) {
-      counters_->remote_pending_targets.fetch_add(1, std::memory_order_relaxed);
-      claimed.push_back(std::move(t));
-    } else {
-      (*misses)[t->index] = FetchMiss::kNoSpace;
-      Free(*t);
-    }
+    t->slot = claims[i].slot;
+    counters_->remote_pending_targets.fetch_add(1, std::memory_order_relaxed);
+    claimed.push_back(std::move(t));
   }
   return claimed;
 }
@@ -282,8 +267,7 @@ void RemoteFetcher::HideReads(std::vector<Target*>& started, std::vector<Target*
                               std::vector<Target*>* revoke) {
   for (Target* t : started) {
     if (t->read_ok) {
-      absl::StatusOr<HolderRef> h =
-          HolderRef::CommitHidden(pool_, *t->slot, t->key, t->put_id, t->len);
+      absl::StatusOr<HolderRef> h = keys_->CommitHidden(t->key, t->put_id, *t->slot, t->len);
       if (h.ok()) {
         t->holder = std::move(*h);
         done->push_back(t);

@@ -51,6 +51,59 @@ TEST_F(KeyIndexTest, ReserveIsAllOrNoneAndReleaseAbortsTheSlots) {
   EXPECT_EQ(parts_->counters->reserved_entries.load(), 0);
 }
 
+// The put path's reserve-and-claim: all or none. A conflict reserves nothing and claims nothing;
+// otherwise every key is Reserved with a Prepared slot each.
+TEST_F(KeyIndexTest, ReserveAndClaimIsAllOrNone) {
+  const std::vector<std::string> held = {"h"};
+  ASSERT_TRUE(keys().ReserveAll(held, 1, nullptr));
+  std::vector<uint32_t> conflicts;
+  const std::vector<std::string> batch = {"p", "h", "q"};
+  auto refused = keys().ReserveAndClaim(batch, 2, kValueLen, &conflicts);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(conflicts, std::vector<uint32_t>{1});
+  EXPECT_EQ(keys().StateName("p"), "absent");
+  EXPECT_EQ(Slots(SlotState::kPrepared), 0);
+  const std::vector<std::string> fresh = {"p", "q"};
+  auto slots = keys().ReserveAndClaim(fresh, 3, kValueLen, nullptr);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  EXPECT_EQ(slots->size(), 2u);
+  EXPECT_EQ(keys().StateName("q"), "reserved");
+  EXPECT_EQ(Slots(SlotState::kPrepared), 2);
+  keys().ReleaseReservation(fresh, 3, *slots);
+  keys().ReleaseReservation(held, 1, {});
+  EXPECT_EQ(Slots(SlotState::kPrepared), 0);
+  EXPECT_EQ(parts_->counters->reserved_entries.load(), 0);
+}
+
+// The fetch path's reserve-and-claim is per target: a key reserved here already is busy and
+// the others are claimed; a claimed target is a fetch reservation (a put's release leaves it)
+// that CommitHidden turns Pending behind its holder and CommitCopy installs.
+TEST_F(KeyIndexTest, ReserveAndClaimEachIsPerTarget) {
+  const std::vector<std::string> held = {"busy"};
+  ASSERT_TRUE(keys().ReserveAll(held, 1, nullptr));
+  const std::vector<KeyIndex::TargetRequest> targets = {
+      {"t1", 5, kValueLen}, {"busy", 5, kValueLen}, {"t2", 6, kValueLen}};
+  const auto claims = keys().ReserveAndClaimEach(targets, std::chrono::milliseconds(50));
+  ASSERT_EQ(claims.size(), 3u);
+  EXPECT_EQ(claims[0].outcome, KeyIndex::TargetOutcome::kClaimed);
+  EXPECT_EQ(claims[1].outcome, KeyIndex::TargetOutcome::kBusy);
+  EXPECT_EQ(claims[2].outcome, KeyIndex::TargetOutcome::kClaimed);
+  EXPECT_EQ(Slots(SlotState::kPrepared), 2);
+  const std::vector<std::string> t1 = {"t1"};
+  keys().ReleaseReservation(t1, 5, {}, /*fetch=*/false);
+  EXPECT_EQ(keys().StateName("t1"), "reserved");
+  absl::StatusOr<HolderRef> h = keys().CommitHidden("t1", 5, *claims[0].slot, kValueLen);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(Slots(SlotState::kPending), 1);
+  ASSERT_TRUE(keys().CommitCopy("t1", 5, &*h, /*cohort_id=*/9, /*version=*/3));
+  EXPECT_EQ(keys().StateName("t1"), "committed");
+  const std::vector<std::string> t2 = {"t2"};
+  keys().ReleaseReservation(t2, 6, std::span<const SlotRef>(&*claims[2].slot, 1), true);
+  keys().ReleaseReservation(held, 1, {});
+  EXPECT_EQ(Slots(SlotState::kPrepared), 0);
+  EXPECT_EQ(keys().StateName("t2"), "absent");
+}
+
 // T2: a put's release never drops a remote get's reservation of the same number, or the reverse.
 TEST_F(KeyIndexTest, ReleaseOfAnotherKindOrVersionKeepsTheReservation) {
   const std::vector<std::string> k = {"x"};

@@ -230,6 +230,22 @@ TEST_F(ReplicaQueueTest, AValueGoneBeforeItsBatchIsSourceGoneWithoutACall) {
   ExpectAccounted();
 }
 
+// S3: the source evicts for capacity while the task is queued; the task ends "source gone" and
+// nothing is copied (a replica never holds up or vetoes the source's eviction).
+TEST_F(ReplicaQueueTest, EvictedWhileQueuedIsSourceGone) {
+  TwoOwners();
+  ASSERT_TRUE(PutAndPublish(*b_, {"ev-a", "ev-b"}).ok());
+  queue_->Enqueue({GroupOf({"ev-a", "ev-b"})});
+  EXPECT_GE(b_->evictor->EvictSome(uint64_t{1} << 30), static_cast<uint64_t>(2 * kValueLen));
+  EXPECT_EQ(b_->State("ev-a"), "absent");
+  StartActor();
+  WaitIdle();
+  EXPECT_EQ(src().replica_tasks_source_gone.load(), 2);
+  EXPECT_EQ(a_->State("ev-a"), "absent");
+  EXPECT_EQ(Locations("ev-a"), 0u);
+  ExpectAccounted();
+}
+
 // The queue is bounded and never blocks: a group that does not fit is dropped whole and
 // counted; a (key, put_id) already queued is not queued twice.
 TEST_F(ReplicaQueueTest, BoundedAndDeduplicated) {
