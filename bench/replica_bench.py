@@ -27,6 +27,7 @@ source evicts its oldest values by its own policy when full. Exit status 1 if a 
 import argparse
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -142,11 +143,13 @@ def replicate_once(client, cache_stats, tag, pages, value_len, buf):
     return elapsed, read_us / 1e6
 
 
-def transport_ceiling(bench, pages, value_len):
+def transport_ceiling(bench, peer, pages, value_len):
     """GB/s of fluxon-tcp and raw-tcp at 4 connections for the same values (bench_transport)."""
-    r = subprocess.run([bench, "--rounds=1", "--batches=3", "--connections=4",
-                        f"--values={pages}", f"--value-len={value_len}"],
-                       capture_output=True, text=True, timeout=300)
+    cmd = shlex.split(bench) + ["--rounds=1", "--batches=3", "--connections=4",
+                                f"--values={pages}", f"--value-len={value_len}"]
+    if peer:
+        cmd.append(f"--peer={peer}")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         raise RuntimeError(f"bench_transport failed: {r.stderr[-2000:]}")
     out = {}
@@ -175,7 +178,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fluxond", default="build/src/fluxond")
-    ap.add_argument("--bench-transport", default="build/bench/bench_transport")
+    ap.add_argument("--bench-transport", default="build/bench/bench_transport",
+                    help="the ceiling's command (split like a shell line: an env prefix is fine)")
+    ap.add_argument("--transport-peer", default=None,
+                    help="bench_transport's serving process (default: its build's)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cycle-batches", type=int, default=40)
     ap.add_argument("--batch-keys", type=int, default=256,
@@ -199,7 +205,7 @@ def main():
                 sec, read_s = replicate_once(client, cache_stats, f"r{r}-{name}", p, v, bufs[v])
                 rows[name]["replica_s"].append(sec)
                 rows[name]["read_s"].append(read_s)
-                for mode, gbps in transport_ceiling(a.bench_transport, p, v).items():
+                for mode, gbps in transport_ceiling(a.bench_transport, a.transport_peer, p, v).items():
                     rows[name][mode].append(gbps)
             order = ("off", "on") if r % 2 == 0 else ("on", "off")
             for mode in order:

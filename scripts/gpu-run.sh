@@ -29,6 +29,9 @@
 #            with real device pools (tests/gpu/test_linker_real.py); part of test and all
 #     linkerbench: bench/gpu/linker_bench.py (FluxonLinker restore/offload against the pinned
 #            memcpy ceiling and the HiCacheStorage path, in the real SGLang; not part of all)
+#     replica: bench/replica_bench.py (replicas by pull against bench_transport's read of the
+#            same values, and the put cycle with replicas on and off; CPU only, on the GPU
+#            machine's idle cores; REPLICA_ARGS passes options; not part of all)
 #     all  : test and bench (default); quick: tests in quick mode and the benchmark without sweeps
 #     Each step runs in its own process (a GPU fault in one cannot hide the others' results).
 #     Logs and the benchmark CSV go to $OUT (or ./gpu-out); the short tables are printed last.
@@ -55,7 +58,8 @@ case $mode in
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUXON_CUDA=ON \
       -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$PYBIND_DIR" >/dev/null
     cmake -S . -B "$BUILD_DIR" -DFLUXON_PYTHON=ON >/dev/null
-    cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target kv_transfer_bench _fluxon_kernels_testing
+    cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target kv_transfer_bench _fluxon_kernels_testing \
+      bench_transport transport_peer
     rm -rf "$DEST"
     mkdir -p "$DEST/bin" "$DEST/lib" "$DEST/wheel" "$DEST/tests"
     # The wheel's kernels module and the tests' support module share a class registration
@@ -72,14 +76,15 @@ names = zipfile.ZipFile(sys.argv[1]).namelist()
 if not any(n.startswith("fluxon/_fluxon_kernels") for n in names):
     sys.exit(f"{sys.argv[1]} has no fluxon/_fluxon_kernels (was nvcc found?)")
 PY
-    cp "$BUILD_DIR"/bench/gpu/kv_transfer_bench "$DEST/bin/"
+    cp "$BUILD_DIR"/bench/gpu/kv_transfer_bench "$BUILD_DIR"/bench/bench_transport "$DEST/bin/"
+    cp "$(find "$BUILD_DIR"/tests -name transport_peer -type f | head -1)" "$DEST/bin/"
     strip "$DEST"/bin/*
     cp tests/gpu/gpu_harness.py tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py \
       tests/gpu/test_sglang_real.py tests/gpu/test_linker_real.py "$DEST/tests/"
     # The kernel tests' support module (not in the wheel), beside the test that imports it.
     cp "$BUILD_DIR"/tests/kernels/_fluxon_kernels_testing*.so "$DEST/tests/"
     mkdir -p "$DEST/bench"
-    cp bench/gpu/linker_bench.py "$DEST/bench/"
+    cp bench/gpu/linker_bench.py bench/replica_bench.py bench/soak_cluster.py "$DEST/bench/"
     # The pinned SGLang (its Python sources; the compiled extensions are for another Python and
     # are not imported on the HiCache path) and Python 3.12 wheels of the modules it imports at
     # start-up that the GPU machine's torch environment lacks. sgl_kernel (SGLang's CUDA kernel
@@ -218,6 +223,12 @@ PY
       step bench bench.log "${BENCH[@]}" $bflag --csv "$OUTDIR/bench.csv"
       ;;
     esac
+    if [ "$what" = replica ]; then
+      step replica replica.log "$PY" "$PACK/bench/replica_bench.py" --fluxond "$FLUXOND" \
+        --bench-transport "env LD_LIBRARY_PATH=$PACK/lib $PACK/bin/bench_transport" \
+        --transport-peer "$PACK/bin/transport_peer" ${REPLICA_ARGS:-}
+      cat "$OUTDIR/replica.log"
+    fi
     if [ "$what" = bulk ]; then
       step bench-bulk bench-bulk.log "${BENCH[@]}" --quick --bulk --csv "$OUTDIR/bench-bulk.csv"
     fi

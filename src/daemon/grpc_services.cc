@@ -205,7 +205,8 @@ class PeerServiceImpl final : public v1::PeerService::Service {
     std::vector<PullItem> items;
     items.reserve(r->items_size());
     for (const v1::PullItem& it : r->items()) {
-      items.push_back(PullItem{it.key(), it.put_id(), it.version(), it.len()});
+      items.push_back(PullItem{it.key(), it.put_id(), it.version(), it.len(), it.source_node_id(),
+                               it.source_generation(), it.group()});
     }
     absl::StatusOr<std::vector<PullOutcome>> outcomes = owner_->PullReplicas(items);
     if (!outcomes.ok()) return ToGrpcStatus(outcomes.status());

@@ -423,6 +423,10 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
         local = l.generation == r.requester_generation();
         continue;
       }
+      if (item.source_node_id() != 0 &&
+          (l.node_id != item.source_node_id() || l.generation != item.source_generation())) {
+        continue;  // only the named location may be the source
+      }
       auto peer = peers.find(l.node_id);
       if (source == nullptr && peer != peers.end() && peer->second.generation == l.generation &&
           l.len == item.len()) {

@@ -67,36 +67,76 @@ absl::StatusOr<std::vector<SlotRef>> KeyIndex::ReserveAndClaim(
 std::vector<KeyIndex::TargetClaim> KeyIndex::ReserveAndClaimEach(
     std::span<const TargetRequest> targets, std::chrono::milliseconds wait) {
   std::vector<TargetClaim> out(targets.size());
-  // Reserve every key (a local put or another fetch cannot take it meanwhile), then claim.
-  std::map<uint64_t, std::vector<size_t>> by_len;
+  // The unit a claim succeeds or fails as: an atomic group (its members share a non-zero group
+  // number), else the key alone.
+  std::map<uint64_t, std::vector<size_t>> units;
+  uint64_t next_single = uint64_t{1} << 32;  // above every uint32 group number
   for (size_t i = 0; i < targets.size(); ++i) {
-    const std::string key(targets[i].key);
-    if (targets[i].len > 0 &&
-        ReserveAll(std::span<const std::string>(&key, 1), targets[i].put_id, nullptr,
-                   /*fetch=*/true)) {
-      by_len[targets[i].len].push_back(i);
-    }
+    units[targets[i].group != 0 ? targets[i].group : next_single++].push_back(i);
   }
-  // Claims: all of one length at once; if that fails, one by one (a prefix is still useful).
+  auto release = [&](size_t i, TargetOutcome why) {
+    const std::string key(targets[i].key);
+    if (out[i].outcome == TargetOutcome::kClaimed || out[i].slot) {
+      ReleaseReservation(
+          std::span<const std::string>(&key, 1), targets[i].put_id,
+          out[i].slot ? std::span<const SlotRef>(&*out[i].slot, 1) : std::span<const SlotRef>(),
+          /*fetch=*/true);
+    }
+    out[i].slot.reset();
+    out[i].outcome = why;
+  };
+  // Reserve every key (a local put or another fetch cannot take it meanwhile); a unit with a
+  // busy member is given up whole.
+  std::map<uint64_t, std::vector<size_t>> by_len;
+  for (const auto& [unit, members] : units) {
+    bool busy = false;
+    for (size_t i : members) {
+      const std::string key(targets[i].key);
+      if (targets[i].len > 0 &&
+          ReserveAll(std::span<const std::string>(&key, 1), targets[i].put_id, nullptr,
+                     /*fetch=*/true)) {
+        out[i].outcome = TargetOutcome::kClaimed;  // reserved; its slot follows
+      } else {
+        busy = true;
+      }
+    }
+    if (busy) {
+      for (size_t i : members) release(i, TargetOutcome::kBusy);
+      continue;
+    }
+    for (size_t i : members) by_len[targets[i].len].push_back(i);
+  }
+  // Claims: all of one length at once; if that fails, unit by unit (a prefix is still useful).
   for (const auto& [len, group] : by_len) {
     absl::StatusOr<std::vector<SlotRef>> all = pool_->Claim(len, group.size(), wait);
     if (all.ok()) {
       for (size_t j = 0; j < group.size(); ++j) out[group[j]].slot = (*all)[j];
-    } else {
-      for (size_t i : group) {
-        absl::StatusOr<std::vector<SlotRef>> one = pool_->Claim(len, 1, wait);
-        if (!one.ok()) break;
-        out[i].slot = one->front();
-      }
+      continue;
     }
-    for (size_t i : group) {
-      if (out[i].slot) {
-        out[i].outcome = TargetOutcome::kClaimed;
+    bool exhausted = false;
+    for (const auto& [unit, members] : units) {
+      std::vector<size_t> of_len;
+      for (size_t i : members) {
+        if (out[i].outcome == TargetOutcome::kClaimed && targets[i].len == len) of_len.push_back(i);
+      }
+      if (of_len.empty() || exhausted) continue;
+      absl::StatusOr<std::vector<SlotRef>> some = pool_->Claim(len, of_len.size(), wait);
+      if (!some.ok()) {
+        exhausted = true;
         continue;
       }
-      out[i].outcome = TargetOutcome::kNoSpace;
-      const std::string key(targets[i].key);
-      Unreserve(std::span<const std::string>(&key, 1), targets[i].put_id, /*fetch=*/true);
+      for (size_t j = 0; j < of_len.size(); ++j) out[of_len[j]].slot = (*some)[j];
+    }
+  }
+  // A unit is claimed whole or not at all.
+  for (const auto& [unit, members] : units) {
+    bool whole = true;
+    for (size_t i : members) {
+      whole &= out[i].outcome != TargetOutcome::kClaimed || out[i].slot.has_value();
+    }
+    if (whole) continue;
+    for (size_t i : members) {
+      if (out[i].outcome == TargetOutcome::kClaimed) release(i, TargetOutcome::kNoSpace);
     }
   }
   return out;

@@ -81,21 +81,25 @@ class KeyIndex {
       std::span<const std::string> keys, uint64_t put_id, uint64_t value_len,
       std::vector<uint32_t>* conflicts,
       std::optional<std::chrono::milliseconds> wait = std::nullopt);
-  // One target of a remote get or a replica pull: its key, identity and length.
+  // One target of a remote get or a replica pull: its key, identity and length, and its atomic
+  // group (targets sharing a non-zero group are claimed whole or not at all; 0: alone).
   struct TargetRequest {
     std::string_view key;
     uint64_t put_id = 0;
     uint64_t len = 0;
+    uint32_t group = 0;
   };
   enum class TargetOutcome : uint8_t { kClaimed, kBusy, kNoSpace };
   struct TargetClaim {
     TargetOutcome outcome = TargetOutcome::kBusy;
     std::optional<SlotRef> slot;  // kClaimed: the Prepared slot of the fetch reservation
   };
-  // Per target, independently: reserves the key for the fetch (`fetch` reservation) and claims a
-  // slot (all targets of one length at once within `wait`, else one by one, so a prefix is still
-  // served). kBusy: the key is reserved or held here already; kNoSpace: no slot (its reservation
-  // is dropped again). Claimed targets end with ReleaseReservation(fetch) or CommitCopy.
+  // Per target (or per atomic group, whole), independently of the others: reserves the key for
+  // the fetch (`fetch` reservation) and claims a slot (all targets of one length at once within
+  // `wait`, else unit by unit, so a prefix is still served). kBusy: the key (or another key of
+  // its group) is reserved or held here already; kNoSpace: no slot for it (or for another member
+  // of its group). A target that is not claimed keeps nothing reserved or claimed. Claimed
+  // targets end with ReleaseReservation(fetch) or CommitCopy.
   std::vector<TargetClaim> ReserveAndClaimEach(std::span<const TargetRequest> targets,
                                                std::chrono::milliseconds wait);
   // A fetch target's bytes are in: its Prepared `slot` becomes Pending behind its canonical

@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   c.replicas_ = std::make_unique<ReplicaQueue>(
       ReplicaQueue::Options{config.replica_queue_keys, config.replica_batch_keys,
                             config.replica_pull_timeout, config.replica_pulls_in_flight},
-      rt.node_id, master, rt.peers, c.keys_.get(), counters, &c.stop_);
+      registration, master, rt.peers, c.keys_.get(), counters, &c.stop_);
   c.publisher_ = std::make_unique<Publisher>(
       Publisher::Options{kPublishQueueCapacity, config.commit_wait_timeout}, registration, master,
       c.keys_.get(), pool, c.hot_.get(), counters, c.evictor_.get(), &c.stop_, c.replicas_.get());

@@ -74,8 +74,8 @@ enum class CounterKind { kCounter, kGauge, kMicros };
   X(replica_pulls_no_space, kCounter, "fluxon_replica_pulls_total", "outcome=no_space", "")       \
   X(replica_pulls_failed, kCounter, "fluxon_replica_pulls_total", "outcome=failed", "")           \
   X(replica_tasks_enqueued, kCounter, "fluxon_replica_tasks_total", "outcome=enqueued",           \
-    "Replica tasks of this owner's puts (make_replica_task), by what became of them: enqueued, "   \
-    "dropped (queue_full, duplicate), and each sent pull's outcome (owner/replica_queue.h).")      \
+    "Replica tasks of this owner's puts (make_replica_task), by what became of them: enqueued, "  \
+    "dropped (queue_full, duplicate), and each sent pull's outcome (owner/replica_queue.h).")     \
   X(replica_tasks_queue_full, kCounter, "fluxon_replica_tasks_total", "outcome=queue_full", "")   \
   X(replica_tasks_duplicate, kCounter, "fluxon_replica_tasks_total", "outcome=duplicate", "")     \
   X(replica_tasks_completed, kCounter, "fluxon_replica_tasks_total", "outcome=completed", "")     \

@@ -17,6 +17,8 @@ struct RemoteFetcher::Target {
   uint64_t put_id = 0;
   uint64_t version = 0;
   uint64_t len = 0;
+  uint32_t source_node_id = 0;  // only this location may be the source (0: any)
+  uint64_t source_generation = 0;
   bool reserved = false;        // the key's Reserved(put_id) entry is ours
   std::optional<SlotRef> slot;  // claimed (Prepared) until CommitHidden
   HolderRef holder;             // after the read: the Pending target's holder
@@ -122,7 +124,7 @@ std::vector<std::unique_ptr<RemoteFetcher::Target>> RemoteFetcher::ReserveAndCla
     std::vector<FetchMiss>* misses) {
   std::vector<KeyIndex::TargetRequest> requests;
   requests.reserve(leaders.size());
-  for (const RemoteLeader& l : leaders) requests.push_back({l.key, l.put_id, l.len});
+  for (const RemoteLeader& l : leaders) requests.push_back({l.key, l.put_id, l.len, l.group});
   const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::clamp(deadline - Clock::now(), Clock::duration(std::chrono::milliseconds(1)),
                  Clock::duration(std::chrono::milliseconds(200))));
@@ -145,6 +147,8 @@ std::vector<std::unique_ptr<RemoteFetcher::Target>> RemoteFetcher::ReserveAndCla
     t->put_id = leaders[i].put_id;
     t->version = leaders[i].version;
     t->len = leaders[i].len;
+    t->source_node_id = leaders[i].source_node_id;
+    t->source_generation = leaders[i].source_generation;
     t->reserved = true;
     t->slot = claims[i].slot;
     counters_->remote_pending_targets.fetch_add(1, std::memory_order_relaxed);
@@ -170,6 +174,8 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
     item->set_target_offset(pool_->OffsetOf(*t->slot));
     item->set_len(t->len);
     item->set_version(t->version);
+    item->set_source_node_id(t->source_node_id);
+    item->set_source_generation(t->source_generation);
   }
   absl::StatusOr<v1::BatchGetStartReply> reply = RetryUncertainUntil(
       [&] {

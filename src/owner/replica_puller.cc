@@ -1,5 +1,6 @@
 #include "owner/replica_puller.h"
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/batch.h"
 #include "fluxon/status.h"
@@ -65,6 +66,16 @@ absl::StatusOr<std::vector<PullOutcome>> ReplicaPuller::Pull(const std::vector<P
           "pull item %d has length %d; it must be in (0, %d]", i, items[i].len, kMaxValueBytes));
     }
   }
+  // A group's items are consecutive (so a group number cannot join items far apart by mistake).
+  absl::flat_hash_set<uint32_t> closed;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const uint32_t g = items[i].group;
+    if (g == 0 || (i > 0 && items[i - 1].group == g)) continue;
+    if (!closed.insert(g).second) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pull item %d: the items of group %d are not consecutive", i, g));
+    }
+  }
   std::vector<PullOutcome> out(items.size(), PullOutcome::kFailed);
   // What this owner holds already decides first: the same identity is a retry (T1), another
   // committed identity makes the pull obsolete here, anything in flight is tried again later.
@@ -73,8 +84,9 @@ absl::StatusOr<std::vector<PullOutcome>> ReplicaPuller::Pull(const std::vector<P
   for (size_t i = 0; i < items.size(); ++i) {
     const std::optional<KeyIndex::Identity> held = keys_->IdentityOf(items[i].key);
     if (!held) {
-      leaders.push_back(
-          RemoteLeader{items[i].key, items[i].put_id, items[i].len, items[i].version});
+      leaders.push_back(RemoteLeader{items[i].key, items[i].put_id, items[i].len, items[i].version,
+                                     items[i].source_node_id, items[i].source_generation,
+                                     items[i].group});
       leader_index.push_back(i);
     } else if (held->state == KeyIndex::State::kCommitted && held->put_id == items[i].put_id &&
                held->version == items[i].version) {

@@ -7,7 +7,9 @@
 //
 // Invariants:
 // - A pull copies only the named identity: a route naming another (put_id, version) is
-//   kObsolete and nothing is installed; a deleted or evicted value (no route) is kSourceGone.
+//   kObsolete and nothing is installed; a deleted or evicted value (no route) is kSourceGone,
+//   and so is one the named source no longer holds, whatever other copies exist.
+// - An atomic group's slots are claimed whole: no space for one member is kNoSpace for all.
 // - Idempotent (T1): a retried pull of an identity already held here answers kAlreadyHeld and
 //   makes no second copy (one location per owner generation).
 // - A pull leaves nothing reserved or claimed when it fails (the fetch path's guarantee), and a
@@ -33,6 +35,11 @@ struct PullItem {
   uint64_t put_id = 0;
   uint64_t version = 0;
   uint64_t len = 0;
+  // The location to copy from (0: any live location of the identity) and the atomic group (items
+  // sharing a non-zero group are claimed whole; 0: alone).
+  uint32_t source_node_id = 0;
+  uint64_t source_generation = 0;
+  uint32_t group = 0;
 };
 
 enum class PullOutcome : uint8_t {
@@ -52,7 +59,7 @@ class ReplicaPuller {
 
   // Pulls every item; one outcome per item. InvalidArgument (nothing done) for a malformed
   // batch: empty, more than kMaxBatchKeys items, an empty or oversized key, a zero or oversized
-  // length, a zero put_id, or a key named twice.
+  // length, a zero put_id, a key named twice, or a group whose items are not consecutive.
   absl::StatusOr<std::vector<PullOutcome>> Pull(const std::vector<PullItem>& items);
 
  private:

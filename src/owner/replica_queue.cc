@@ -14,10 +14,11 @@ void Add(std::atomic<int64_t>& c, int64_t n) { c.fetch_add(n, std::memory_order_
 
 }  // namespace
 
-ReplicaQueue::ReplicaQueue(Options options, uint32_t node_id, MasterApi* master, PeerApi* peers,
-                           KeyIndex* keys, OwnerCounters* counters, StopSignal* stop)
+ReplicaQueue::ReplicaQueue(Options options, MasterRegistration* registration, MasterApi* master,
+                           PeerApi* peers, KeyIndex* keys, OwnerCounters* counters,
+                           StopSignal* stop)
     : options_(options),
-      node_id_(node_id),
+      registration_(registration),
       master_(master),
       peers_(peers),
       keys_(keys),
@@ -167,7 +168,7 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
   if (groups.empty()) return;
   size_t tasks = 0;
   v1::PlaceReplicasRequest place;
-  place.set_source_node_id(node_id_);
+  place.set_source_node_id(registration_->identity().node_id);
   for (const ReplicaGroup& g : groups) {
     uint64_t bytes = 0;
     for (const ReplicaTask& t : g) bytes += t.slot_bytes;
@@ -190,8 +191,13 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
     Add(counters_->replica_tasks_failed, static_cast<int64_t>(tasks));
     return;
   }
-  // One call per target, its groups' items in order.
-  std::map<std::string, std::vector<ReplicaTask>> by_target;
+  // One call per target, its groups' items in order, each group of several keys numbered.
+  struct Call {
+    std::vector<ReplicaTask> items;
+    std::vector<uint32_t> groups;
+    uint32_t next_group = 1;
+  };
+  std::map<std::string, Call> by_target;
   for (size_t g = 0; g < groups.size(); ++g) {
     const v1::PlacedGroup& p = placed->groups(static_cast<int>(g));
     if (!p.placed() || p.peer_address().empty()) {
@@ -201,13 +207,16 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
     Add(p.role() == "remote_cache" ? counters_->replica_targets_remote_cache
                                    : counters_->replica_targets_other_roles,
         static_cast<int64_t>(groups[g].size()));
-    std::vector<ReplicaTask>& items = by_target[p.peer_address()];
-    items.insert(items.end(), groups[g].begin(), groups[g].end());
+    Call& call = by_target[p.peer_address()];
+    const uint32_t number = groups[g].size() > 1 ? call.next_group++ : 0;
+    call.items.insert(call.items.end(), groups[g].begin(), groups[g].end());
+    call.groups.insert(call.groups.end(), groups[g].size(), number);
   }
-  for (const auto& [peer, items] : by_target) PullOn(peer, items);
+  for (const auto& [peer, call] : by_target) PullOn(peer, call.items, call.groups);
 }
 
-void ReplicaQueue::PullOn(const std::string& peer_address, const std::vector<ReplicaTask>& items) {
+void ReplicaQueue::PullOn(const std::string& peer_address, const std::vector<ReplicaTask>& items,
+                          const std::vector<uint32_t>& groups) {
   if (peers_ == nullptr) {
     Add(counters_->replica_tasks_failed, static_cast<int64_t>(items.size()));
     return;
@@ -218,13 +227,17 @@ void ReplicaQueue::PullOn(const std::string& peer_address, const std::vector<Rep
   const absl::Status last = RetryUncertain(
       [&]() -> absl::Status {
         v1::PullReplicasRequest req;
-        req.set_requester_node_id(node_id_);
+        req.set_requester_node_id(registration_->identity().node_id);
+        const uint64_t generation = registration_->generation();
         for (size_t i : open) {
           v1::PullItem* it = req.add_items();
           it->set_key(items[i].key);
           it->set_put_id(items[i].put_id);
           it->set_version(items[i].version);
           it->set_len(items[i].len);
+          it->set_source_node_id(registration_->identity().node_id);
+          it->set_source_generation(generation);
+          it->set_group(groups[i]);
         }
         Add(counters_->replica_pull_calls, 1);
         absl::StatusOr<v1::PullReplicasReply> r =

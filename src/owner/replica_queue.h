@@ -15,7 +15,10 @@
 //   A task whose value this owner no longer holds with that identity when its batch is formed is
 //   "source gone" (or "obsolete": another identity is held) without asking anyone; a value evicted
 //   while its pull runs makes the target answer "source gone".
-// - Atomic groups are placed whole: one group goes to one target in one call.
+// - Atomic groups are placed whole: one group goes to one target in one call, marked as a group
+//   (the target claims its slots whole). Every item names this owner's location (node, current
+//   generation) as the one to copy from: a value it no longer holds is "source gone" at the
+//   target even where other copies exist.
 // - A PullReplicas call is retried (same items, idempotent at the target, T1) while its outcome
 //   is unknown or items answer PULL_FAILED, at most max_attempts calls with a 25 ms, 50 ms, ...
 //   backoff; whatever is still unresolved is counted failed. A retried item the target already
@@ -38,6 +41,7 @@
 #include "common/mutex.h"
 #include "common/stop_signal.h"
 #include "owner/key_index.h"
+#include "owner/master_registration.h"
 #include "owner/owner_counters.h"
 #include "rpc/master_api.h"
 #include "rpc/peer_api.h"
@@ -65,8 +69,10 @@ class ReplicaQueue {
     size_t in_flight = 2;  // batches replicated at once (workers running Run)
     int max_attempts = 3;
   };
-  ReplicaQueue(Options options, uint32_t node_id, MasterApi* master, PeerApi* peers, KeyIndex* keys,
-               OwnerCounters* counters, StopSignal* stop);
+  // `registration` names this owner to targets (its node and current generation: the location
+  // they copy from).
+  ReplicaQueue(Options options, MasterRegistration* registration, MasterApi* master, PeerApi* peers,
+               KeyIndex* keys, OwnerCounters* counters, StopSignal* stop);
 
   // Queues `groups` (never blocks). A group is queued whole or dropped whole.
   void Enqueue(std::vector<ReplicaGroup> groups);
@@ -90,11 +96,13 @@ class ReplicaQueue {
   // The members still held here with their identity; the others are counted.
   ReplicaGroup StillHeld(const ReplicaGroup& g);
   // Sends `items` to one target, retrying as described; counts every item's final outcome.
-  void PullOn(const std::string& peer_address, const std::vector<ReplicaTask>& items);
+  // `groups[i]`: the atomic group number of items[i] within this call (0: alone).
+  void PullOn(const std::string& peer_address, const std::vector<ReplicaTask>& items,
+              const std::vector<uint32_t>& groups);
   void Finished(const std::vector<ReplicaGroup>& batch);
 
   const Options options_;
-  const uint32_t node_id_;
+  MasterRegistration* const registration_;
   MasterApi* const master_;
   PeerApi* const peers_;
   KeyIndex* const keys_;

@@ -104,6 +104,31 @@ TEST_F(KeyIndexTest, ReserveAndClaimEachIsPerTarget) {
   EXPECT_EQ(keys().StateName("t2"), "absent");
 }
 
+// An atomic group is claimed whole: one busy member gives the whole group up (nothing of it stays
+// reserved or claimed); a target alone is unaffected.
+TEST_F(KeyIndexTest, ReserveAndClaimEachTakesAGroupWhole) {
+  const std::vector<std::string> held = {"g-busy"};
+  ASSERT_TRUE(keys().ReserveAll(held, 1, nullptr));
+  const std::vector<KeyIndex::TargetRequest> targets = {{"g-a", 5, kValueLen, 3},
+                                                        {"g-busy", 5, kValueLen, 3},
+                                                        {"g-c", 5, kValueLen, 3},
+                                                        {"solo", 6, kValueLen, 0}};
+  const auto claims = keys().ReserveAndClaimEach(targets, std::chrono::milliseconds(50));
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(claims[i].outcome, KeyIndex::TargetOutcome::kBusy) << i;
+    EXPECT_FALSE(claims[i].slot.has_value()) << i;
+  }
+  EXPECT_EQ(claims[3].outcome, KeyIndex::TargetOutcome::kClaimed);
+  EXPECT_EQ(keys().StateName("g-a"), "absent");
+  EXPECT_EQ(keys().StateName("g-c"), "absent");
+  EXPECT_EQ(Slots(SlotState::kPrepared), 1);
+  const std::vector<std::string> solo = {"solo"};
+  keys().ReleaseReservation(solo, 6, std::span<const SlotRef>(&*claims[3].slot, 1), true);
+  keys().ReleaseReservation(held, 1, {});
+  EXPECT_EQ(Slots(SlotState::kPrepared), 0);
+  EXPECT_EQ(parts_->counters->reserved_entries.load(), 0);
+}
+
 // T2: a put's release never drops a remote get's reservation of the same number, or the reverse.
 TEST_F(KeyIndexTest, ReleaseOfAnotherKindOrVersionKeepsTheReservation) {
   const std::vector<std::string> k = {"x"};

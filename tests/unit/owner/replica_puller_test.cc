@@ -101,6 +101,25 @@ TEST_F(ReplicaPullerTest, OtherIdentityIsObsoleteAndADeletedValueIsSourceGone) {
   ExpectNothingPending();
 }
 
+// A pull naming its source copies only from that location: a source generation the master does
+// not route (the source's value went, whatever else holds it) is "source gone".
+TEST_F(ReplicaPullerTest, ANamedSourceIsTheOnlySource) {
+  TwoOwners();
+  ASSERT_TRUE(PutAndPublish(*b_, {"ns-a", "ns-b"}).ok());
+  PullItem wrong = ItemOf("ns-a");
+  wrong.source_node_id = b_->registration->identity().node_id;
+  wrong.source_generation = b_->generation() + 1;
+  PullItem right = ItemOf("ns-b");
+  right.source_node_id = b_->registration->identity().node_id;
+  right.source_generation = b_->generation();
+  const std::vector<PullOutcome> got = Pull({wrong, right});
+  EXPECT_EQ(got[0], PullOutcome::kSourceGone) << PullOutcomeName(got[0]);
+  EXPECT_EQ(got[1], PullOutcome::kCompleted) << PullOutcomeName(got[1]);
+  EXPECT_EQ(a_->State("ns-a"), "absent");
+  EXPECT_EQ(Locations("ns-b"), 2u);
+  ExpectNothingPending();
+}
+
 // A malformed batch is refused whole before anything is reserved.
 TEST_F(ReplicaPullerTest, MalformedBatchIsRefusedWhole) {
   TwoOwners();
@@ -110,7 +129,11 @@ TEST_F(ReplicaPullerTest, MalformedBatchIsRefusedWhole) {
        {std::vector<PullItem>{}, std::vector<PullItem>{good, good},
         std::vector<PullItem>{good, PullItem{"z", 0, 1, kValueLen}},
         std::vector<PullItem>{good, PullItem{"z", 5, 1, 0}},
-        std::vector<PullItem>{good, PullItem{"", 5, 1, kValueLen}}}) {
+        std::vector<PullItem>{good, PullItem{"", 5, 1, kValueLen}},
+        // group 7's items are not consecutive
+        std::vector<PullItem>{PullItem{"g1", 5, 1, kValueLen, 0, 0, 7},
+                              PullItem{"g2", 5, 1, kValueLen, 0, 0, 8},
+                              PullItem{"g3", 5, 1, kValueLen, 0, 0, 7}}}) {
     EXPECT_EQ(puller_->Pull(bad).status().code(), absl::StatusCode::kInvalidArgument);
   }
   EXPECT_EQ(a_->State("m"), "absent");

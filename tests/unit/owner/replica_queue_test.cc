@@ -35,7 +35,8 @@ class InProcessPeers final : public PeerApi {
     if (address != kTargetAddress) return absl::UnavailableError("no such peer");
     std::vector<PullItem> items;
     for (const v1::PullItem& it : r.items()) {
-      items.push_back(PullItem{it.key(), it.put_id(), it.version(), it.len()});
+      items.push_back(PullItem{it.key(), it.put_id(), it.version(), it.len(), it.source_node_id(),
+                               it.source_generation(), it.group()});
     }
     absl::StatusOr<std::vector<PullOutcome>> got = puller_->Pull(items);
     if (!got.ok()) return got.status();
@@ -92,8 +93,9 @@ class ReplicaQueueTest : public OwnerPartsTest {
     ASSERT_TRUE(a_->registration->Register().ok());
     puller_ = std::make_unique<ReplicaPuller>(a_->keys.get(), a_->remote.get(), a_->counters.get());
     peers_ = std::make_unique<InProcessPeers>(puller_.get());
-    queue_ = std::make_unique<ReplicaQueue>(options, 2, &master(), peers_.get(), b_->keys.get(),
-                                            b_->counters.get(), &stop_);
+    queue_ =
+        std::make_unique<ReplicaQueue>(options, b_->registration.get(), &master(), peers_.get(),
+                                       b_->keys.get(), b_->counters.get(), &stop_);
   }
   void TearDown() override {
     StopActor();
