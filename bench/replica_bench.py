@@ -15,7 +15,10 @@ modes alternating inside every round (the VM is noisy); the summary gives median
    raw-tcp at the daemon's 4 connections per peer, --values/--value-len as above).
 2. The put cycle with replicas on and off: batches of 64 x 262,144 B (start, copy, commit, wait
    for PutDone), p50 and p99 per mode; replicas on puts with make_replica_task=True, so the pulls
-   of earlier batches run while later batches are put.
+   of earlier batches run while later batches are put; "on-paused" puts the same way with the
+   remote_cache stopped (SIGSTOP): the replica machinery on the put's side runs (tasks queued,
+   placed, pulls asked for and waiting) but no pull moves data, which separates the put path's
+   own cost of replication from the CPU the pulls take on the same cores.
 
 Both owners populate their whole segments before the first round (the source 4 GiB, the
 remote_cache 8 GiB), as owners that have been running have; each round uses new keys, and the
@@ -28,6 +31,7 @@ import argparse
 import json
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -192,7 +196,8 @@ def main():
     procs, sock, cache_stats = start_cluster(a.fluxond, tmp, batch_keys=a.batch_keys)
     rows = {f"{p}x{v}": {"replica_s": [], "read_s": [], "fluxon-tcp": [], "raw-tcp": []}
             for p, v in SHAPES}
-    cycles = {"off": [], "on": []}
+    cycles = {"off": [], "on": [], "on-paused": []}
+    cache_proc = procs[0]
     try:
         client = fluxon.KvClient(socket_path=sock)
         bufs = {v: np.random.default_rng(v).integers(0, 255, p * v, dtype=np.uint8)
@@ -207,10 +212,16 @@ def main():
                 rows[name]["read_s"].append(read_s)
                 for mode, gbps in transport_ceiling(a.bench_transport, a.transport_peer, p, v).items():
                     rows[name][mode].append(gbps)
-            order = ("off", "on") if r % 2 == 0 else ("on", "off")
-            for mode in order:
-                cycles[mode] += put_cycles(client, f"c{r}-{mode}", a.cycle_batches, cycle_buf,
-                                           mode == "on")
+            modes = ["off", "on", "on-paused"]
+            for mode in modes[r % 3:] + modes[:r % 3]:
+                if mode == "on-paused":
+                    cache_proc.p.send_signal(signal.SIGSTOP)  # no pull moves data meanwhile
+                try:
+                    cycles[mode] += put_cycles(client, f"c{r}-{mode}", a.cycle_batches,
+                                               cycle_buf, mode != "off")
+                finally:
+                    if mode == "on-paused":
+                        cache_proc.p.send_signal(signal.SIGCONT)
             # The replicas of the last "on" batches settle before the next round.
             deadline = time.time() + 60
             while client.stats().get("replica_queue_keys", 0) != 0 and time.time() < deadline:
@@ -242,7 +253,7 @@ def main():
           f"mode per round, {a.rounds} rounds")
     print("| replicas | p50 ms | p99 ms | batches |")
     print("|---|---|---|---|")
-    for mode in ("off", "on"):
+    for mode in ("off", "on", "on-paused"):
         xs = cycles[mode]
         summary[f"cycle_{mode}"] = {"p50_ms": 1e3 * pct(xs, 0.5), "p99_ms": 1e3 * pct(xs, 0.99)}
         print(f"| {mode} | {1e3 * pct(xs, 0.5):.1f} | {1e3 * pct(xs, 0.99):.1f} | {len(xs)} |")

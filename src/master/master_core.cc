@@ -423,7 +423,7 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
         local = l.generation == r.requester_generation();
         continue;
       }
-      if (item.source_node_id() != 0 &&
+      if (item.source_generation() != 0 &&
           (l.node_id != item.source_node_id() || l.generation != item.source_generation())) {
         continue;  // only the named location may be the source
       }

@@ -17,7 +17,7 @@ struct RemoteFetcher::Target {
   uint64_t put_id = 0;
   uint64_t version = 0;
   uint64_t len = 0;
-  uint32_t source_node_id = 0;  // only this location may be the source (0: any)
+  uint32_t source_node_id = 0;  // only this location may be the source (generation 0: any)
   uint64_t source_generation = 0;
   bool reserved = false;        // the key's Reserved(put_id) entry is ours
   std::optional<SlotRef> slot;  // claimed (Prepared) until CommitHidden

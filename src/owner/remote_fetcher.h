@@ -56,8 +56,8 @@ struct RemoteLeader {
   uint64_t put_id = 0;
   uint64_t len = 0;
   uint64_t version = 0;  // with put_id, the identity looked up (T2)
-  // Only this location may be the source (0: any live one), and the atomic group the key is
-  // claimed with (0: the key alone): see GetStartItem and PullItem.
+  // Only this location may be the source (generation 0: any live one), and the atomic group
+  // the key is claimed with (0: the key alone): see GetStartItem and PullItem.
   uint32_t source_node_id = 0;
   uint64_t source_generation = 0;
   uint32_t group = 0;

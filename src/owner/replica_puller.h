@@ -35,8 +35,8 @@ struct PullItem {
   uint64_t put_id = 0;
   uint64_t version = 0;
   uint64_t len = 0;
-  // The location to copy from (0: any live location of the identity) and the atomic group (items
-  // sharing a non-zero group are claimed whole; 0: alone).
+  // The location to copy from (generation 0: any live location of the identity) and the atomic
+  // group (items sharing a non-zero group are claimed whole; 0: alone).
   uint32_t source_node_id = 0;
   uint64_t source_generation = 0;
   uint32_t group = 0;
