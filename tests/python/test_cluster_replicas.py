@@ -214,7 +214,11 @@ def test_the_mask_selects_whole_groups(four_nodes):
     nodes = {k: sorted(int(loc["node_id"]) for loc in c.route(k)["route"]["locations"])
              for k in keys}
     assert nodes == {keys[0]: [1, 3], keys[1]: [1, 3], keys[2]: [1], keys[3]: [1]}, nodes
-    wait_baseline(c, {1: a})
+    b = c.client(2)  # every value reads back byte-exact, copied or not
+    n, data = get_pages(b, keys)
+    assert n == len(keys)
+    expect_pages(data, n, seed=5)
+    wait_baseline(c, {1: a, 2: b})
 
 
 def test_without_a_remote_cache_a_strict_master_places_nothing(daemon_factory, tmp):
