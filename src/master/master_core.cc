@@ -342,6 +342,7 @@ absl::StatusOr<v1::PlaceReplicasReply> MasterCore::PlaceReplicas(
       c.segment_bytes = rec.info.capacity().segment_bytes();
       c.free_bytes = rec.info.capacity().free_bytes();
       c.committed_bytes = rec.info.capacity().committed_bytes();
+      c.evictable_bytes = rec.info.capacity().evictable_bytes();
       candidates.push_back(std::move(c));
     }
   }

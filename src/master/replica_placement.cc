@@ -14,12 +14,18 @@ bool IsRemoteOnly(const ReplicaPlacementOptions& options, const std::string& rol
 }
 
 // Bytes a candidate may still take: its free bytes, and its ratio budget less what it holds.
+// A remote-only owner is a cache tier: it drops its coldest copies to take new ones, so its
+// evictable bytes are room and only what it cannot evict counts as held. Any other owner's
+// committed values are its own working set: a replica never pushes them out.
 uint64_t Room(const ReplicaPlacementOptions& options, const PlacementCandidate& c, uint64_t given) {
   const uint64_t budget =
       static_cast<uint64_t>(static_cast<long double>(c.segment_bytes) * options.capacity_ratio);
-  const uint64_t held = c.committed_bytes + given;
+  const uint64_t evictable =
+      IsRemoteOnly(options, c.role) ? std::min(c.evictable_bytes, c.committed_bytes) : 0;
+  const uint64_t held = c.committed_bytes - evictable + given;
+  const uint64_t available = c.free_bytes + evictable;
   const uint64_t by_ratio = budget > held ? budget - held : 0;
-  const uint64_t by_free = c.free_bytes > given ? c.free_bytes - given : 0;
+  const uint64_t by_free = available > given ? available - given : 0;
   return std::min(by_ratio, by_free);
 }
 

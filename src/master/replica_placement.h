@@ -9,6 +9,9 @@
 // - A target takes a group only while its committed bytes plus what this call already gave it
 //   plus the group stay within capacity_ratio of its segment (master.replica_cache_capacity_ratio:
 //   the rest is headroom for the target's own puts and eviction) and within its free bytes.
+//   A remote-only owner (a cache tier) counts its evictable bytes as room, not as held: once
+//   full it keeps taking replicas and evicts its coldest copies. Any other owner's committed
+//   values are its own and are never counted as room.
 // - restrict_to_remote_only_node_roles: only owners whose role is in remote_only_node_roles are
 //   candidates; when none is, every group is NoSpace (no fallback to a GPU owner). Unrestricted,
 //   a remote-only role with room is preferred, then any other owner.
@@ -40,6 +43,7 @@ struct PlacementCandidate {
   uint64_t segment_bytes = 0;
   uint64_t free_bytes = 0;
   uint64_t committed_bytes = 0;
+  uint64_t evictable_bytes = 0;  // of committed_bytes, what its evictor may drop
 };
 
 struct GroupPlacement {

@@ -2,6 +2,8 @@
 // placing by the capacity owners report with their registrations and heartbeats.
 #include "master/replica_placement.h"
 
+#include <optional>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,7 +16,8 @@ namespace {
 using ::testing::HasSubstr;
 
 PlacementCandidate Owner(uint32_t node, std::string role, uint64_t free_bytes,
-                         uint64_t committed = 0, uint64_t segment = 8 * kGiB) {
+                         uint64_t committed = 0, uint64_t segment = 8 * kGiB,
+                         uint64_t evictable = 0) {
   PlacementCandidate c;
   c.node_id = node;
   c.generation = 100 + node;
@@ -25,6 +28,7 @@ PlacementCandidate Owner(uint32_t node, std::string role, uint64_t free_bytes,
   c.segment_bytes = segment;
   c.free_bytes = free_bytes;
   c.committed_bytes = committed;
+  c.evictable_bytes = evictable;
   return c;
 }
 
@@ -110,8 +114,29 @@ TEST(ReplicaPlacement, CapacityRatioKeepsHeadroomOnTheTarget) {
   EXPECT_TRUE(PlaceGroups(all, 1, {1 * kGiB}, c)[0].placed);
 }
 
+TEST(ReplicaPlacement, AFullRemoteCacheEvictsItsCopiesToTakeMore) {
+  // The remote_cache holds 7.6 GiB, all evictable copies, and has nothing free: it is a cache
+  // tier, so its evictable bytes are room (it drops its coldest copies) within the ratio.
+  std::vector<PlacementCandidate> c = {
+      Owner(1, "owner", 4 * kGiB),
+      Owner(2, "remote_cache", 0, 7600 * kMiB, 8 * kGiB, /*evictable=*/7600 * kMiB)};
+  const auto placed = PlaceGroups(Options(true), 1, {kGiB, kGiB}, c);
+  EXPECT_EQ(Target(c, placed[0]), 2u);
+  EXPECT_EQ(Target(c, placed[1]), 2u);
+  // What it cannot evict (readers' pins) still counts as held: 7 GiB pinned of 7.6 leaves 0.6.
+  c[1].evictable_bytes = 600 * kMiB;
+  EXPECT_FALSE(PlaceGroups(Options(true), 1, {700 * kMiB}, c)[0].placed);
+  EXPECT_TRUE(PlaceGroups(Options(true), 1, {500 * kMiB}, c)[0].placed);
+  // A GPU owner's committed values are its own working set: never room for a replica, even
+  // when its evictor could drop them.
+  std::vector<PlacementCandidate> gpu = {Owner(1, "owner", 4 * kGiB),
+                                         Owner(2, "owner", 0, 7 * kGiB, 8 * kGiB, 7 * kGiB)};
+  EXPECT_FALSE(PlaceGroups(Options(false), 1, {kMiB}, gpu)[0].placed);
+}
+
 void RegisterWith(MasterCore& m, uint32_t node, uint64_t gen, const std::string& role,
-                  uint64_t free_bytes, uint64_t committed = 0) {
+                  uint64_t free_bytes, uint64_t committed = 0,
+                  std::optional<uint64_t> evictable = std::nullopt) {
   v1::RegisterOwnerRequest r;
   r.set_node_id(node);
   r.set_generation(gen);
@@ -123,7 +148,7 @@ void RegisterWith(MasterCore& m, uint32_t node, uint64_t gen, const std::string&
   c->set_segment_bytes(8 * kGiB);
   c->set_free_bytes(free_bytes);
   c->set_committed_bytes(committed);
-  c->set_evictable_bytes(committed);
+  c->set_evictable_bytes(evictable.value_or(committed));
   ASSERT_TRUE(m.RegisterOwner(r).ok());
 }
 
@@ -168,8 +193,12 @@ TEST(MasterPlacement, PlacesByReportedCapacityUnderTheConfiguredRoles) {
     EXPECT_EQ(g.address(), "127.0.0.1:7003");
     EXPECT_EQ(g.peer_address(), "127.0.0.1:8003");
   }
-  // The remote_cache fills up: its next heartbeat says so, and placement follows.
+  // The remote_cache fills up with copies it may evict: it still takes replicas (it drops its
+  // coldest copies). Once readers pin what it holds, its next heartbeat says so and placement
+  // follows.
   RegisterWith(m, 3, 30, "remote_cache", 0, 7 * kGiB);
+  EXPECT_TRUE(m.PlaceReplicas(Place(1, {kMiB}))->groups(0).placed());
+  RegisterWith(m, 3, 30, "remote_cache", 0, 7 * kGiB, /*evictable=*/0);
   EXPECT_FALSE(m.PlaceReplicas(Place(1, {kMiB}))->groups(0).placed());
 }
 

@@ -152,9 +152,11 @@ def test_a_re_put_racing_the_pull_keeps_the_newer_value(four_nodes):
 
 
 def test_a_full_remote_cache_evicts_its_own_copies_only(daemon_factory, tmp):
-    """A 512 MiB remote_cache takes more replicas than fit: it evicts its oldest copies by its
-    policy and the master removes exactly those locations (the source's stay); what the master
-    no longer places is NoSpace. The remote_cache's copies and the routes naming it agree."""
+    """A 512 MiB remote_cache takes more replicas than fit: it is a cache tier, so the master
+    keeps placing on it (its evictable copies are room) and it evicts its oldest copies by its
+    policy; the master removes exactly those locations (the source's stay). Every task
+    completes: a full cache is no reason for NoSpace. The remote_cache's copies and the routes
+    naming it agree."""
     c = ReplicaCluster(daemon_factory, tmp, cache_segment="512MiB")
     a, b = c.client(1), c.client(2)
     batches = [keys_of(f"full{j}", 256) for j in range(10)]  # 2,560 x 256 KiB = 640 MiB
@@ -163,9 +165,11 @@ def test_a_full_remote_cache_evicts_its_own_copies_only(daemon_factory, tmp):
         wait_replicated(a, 256 * (j + 1), timeout=30)
     s = a.stats()
     accounted(s)
-    assert s["replica_tasks_completed"] > 0, s
+    assert s["replica_tasks_completed"] == 2560, s
+    assert s["replica_tasks_no_space"] == 0, s
     cs = c.cache_stats()
-    assert cs["evicted_pages"] > 0 or s["replica_tasks_no_space"] > 0, (cs, s)
+    assert cs["evicted_pages"] > 0, cs
+    assert cs["replica_pulls_completed"] == 2560, cs
 
     def routed_on_cache():
         return sum(3 in nodes for nodes in c.all_locations("full").values())
@@ -174,6 +178,8 @@ def test_a_full_remote_cache_evicts_its_own_copies_only(daemon_factory, tmp):
     routes = c.all_locations("full")
     assert len(routes) == 2560
     assert all(1 in nodes for nodes in routes.values())  # the source's locations stay
+    # The newest batch was pulled last: the remote_cache evicted older copies, not these.
+    assert all(3 in routes[k] for k in batches[-1]), [routes[k] for k in batches[-1]]
     n, data = get_pages(b, batches[-1])
     assert n == 256
     expect_pages(data, n, seed=len(batches) - 1)
