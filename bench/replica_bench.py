@@ -257,9 +257,12 @@ def main():
         xs = cycles[mode]
         summary[f"cycle_{mode}"] = {"p50_ms": 1e3 * pct(xs, 0.5), "p99_ms": 1e3 * pct(xs, 0.99)}
         print(f"| {mode} | {1e3 * pct(xs, 0.5):.1f} | {1e3 * pct(xs, 0.99):.1f} | {len(xs)} |")
-    print(f"source counters: enqueued {s.get('replica_tasks_enqueued')}, completed "
-          f"{s.get('replica_tasks_completed')}, no_space {s.get('replica_tasks_no_space')}, "
-          f"failed {s.get('replica_tasks_failed')}, pull calls {s.get('replica_pull_calls')}")
+    outcomes = ("enqueued", "queue_full", "duplicate", "completed", "already_held", "obsolete",
+                "source_gone", "no_space", "failed")
+    counters = {o: s.get(f"replica_tasks_{o}", 0) for o in outcomes}
+    counters["pull_calls"] = s.get("replica_pull_calls", 0)
+    summary["source_counters"] = counters
+    print("source counters: " + ", ".join(f"{k} {v}" for k, v in counters.items()))
     if a.json:
         Path(a.json).write_text(json.dumps(summary, indent=1))
     return 0 if s.get("replica_tasks_failed", 0) == 0 else 1

@@ -163,6 +163,9 @@ class NodeStateCollectable : public prometheus::Collectable {
                         Get(s, "hot_cohorts")));
     out.push_back(Gauge("fluxon_hot_bytes", "Slot bytes of the cohorts in the hot tier.",
                         Get(s, "hot_weight_bytes")));
+    out.push_back(Gauge("fluxon_hot_copied_cohorts",
+                        "Cohorts in the hot tier with a copy on another node (evicted first).",
+                        Get(s, "hot_copied_cohorts")));
     out.push_back(Gauge("fluxon_client_sessions", "Connected client sessions.",
                         static_cast<double>(node_->client_sessions())));
   }

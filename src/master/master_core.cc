@@ -250,6 +250,14 @@ absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveR
   v1::RemoveRoutesReply reply;
   reply.set_master_epoch(epoch_);
   reply.set_hlc(clock_.Now());
+  // only_if_copied: another location must be on a live owner's current generation (one that
+  // could serve a read now).
+  const std::map<uint32_t, Peer> peers =
+      r.only_if_copied() ? LivePeers() : std::map<uint32_t, Peer>{};
+  const auto serves = [&](const RouteLocation& l) {
+    auto p = peers.find(l.node_id);
+    return p != peers.end() && p->second.generation == l.generation;
+  };
   // Under gets_mu_: a location is either pinned by a get that BatchGetStart handed it to, or
   // removed before any such get starts (never both).
   MutexLock lock(&gets_mu_);
@@ -258,13 +266,23 @@ absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveR
       counters_.remove_refused_pinned.fetch_add(1, std::memory_order_relaxed);
       reply.add_removed(false);
       reply.add_pinned(true);
+      reply.add_sole(false);
       continue;
     }
-    const bool removed =
-        routes_.RemoveLocation(item.key(), r.node_id(), r.generation(), item.put_id());
+    bool removed = false, sole = false;
+    if (r.only_if_copied()) {
+      const RouteTable::CopyRemoval c = routes_.RemoveLocationIfCopied(
+          item.key(), r.node_id(), r.generation(), item.put_id(), serves);
+      removed = c == RouteTable::CopyRemoval::kRemoved;
+      sole = c == RouteTable::CopyRemoval::kSole;
+      if (sole) counters_.remove_refused_sole.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      removed = routes_.RemoveLocation(item.key(), r.node_id(), r.generation(), item.put_id());
+    }
     if (removed) counters_.removed_routes.fetch_add(1, std::memory_order_relaxed);
     reply.add_removed(removed);
     reply.add_pinned(false);
+    reply.add_sole(sole);
   }
   return reply;
 }

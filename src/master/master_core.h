@@ -67,6 +67,8 @@ namespace fluxon {
   X(removed_routes, "fluxon_master_removed_routes_total", "Routes removed.")                  \
   X(remove_refused_pinned, "fluxon_master_remove_refused_pinned_total",                       \
     "Route removals refused because a remote get was reading the location.")                  \
+  X(remove_refused_sole, "fluxon_master_remove_refused_sole_total",                           \
+    "Route removals asked only if copied, refused: no other live location holds the value.")  \
   X(get_start_calls, "fluxon_master_get_start_calls_total", "BatchGetStart calls served.")    \
   X(get_start_items, "fluxon_master_get_start_items_total", "Keys in BatchGetStart calls.")   \
   X(get_start_replayed, "fluxon_master_get_start_replayed_total",                             \

@@ -84,8 +84,31 @@ void Evictor::RunRound() {
 
 uint64_t Evictor::EvictSome(uint64_t bytes) {
   counters_->eviction_rounds.fetch_add(1, std::memory_order_relaxed);
-  std::vector<Cohort> victims = hot_->TakeVictims(bytes);
-  const std::vector<Removal> removals = RemoveCohorts(victims, kEvictRemoveAttempts);
+  // Recoverable first: cohorts with a complete copy elsewhere leave nothing behind.
+  uint64_t evicted = Settle(hot_->TakeCopied(bytes), /*only_if_copied=*/true);
+  if (evicted < bytes) evicted += Settle(hot_->TakeVictims(bytes - evicted), false);
+  return evicted;
+}
+
+bool Evictor::NoteCopiedElsewhere(const std::vector<std::string>& keys, uint64_t put_id) {
+  if (keys.empty()) return false;
+  // A group is one cohort (the publisher admits each atomic group as one): its first member
+  // names it; a member of another cohort or identity means the group changed meanwhile.
+  const uint64_t cohort = keys_->CommittedCohort(keys.front(), put_id);
+  if (cohort == 0) return false;
+  for (size_t i = 1; i < keys.size(); ++i) {
+    if (keys_->CommittedCohort(keys[i], put_id) != cohort) return false;
+  }
+  if (!hot_->MarkCopied(cohort, keys)) return false;
+  counters_->cohorts_marked_copied.fetch_add(1, std::memory_order_relaxed);
+  CandidatesChanged();
+  return true;
+}
+
+uint64_t Evictor::Settle(std::vector<Cohort> victims, bool only_if_copied) {
+  if (victims.empty()) return 0;
+  const std::vector<Removal> removals =
+      RemoveCohorts(victims, kEvictRemoveAttempts, only_if_copied);
   uint64_t evicted = 0;
   for (size_t i = 0; i < victims.size(); ++i) {
     Cohort& cohort = victims[i];
@@ -94,8 +117,12 @@ uint64_t Evictor::EvictSome(uint64_t bytes) {
       hot_->Readmit(std::move(cohort));  // S4: back to the tier, not dropped
       continue;
     }
+    if (only_if_copied) {
+      counters_->evicted_copied_pages.fetch_add(removals[i].pages, std::memory_order_relaxed);
+    }
     if (!removals[i].pinned_keys.empty()) {
-      // A peer reads these members (master pin): they stay, with their cohort.
+      // A peer reads these members (master pin), or they are the last copy: they stay, with
+      // their cohort.
       const size_t members = cohort.keys.size();
       const uint64_t kept_weight = cohort.weight * removals[i].pinned_keys.size() / members;
       const uint64_t freed = cohort.weight - kept_weight;
@@ -103,6 +130,7 @@ uint64_t Evictor::EvictSome(uint64_t bytes) {
       Cohort kept = std::move(cohort);
       kept.keys = removals[i].pinned_keys;
       kept.weight = kept_weight;
+      if (removals[i].sole > 0) kept.copied_elsewhere = false;  // the hint was stale
       hot_->Readmit(std::move(kept));
       counters_->evicted_pages.fetch_add(removals[i].pages, std::memory_order_relaxed);
       counters_->evicted_bytes.fetch_add(freed, std::memory_order_relaxed);
@@ -169,7 +197,7 @@ bool Evictor::DropUnrouted(const std::string& key, uint64_t put_id) {
 }
 
 std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& cohorts,
-                                                     int attempts) {
+                                                     int attempts, bool only_if_copied) {
   std::vector<Removal> out(cohorts.size());
   // (cohort index, key) of every member marked Evicting.
   std::vector<std::pair<size_t, std::string>> marked;
@@ -202,6 +230,7 @@ std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& 
     v1::RemoveRoutesRequest req;
     req.set_node_id(registration_->identity().node_id);
     req.set_generation(registration_->generation());
+    req.set_only_if_copied(only_if_copied);
     for (size_t m = begin; m < std::min(marked.size(), begin + kRouteRemoveBatch); ++m) {
       v1::RouteItem* item = req.add_items();
       item->set_key(marked[m].second);
@@ -219,6 +248,9 @@ std::vector<Evictor::Removal> Evictor::RemoveCohorts(const std::vector<Cohort>& 
       out[i].pinned_keys.push_back(key);
       if (verdicts[m] == RouteVerdict::kPinned) {
         counters_->eviction_skipped_source_pinned.fetch_add(1, std::memory_order_relaxed);
+      } else if (verdicts[m] == RouteVerdict::kSole) {
+        ++out[i].sole;
+        counters_->eviction_kept_sole.fetch_add(1, std::memory_order_relaxed);
       } else {
         ++out[i].unconfirmed;
         counters_->route_remove_unconfirmed.fetch_add(1, std::memory_order_relaxed);
@@ -253,9 +285,12 @@ std::vector<Evictor::RouteVerdict> Evictor::RemoveRoutes(const v1::RemoveRoutesR
                  req.items_size(), r.status().ToString());
     return out;
   }
-  if (r->removed_size() != req.items_size() || r->pinned_size() != req.items_size()) {
-    spdlog::error("RemoveRoutes answered {}/{} verdicts for {} items; the values are kept",
-                  r->removed_size(), r->pinned_size(), req.items_size());
+  // A master that does not know only_if_copied answers no `sole` at all: then it removed
+  // unconditionally, and removed means gone as for any removal.
+  const bool sole_ok = r->sole_size() == req.items_size() || r->sole_size() == 0;
+  if (r->removed_size() != req.items_size() || r->pinned_size() != req.items_size() || !sole_ok) {
+    spdlog::error("RemoveRoutes answered {}/{}/{} verdicts for {} items; the values are kept",
+                  r->removed_size(), r->pinned_size(), r->sole_size(), req.items_size());
     return out;
   }
   registration_->NoteEpoch(r->master_epoch());
@@ -263,7 +298,13 @@ std::vector<Evictor::RouteVerdict> Evictor::RemoveRoutes(const v1::RemoveRoutesR
   for (int j = 0; j < req.items_size(); ++j) {
     // Not removed and not pinned: this location is not at the master (never published there,
     // or already removed by an earlier attempt whose answer was lost) — gone either way.
-    out[j] = r->pinned(j) ? RouteVerdict::kPinned : RouteVerdict::kGone;
+    if (r->pinned(j)) {
+      out[j] = RouteVerdict::kPinned;
+    } else if (r->sole_size() > 0 && r->sole(j)) {
+      out[j] = RouteVerdict::kSole;
+    } else {
+      out[j] = RouteVerdict::kGone;
+    }
   }
   return out;
 }

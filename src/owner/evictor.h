@@ -20,6 +20,11 @@
 //   claims still short of slots get the rate-limited fallback (<= max_bytes_per_round per round,
 //   rounds >= min_interval apart). Either backs off (up to 2 s) when nothing was evictable, and
 //   retries at once when candidates changed. Eviction never changes the capacity (S5).
+// - Recoverable first (design §7): a round takes the hot tier's copied-elsewhere cohorts before
+//   any victim of the policy, and removes their routes only if copied (the master removes this
+//   location only while another live location of the value stays, atomically per key), so this
+//   pass never takes a value out of the cluster; a member the master finds sole is kept and its
+//   cohort readmitted unmarked (the hint was stale). Only then cold cohorts without a copy.
 #pragma once
 
 #include <chrono>
@@ -73,14 +78,21 @@ class Evictor final : public EvictionSignals {
 
   void CandidatesChanged() override { candidates_changed_.store(true, std::memory_order_relaxed); }
   void SignalPressure() override;
+  void CopiedElsewhere(const std::vector<std::string>& keys, uint64_t put_id) override {
+    NoteCopiedElsewhere(keys, put_id);
+  }
   // Waits up to `interval` unless pressure was signalled; false when stopping.
   bool WaitForWork(std::chrono::milliseconds interval);
   void Interrupt();
 
   // One maintenance round of eviction (watermark overage, then the pressure fallback).
   void RunRound();
-  // Evicts cold cohorts worth at least `bytes` (or all evictable ones); returns bytes evicted.
+  // Evicts cohorts worth at least `bytes` (or all evictable ones), copied-elsewhere ones first;
+  // returns bytes evicted.
   uint64_t EvictSome(uint64_t bytes);
+  // Every member of the values `keys` (put_id) has a complete copy on another node now (a
+  // replica completed): their cohort is evicted first. False when their cohort is not here.
+  bool NoteCopiedElsewhere(const std::vector<std::string>& keys, uint64_t put_id);
   // Drops a Committed value the master does not route here (a republish found another version
   // of its key): no route removal is needed. New readers no longer find it at once; readers
   // holding a view keep their bytes until they release it, and the slot is freed then. False
@@ -99,17 +111,22 @@ class Evictor final : public EvictionSignals {
   struct Removal {
     RemoveResult result = RemoveResult::kGone;
     uint64_t pages = 0;                    // values freed
-    std::vector<std::string> pinned_keys;  // kept: pinned by a remote get, or unconfirmed
+    std::vector<std::string> pinned_keys;  // kept: pinned by a remote get, unconfirmed or sole
     uint64_t unconfirmed = 0;              // of pinned_keys: the master did not confirm
+    uint64_t sole = 0;                     // of pinned_keys: no other live copy (only if copied)
   };
   // The master's verdict on one route removal.
-  enum class RouteVerdict : uint8_t { kGone, kPinned, kUnconfirmed };
+  enum class RouteVerdict : uint8_t { kGone, kPinned, kUnconfirmed, kSole };
   // Removes the members of each cohort that still carry its put_id, each cohort all or none.
-  // `attempts` bounds the calls per RemoveRoutes request.
-  std::vector<Removal> RemoveCohorts(const std::vector<Cohort>& cohorts, int attempts);
+  // `attempts` bounds the calls per RemoveRoutes request; `only_if_copied`: only while another
+  // live location of each value stays.
+  std::vector<Removal> RemoveCohorts(const std::vector<Cohort>& cohorts, int attempts,
+                                     bool only_if_copied = false);
   // One RemoveRoutes request, retried at most `attempts` times while uncertain; the verdict of
   // each item (kGone only on a definite answer).
   std::vector<RouteVerdict> RemoveRoutes(const v1::RemoveRoutesRequest& req, int attempts);
+  // Evicts `victims` (taken from the hot tier), readmitting what must stay; returns bytes freed.
+  uint64_t Settle(std::vector<Cohort> victims, bool only_if_copied);
 
   const Options options_;
   MasterRegistration* const registration_;

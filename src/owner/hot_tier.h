@@ -17,9 +17,19 @@
 //   refresh, fingerprint, weight), Touch(ids, now), Erase(id), Evict(id), Predecessor(id) and
 //   Coldest(now) -> optional<id>, on a logical clock that advances once per admission or access.
 // - Fingerprints (for ghost lists): a cohort's own, or a hash of its first key and key count.
+// - Copied elsewhere (recoverable-first eviction, design §7): a cohort whose every member has a
+//   complete copy on another node (a replica the target confirmed, or this owner's own copy of
+//   a value fetched from a peer) is also on the copied list, least recently used first;
+//   TakeCopied hands those out before any victim of the policy, from any place in their chain
+//   (the prefix stays readable in the cluster: a get fetches it from the other copy), and the
+//   policy forgets them without a ghost (a later miss costs a remote get, not a recompute). The
+//   mark is a hint: the other copy may be gone by then, which the master's only-if-copied route
+//   removal decides; a cohort it refuses is readmitted unmarked.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <list>
 #include <optional>
 #include <set>
@@ -41,6 +51,7 @@ struct Cohort {
   std::vector<std::string> keys;
   uint64_t weight = 0;  // sum of member slot sizes
   uint64_t after = 0;   // the cohort before it in its chain when it was taken (0: chain head)
+  bool copied_elsewhere = false;  // every member has a complete copy on another node (a hint)
   // Identifies the cohort's content across lifetimes (ghost lists); 0: HotTier derives it from
   // the first key.
   uint64_t fingerprint = 0;
@@ -61,13 +72,59 @@ class HotTier {
       if (cohort.fingerprint == 0 && !cohort.keys.empty()) cohort.fingerprint = Fingerprint(cohort);
       policy_.Insert(cohort.id, after, now, /*refresh=*/true, cohort.fingerprint, cohort.weight);
       after = cohort.id;
+      if (cohort.copied_elsewhere) ListCopied(cohort.id);
       cohorts_.emplace(cohort.id, std::move(cohort));
     }
+  }
+  // The values `copied` have a complete copy on another node now (a replica completed): cohort
+  // `id` is marked when every member it has is among them. False when the cohort is not here
+  // (evicted, or taken by a round in progress) or has a member not copied.
+  bool MarkCopied(uint64_t id, const std::vector<std::string>& copied) {
+    MutexLock lock(&mu_);
+    auto it = cohorts_.find(id);
+    if (it == cohorts_.end()) return false;
+    for (const std::string& k : it->second.keys) {
+      if (std::find(copied.begin(), copied.end(), k) == copied.end()) return false;
+    }
+    if (!it->second.copied_elsewhere) {
+      it->second.copied_elsewhere = true;
+      ListCopied(id);
+    }
+    return true;
+  }
+  // Takes copied-elsewhere cohorts worth at least `bytes` (or all of them), least recently
+  // used first. Like TakeVictims, ownership passes to the caller (S4).
+  std::vector<Cohort> TakeCopied(uint64_t bytes) {
+    std::vector<Cohort> out;
+    MutexLock lock(&mu_);
+    uint64_t taken = 0;
+    while (taken < bytes && !copied_order_.empty()) {
+      const uint64_t id = copied_order_.front();
+      copied_order_.pop_front();
+      copied_.erase(id);
+      auto it = cohorts_.find(id);
+      it->second.after = policy_.Predecessor(id);
+      policy_.Erase(id);
+      taken += it->second.weight;
+      weight_ -= it->second.weight;
+      out.push_back(std::move(it->second));
+      cohorts_.erase(it);
+    }
+    return out;
+  }
+  uint64_t copied_cohorts() const {
+    MutexLock lock(&mu_);
+    return copied_.size();
   }
   // One access to these cohorts (a restored prefix, passed tail first).
   void Touch(const std::vector<uint64_t>& ids) {
     MutexLock lock(&mu_);
     policy_.Touch(ids, ++clock_);
+    if (copied_.empty()) return;
+    for (uint64_t id : ids) {
+      auto c = copied_.find(id);
+      if (c != copied_.end()) copied_order_.splice(copied_order_.end(), copied_order_, c->second);
+    }
   }
   std::vector<Cohort> TakeVictims(uint64_t bytes) {
     std::vector<Cohort> out;
@@ -78,6 +135,7 @@ class HotTier {
       if (!id) break;
       const uint64_t after = policy_.Predecessor(*id);
       policy_.Evict(*id);
+      UnlistCopied(*id);
       auto it = cohorts_.find(*id);
       taken += it->second.weight;
       weight_ -= it->second.weight;
@@ -94,6 +152,7 @@ class HotTier {
     weight_ += cohort.weight;
     policy_.Insert(cohort.id, cohort.after, clock_, /*refresh=*/false, cohort.fingerprint,
                    cohort.weight);
+    if (cohort.copied_elsewhere) ListCopied(cohort.id);
     cohorts_.emplace(cohort.id, std::move(cohort));
   }
   // Drops a cohort whose every key starts with `prefix` (its values were deleted on request);
@@ -106,6 +165,7 @@ class HotTier {
       if (k.compare(0, prefix.size(), prefix) != 0) return false;
     }
     policy_.Erase(id);
+    UnlistCopied(id);
     weight_ -= it->second.weight;
     cohorts_.erase(it);
     return true;
@@ -132,8 +192,23 @@ class HotTier {
     return h == 0 ? 1 : h;
   }
 
+  void ListCopied(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (copied_.contains(id)) return;
+    copied_order_.push_back(id);
+    copied_.emplace(id, std::prev(copied_order_.end()));
+  }
+  void UnlistCopied(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto c = copied_.find(id);
+    if (c == copied_.end()) return;
+    copied_order_.erase(c->second);
+    copied_.erase(c);
+  }
+
   mutable Mutex mu_;
   Policy policy_ ABSL_GUARDED_BY(mu_);
+  // The copied-elsewhere cohorts, least recently used first (a subset of cohorts_).
+  std::list<uint64_t> copied_order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> copied_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Cohort> cohorts_ ABSL_GUARDED_BY(mu_);
   uint64_t weight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // logical time: one tick per admission or access

@@ -291,9 +291,10 @@ bool KeyIndex::PinVersion(const std::string& key, uint64_t put_id, HolderRef* ho
   });
 }
 
-uint64_t KeyIndex::CommittedCohort(const std::string& key) {
+uint64_t KeyIndex::CommittedCohort(const std::string& key, std::optional<uint64_t> put_id) {
   return table_.Update(key, [&](Entry* e, bool*) -> uint64_t {
-    return e != nullptr && e->state == State::kCommitted ? e->cohort_id : 0;
+    if (e == nullptr || e->state != State::kCommitted) return 0;
+    return !put_id || e->put_id == *put_id ? e->cohort_id : 0;
   });
 }
 

@@ -135,8 +135,8 @@ class KeyIndex {
   bool Pin(const std::string& key, HolderRef* holder, uint64_t* cohort);
   // Pin, only if the value carries `put_id` (the version the master routes to, T2).
   bool PinVersion(const std::string& key, uint64_t put_id, HolderRef* holder, uint64_t* cohort);
-  // The cohort of a Committed key; 0 otherwise.
-  uint64_t CommittedCohort(const std::string& key);
+  // The cohort of a Committed key (of that put_id, when given); 0 otherwise.
+  uint64_t CommittedCohort(const std::string& key, std::optional<uint64_t> put_id = std::nullopt);
 
   // Committed(put_id), referenced by nothing but the index -> Evicting. kInUse (unchanged) when
   // a reader pins it or it is not committed; kGone when the key no longer carries put_id.

@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   c.replicas_ = std::make_unique<ReplicaQueue>(
       ReplicaQueue::Options{config.replica_queue_keys, config.replica_batch_keys,
                             config.replica_pull_timeout, config.replica_pulls_in_flight},
-      registration, master, rt.peers, c.keys_.get(), counters, &c.stop_);
+      registration, master, rt.peers, c.keys_.get(), counters, &c.stop_, c.evictor_.get());
   c.publisher_ = std::make_unique<Publisher>(
       Publisher::Options{kPublishQueueCapacity, config.commit_wait_timeout}, registration, master,
       c.keys_.get(), pool, c.hot_.get(), counters, c.evictor_.get(), &c.stop_, c.replicas_.get());
@@ -192,6 +192,7 @@ std::map<std::string, int64_t> OwnerCore::Stats() const {
   m["prepared_puts"] = static_cast<int64_t>(puts_->prepared());
   m["hot_cohorts"] = static_cast<int64_t>(hot_->size());
   m["hot_weight_bytes"] = static_cast<int64_t>(hot_->weight());
+  m["hot_copied_cohorts"] = static_cast<int64_t>(hot_->copied_cohorts());
   m["publish_queue"] = static_cast<int64_t>(publisher_->backlog());
   m["registration_generation"] = static_cast<int64_t>(registration_->generation());
   if (runtime_.data_plane != nullptr) {

@@ -50,6 +50,12 @@ enum class CounterKind { kCounter, kGauge, kMicros };
   X(evicted_pages, kCounter, "fluxon_evicted_pages_total", "", "Values evicted for capacity.")    \
   X(evicted_bytes, kCounter, "fluxon_evicted_bytes_total", "",                                    \
     "Slot bytes freed by capacity eviction.")                                                     \
+  X(evicted_copied_pages, kCounter, "fluxon_evicted_copied_pages_total", "",                      \
+    "Values evicted first because a copy on another node keeps them in the cluster.")             \
+  X(eviction_kept_sole, kCounter, "fluxon_eviction_kept_sole_total", "",                          \
+    "Copied-elsewhere eviction candidates kept: the master found no other live copy.")            \
+  X(cohorts_marked_copied, kCounter, "fluxon_cohorts_marked_copied_total", "",                    \
+    "Cohorts marked as copied on another node (replicas completed) after their admission.")       \
   X(eviction_rounds, kCounter, "fluxon_eviction_rounds_total", "",                                \
     "Capacity eviction rounds run.")                                                              \
   X(eviction_skipped_pinned, kCounter, "fluxon_eviction_skipped_pinned_total", "",                \

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "common/mutex.h"
 #include "common/stop_signal.h"
+#include "owner/eviction_signals.h"
 #include "owner/hot_tier.h"
 #include "owner/key_index.h"
 #include "owner/master_registration.h"
@@ -39,16 +40,6 @@
 namespace fluxon {
 
 using PutDoneCallback = std::function<void(const absl::Status&)>;
-
-// What the publisher and the get path tell the evictor.
-class EvictionSignals {
- public:
-  virtual ~EvictionSignals() = default;
-  // Pins were dropped or cohorts admitted: a backed-off eviction may try again at once.
-  virtual void CandidatesChanged() = 0;
-  // Wakes the maintenance actor now (capacity may need eviction).
-  virtual void SignalPressure() = 0;
-};
 
 // A prepared put: its keys, slots and hints, from PutStart to the end of its publish.
 struct PutBatch {

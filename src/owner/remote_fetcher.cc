@@ -496,6 +496,9 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
           Cohort c;
           c.id = publisher_->NewCohortId();
           c.put_id = t.put_id;
+          // The source it was read from holds the value too (recoverable-first eviction; the
+          // master decides at removal whether a copy still stays).
+          c.copied_elsewhere = true;
           chain.push_back(std::move(c));
         }
         Cohort& c = chain.back();

@@ -16,14 +16,15 @@ void Add(std::atomic<int64_t>& c, int64_t n) { c.fetch_add(n, std::memory_order_
 
 ReplicaQueue::ReplicaQueue(Options options, MasterRegistration* registration, MasterApi* master,
                            PeerApi* peers, KeyIndex* keys, OwnerCounters* counters,
-                           StopSignal* stop)
+                           StopSignal* stop, EvictionSignals* copies)
     : options_(options),
       registration_(registration),
       master_(master),
       peers_(peers),
       keys_(keys),
       counters_(counters),
-      stop_(stop) {}
+      stop_(stop),
+      copies_(copies) {}
 
 void ReplicaQueue::Enqueue(std::vector<ReplicaGroup> groups) {
   int64_t enqueued = 0, full = 0, duplicate = 0;
@@ -281,6 +282,23 @@ void ReplicaQueue::PullOn(const std::string& peer_address, const std::vector<Rep
         Add(counters_->replica_tasks_failed, 1);
         break;
     }
+  }
+  if (copies_ == nullptr) return;
+  // A group the target now holds whole (every member completed or already held) is copied
+  // elsewhere: recoverable-first eviction takes it first here.
+  for (size_t b = 0; b < items.size();) {
+    size_t e = b + 1;
+    if (groups[b] != 0) {
+      while (e < items.size() && groups[e] == groups[b]) ++e;
+    }
+    std::vector<std::string> keys;
+    bool whole = true;
+    for (size_t i = b; i < e; ++i) {
+      whole &= final[i] == v1::PULL_COMPLETED || final[i] == v1::PULL_ALREADY_HELD;
+      keys.push_back(items[i].key);
+    }
+    if (whole) copies_->CopiedElsewhere(keys, items[b].put_id);
+    b = e;
   }
 }
 

@@ -40,6 +40,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/mutex.h"
 #include "common/stop_signal.h"
+#include "owner/eviction_signals.h"
 #include "owner/key_index.h"
 #include "owner/master_registration.h"
 #include "owner/owner_counters.h"
@@ -71,8 +72,11 @@ class ReplicaQueue {
   };
   // `registration` names this owner to targets (its node and current generation: the location
   // they copy from).
+  // `copies` (may be null) hears of every group the target now holds whole (completed or
+  // already held): recoverable-first eviction drops those first.
   ReplicaQueue(Options options, MasterRegistration* registration, MasterApi* master, PeerApi* peers,
-               KeyIndex* keys, OwnerCounters* counters, StopSignal* stop);
+               KeyIndex* keys, OwnerCounters* counters, StopSignal* stop,
+               EvictionSignals* copies = nullptr);
 
   // Queues `groups` (never blocks). A group is queued whole or dropped whole.
   void Enqueue(std::vector<ReplicaGroup> groups);
@@ -108,6 +112,7 @@ class ReplicaQueue {
   KeyIndex* const keys_;
   OwnerCounters* const counters_;
   StopSignal* const stop_;
+  EvictionSignals* const copies_;
 
   mutable Mutex mu_;
   CondVar cv_;

@@ -64,6 +64,28 @@ bool RouteTable::RemoveLocation(const std::string& key, uint32_t node_id, uint64
   });
 }
 
+RouteTable::CopyRemoval RouteTable::RemoveLocationIfCopied(
+    const std::string& key, uint32_t node_id, uint64_t generation, uint64_t put_id,
+    const std::function<bool(const RouteLocation&)>& serves) {
+  return routes_.Update(key, [&](Route* r, bool* erase) {
+    if (r == nullptr) return CopyRemoval::kAbsent;
+    auto it = r->locations.end();
+    bool other = false;
+    for (auto l = r->locations.begin(); l != r->locations.end(); ++l) {
+      if (l->node_id == node_id && l->generation == generation && l->put_id == put_id) {
+        it = l;
+      } else if (l->node_id != node_id && serves(*l)) {
+        other = true;  // every location of a route carries its identity
+      }
+    }
+    if (it == r->locations.end()) return CopyRemoval::kAbsent;
+    if (!other) return CopyRemoval::kSole;
+    r->locations.erase(it);
+    if (r->locations.empty()) *erase = true;
+    return CopyRemoval::kRemoved;
+  });
+}
+
 uint64_t RouteTable::DropNode(uint32_t node_id, uint64_t generation) {
   std::vector<std::pair<std::string, uint64_t>> found;  // (key, put_id)
   routes_.ForEach([&](const std::string& key, const Route& r) {

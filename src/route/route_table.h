@@ -85,6 +85,14 @@ class RouteTable {
   // Removes the location (node, generation, put_id) of `key`; true when one was removed.
   bool RemoveLocation(const std::string& key, uint32_t node_id, uint64_t generation,
                       uint64_t put_id);
+  enum class CopyRemoval { kRemoved, kAbsent, kSole };
+  // Removes the location (node, generation, put_id) of `key` only while another location of the
+  // route that `serves(location)` accepts stays (recoverable-first eviction: the value never
+  // leaves the cluster). Checked and removed under the key's shard lock, so of two owners
+  // removing the last two copies this way one is refused (kSole). kAbsent: no such location.
+  CopyRemoval RemoveLocationIfCopied(const std::string& key, uint32_t node_id, uint64_t generation,
+                                     uint64_t put_id,
+                                     const std::function<bool(const RouteLocation&)>& serves);
   // Removes every location of (node, generation) (its memory is gone); returns how many.
   uint64_t DropNode(uint32_t node_id, uint64_t generation);
   // Locations per node.

@@ -164,6 +164,7 @@ class GrpcMasterClient final : public MasterApi {
         [](v1::RemoveRoutesReply* all, v1::RemoveRoutesReply&& part) {
           all->mutable_removed()->MergeFrom(part.removed());
           all->mutable_pinned()->MergeFrom(part.pinned());
+          all->mutable_sole()->MergeFrom(part.sole());
           all->set_master_epoch(part.master_epoch());
           all->set_hlc(std::max(all->hlc(), part.hlc()));
         });

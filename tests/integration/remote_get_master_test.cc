@@ -169,6 +169,52 @@ TEST(RemoteGetMaster, StartPinsTheSourceUntilDoneWhichAddsTheCopy) {
   EXPECT_EQ(route->routes(0).node_id(), 2u);
 }
 
+TEST(RemoteGetMaster, RemoveOnlyIfCopiedNeverRemovesTheLastLiveLocation) {
+  MasterOptions options;
+  options.owner_lease = milliseconds(200);
+  MasterCore m(options);
+  const auto [start, s] = StartGetFromOwnerOne(m, 100, {"k", "solo"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(m.BatchGetDone(Done(start, *s)).ok());  // owner 2 holds copies of both
+  ASSERT_EQ(Locations(m, "k"), 2u);
+  ASSERT_TRUE(m.RemoveRoutes(Remove(2, 22, "solo", 7))->removed(0));  // owner 1's is alone now
+
+  auto only_if_copied = [](uint32_t node, uint64_t gen, const std::string& key) {
+    v1::RemoveRoutesRequest r = Remove(node, gen, key, 7);
+    r.set_only_if_copied(true);
+    return r;
+  };
+  auto solo = m.RemoveRoutes(only_if_copied(1, 11, "solo"));
+  ASSERT_TRUE(solo.ok());
+  EXPECT_FALSE(solo->removed(0));
+  EXPECT_TRUE(solo->sole(0));
+  EXPECT_EQ(Locations(m, "solo"), 1u);
+  // Both owners evicting the copied value this way: the first goes, the second is the last.
+  auto first = m.RemoveRoutes(only_if_copied(1, 11, "k"));
+  EXPECT_TRUE(first->removed(0));
+  EXPECT_FALSE(first->sole(0));
+  auto second = m.RemoveRoutes(only_if_copied(2, 22, "k"));
+  EXPECT_FALSE(second->removed(0));
+  EXPECT_TRUE(second->sole(0));
+  EXPECT_EQ(Locations(m, "k"), 1u);
+  EXPECT_EQ(m.counters().remove_refused_sole.load(), 2);
+  // A retried removal whose first answer was lost finds nothing to remove: gone, not sole.
+  auto retried = m.RemoveRoutes(only_if_copied(1, 11, "k"));
+  EXPECT_FALSE(retried->removed(0));
+  EXPECT_FALSE(retried->sole(0));
+
+  // A copy on an owner whose lease ran out serves nobody: it does not count.
+  Publish(m, 1, 11, 7, {"k"}, /*copy=*/true);  // owner 1 holds a copy again, next to owner 2
+  ASSERT_EQ(Locations(m, "k"), 2u);
+  std::this_thread::sleep_for(milliseconds(250));
+  Register(m, 1, 11);  // owner 1's heartbeat; owner 2 stays silent
+  auto dead_copy = m.RemoveRoutes(only_if_copied(1, 11, "k"));
+  EXPECT_FALSE(dead_copy->removed(0));
+  EXPECT_TRUE(dead_copy->sole(0));
+  // Without only_if_copied removal is unconditional, as before.
+  EXPECT_TRUE(m.RemoveRoutes(Remove(1, 11, "k", 7))->removed(0));
+}
+
 TEST(RemoteGetMaster, DedupIsPerKeyAndRequesterOwner) {  // G7
   MasterCore m;
   PublishOnOwnerOne(m, {"k"}, /*owners=*/3);

@@ -94,6 +94,27 @@ TEST(RouteTable, CopiesJoinOnlyTheRoutedVersionAndPromoteWhenThePrimaryGoes) {
   EXPECT_EQ(t.size(), 0u);
 }
 
+TEST(RouteTable, RemoveIfCopiedKeepsTheLastServingLocation) {
+  RouteTable t;
+  t.Publish("k", Loc(1, 10, 7));
+  const auto any = [](const RouteLocation&) { return true; };
+  const auto none = [](const RouteLocation&) { return false; };
+  // Alone: the value would leave the cluster.
+  EXPECT_EQ(t.RemoveLocationIfCopied("k", 1, 10, 7, any), RouteTable::CopyRemoval::kSole);
+  ASSERT_TRUE(t.AddCopy("k", Loc(2, 20, 7)));
+  // A copy that does not serve (its owner is not live) is no copy.
+  EXPECT_EQ(t.RemoveLocationIfCopied("k", 1, 10, 7, none), RouteTable::CopyRemoval::kSole);
+  EXPECT_EQ(t.Lookup("k")->locations.size(), 2u);
+  // Exact: another generation or put_id is not there.
+  EXPECT_EQ(t.RemoveLocationIfCopied("k", 1, 11, 7, any), RouteTable::CopyRemoval::kAbsent);
+  EXPECT_EQ(t.RemoveLocationIfCopied("k", 1, 10, 8, any), RouteTable::CopyRemoval::kAbsent);
+  EXPECT_EQ(t.RemoveLocationIfCopied("k", 1, 10, 7, any), RouteTable::CopyRemoval::kRemoved);
+  EXPECT_EQ(t.Lookup("k")->primary().node_id, 2u);
+  // Of the last two copies removed this way, one stays.
+  EXPECT_EQ(t.RemoveLocationIfCopied("k", 2, 20, 7, any), RouteTable::CopyRemoval::kSole);
+  EXPECT_EQ(t.RemoveLocationIfCopied("missing", 2, 20, 7, any), RouteTable::CopyRemoval::kAbsent);
+}
+
 TEST(RouteTable, DropNodeRemovesEveryLocationOfThatGeneration) {
   RouteTable t;
   t.Publish("a", Loc(1, 10, 1));

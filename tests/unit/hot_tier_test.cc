@@ -49,6 +49,45 @@ TEST(HotTierTest, S4ReadmittedCohortReturnsToItsChainTail) {
   EXPECT_TRUE(tier.TakeVictims(1).empty());
 }
 
+TEST(HotTierTest, CopiedCohortsGoFirstLeastRecentlyUsedFromAnywhereInTheirChain) {
+  HotTier<> tier;
+  std::vector<Cohort> chain = Chain(1, 5);
+  chain[1].copied_elsewhere = true;  // e.g. a copy fetched from a peer: copied on admission
+  chain[1].keys = {"b"};
+  chain[3].keys = {"d1", "d2"};
+  tier.AdmitChain(std::move(chain));
+  // A group is marked only when every member it has is copied.
+  EXPECT_FALSE(tier.MarkCopied(4, {"d1"}));
+  EXPECT_TRUE(tier.MarkCopied(4, {"d2", "d1"}));
+  EXPECT_FALSE(tier.MarkCopied(99, {}));  // not here
+  EXPECT_EQ(tier.copied_cohorts(), 2u);
+  tier.Touch({2});  // 2 used after 4 was marked: 4 is the least recently used copied cohort
+  auto first = tier.TakeCopied(1);
+  ASSERT_EQ(Ids(first), (std::vector<uint64_t>{4}));
+  EXPECT_EQ(first[0].after, 3u);  // from the middle of its chain
+  EXPECT_EQ(tier.weight(), 4u);
+  // Refused by the master (no other live copy): back unmarked, where it was.
+  first[0].copied_elsewhere = false;
+  tier.Readmit(std::move(first[0]));
+  EXPECT_EQ(Ids(tier.TakeCopied(10)), (std::vector<uint64_t>{2}));
+  EXPECT_TRUE(tier.TakeCopied(10).empty());
+  EXPECT_EQ(tier.copied_cohorts(), 0u);
+  // The rest go by the policy, tail first.
+  EXPECT_EQ(Ids(tier.TakeVictims(4)), (std::vector<uint64_t>{5, 4, 3, 1}));
+}
+
+TEST(HotTierTest, AVictimOrAForgottenCohortLeavesTheCopiedList) {
+  HotTier<> tier;
+  tier.AdmitChain(Chain(1, 2));
+  ASSERT_TRUE(tier.MarkCopied(2, {}));
+  ASSERT_TRUE(tier.MarkCopied(1, {}));
+  EXPECT_EQ(Ids(tier.TakeVictims(1)), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(tier.copied_cohorts(), 1u);
+  EXPECT_TRUE(tier.ForgetIfAllUnder(1, ""));
+  EXPECT_EQ(tier.copied_cohorts(), 0u);
+  EXPECT_TRUE(tier.TakeCopied(10).empty());
+}
+
 TEST(HotTierTest, AProbeThenAReadIsOneAccess) {
   // Every 8 ticks: B is read once; two ticks later A is probed and read. Both come back every 8
   // ticks and A was last seen later, so A is predicted back last and goes first. Counting A's

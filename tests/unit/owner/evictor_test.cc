@@ -1,7 +1,8 @@
 // Evictor on its own (src/owner/evictor.h): whole cohorts of unpinned Committed values only (S1,
 // S4), routes removed at the master before any slot is freed and only on a definite answer (S2,
 // T1), a location a peer's remote get pins at the master is kept (S2, S3), delete-by-prefix, and
-// the watermark round that never changes the capacity (S5).
+// the watermark round that never changes the capacity (S5), recoverable-first eviction (a value
+// copied on another node goes first, and only while the master still routes another live copy).
 #include "owner/evictor.h"
 
 #include "tests/unit/owner/owner_parts_fixture.h"
@@ -218,6 +219,60 @@ TEST_F(EvictorTest, S5WatermarkRoundEvictsTheOverageFromTheTail) {
   EXPECT_EQ(o.counters->evicted_pages.load(), 3);
   o.evictor->RunRound();  // under the watermark now: nothing more goes
   EXPECT_EQ(o.State("w2"), "committed");
+}
+
+// Recoverable first (design §7): a cohort copied on another node goes before colder cohorts
+// without a copy, and its route keeps the other location (nothing leaves the cluster). A stale
+// hint (the other copy went meanwhile) is refused by the master: the value stays.
+TEST_F(EvictorTest, CopiedCohortsGoFirstAndNeverTheLastCopy) {
+  PartsOptions source, reader;
+  source.node_id = 2;
+  source.data_plane = true;
+  reader.node_id = 1;
+  reader.data_plane = true;
+  OwnerParts& a = Make(reader);
+  OwnerParts& b = Make(source);
+  ASSERT_TRUE(PutAndPublish(b, {"cold"}).ok());  // put first: the policy's victim
+  ASSERT_TRUE(PutAndPublish(b, {"copied"}).ok());
+  ASSERT_TRUE(PutAndPublish(a, {"own"}).ok());
+  // Node 1 reads "copied" from node 2: its copy is admitted as copied elsewhere.
+  const auto route = RouteOf(master(), "copied");
+  ASSERT_TRUE(route.has_value());
+  std::vector<uint64_t> cohorts;
+  auto fetched = a.remote->Fetch(
+      {RemoteLeader{"copied", route->put_id(), route->len(), route->version()}}, &cohorts);
+  ASSERT_EQ(fetched.size(), 1u);
+  ASSERT_TRUE(fetched[0]);
+  fetched.clear();
+  EXPECT_EQ(a.hot->copied_cohorts(), 1u);
+  // The source learns its value is copied (a replica completed).
+  EXPECT_TRUE(b.evictor->NoteCopiedElsewhere({"copied"}, route->put_id()));
+  EXPECT_FALSE(b.evictor->NoteCopiedElsewhere({"copied"}, route->put_id() + 1));  // not held
+  EXPECT_EQ(b.counters->cohorts_marked_copied.load(), 1);
+
+  EXPECT_EQ(b.evictor->EvictSome(1), static_cast<uint64_t>(kValueLen));
+  EXPECT_EQ(b.State("copied"), "absent");
+  EXPECT_EQ(b.State("cold"), "committed");  // colder, but its only copy
+  auto after = RouteOf(master(), "copied");
+  ASSERT_TRUE(after.has_value());
+  ASSERT_EQ(after->locations_size(), 1);
+  EXPECT_EQ(after->locations(0).node_id(), 1u);  // the copy serves it now
+  EXPECT_EQ(b.counters->evicted_copied_pages.load(), 1);
+
+  // Node 1's mark is stale now (the source let its copy go): the master refuses, the value
+  // stays routed, and the round takes a policy victim instead.
+  EXPECT_EQ(a.evictor->EvictSome(1), static_cast<uint64_t>(kValueLen));
+  EXPECT_EQ(a.counters->eviction_kept_sole.load(), 1);
+  EXPECT_EQ(a.counters->evicted_copied_pages.load(), 0);
+  EXPECT_EQ(a.hot->copied_cohorts(), 0u);  // readmitted unmarked
+  EXPECT_EQ(mc().remove_refused_sole.load(), 1);
+  EXPECT_EQ(a.counters->evicted_pages.load(), 1);
+  // Whichever the policy took, every value is still somewhere: "cold" at node 2, and "copied"
+  // and "own" each either at node 1 or (the one evicted) nowhere but routed nowhere either.
+  EXPECT_TRUE(RouteOf(master(), "cold").has_value());
+  for (const std::string k : {"copied", "own"}) {
+    EXPECT_EQ(RouteOf(master(), k).has_value(), a.State(k) == "committed") << k;
+  }
 }
 
 }  // namespace

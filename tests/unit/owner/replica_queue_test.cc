@@ -95,7 +95,8 @@ class ReplicaQueueTest : public OwnerPartsTest {
     peers_ = std::make_unique<InProcessPeers>(puller_.get());
     queue_ =
         std::make_unique<ReplicaQueue>(options, b_->registration.get(), &master(), peers_.get(),
-                                       b_->keys.get(), b_->counters.get(), &stop_);
+                                       b_->keys.get(), b_->counters.get(), &stop_,
+                                       b_->evictor.get());
   }
   void TearDown() override {
     StopActor();
@@ -173,6 +174,11 @@ TEST_F(ReplicaQueueTest, QueuedGroupsArePulledByTheirTarget) {
   EXPECT_EQ(a_->counters->replica_pulls_completed.load(), 6);
   EXPECT_EQ(master().counters().replica_copies_other_roles.load(), 6);
   EXPECT_EQ(master().counters().replica_copies_remote_cache.load(), 0);
+  // Both groups are held whole on the target: the source evicts them first now (recoverable
+  // first), and the target's copies are marked too (their source holds them).
+  EXPECT_EQ(b_->hot->copied_cohorts(), 2u);
+  EXPECT_EQ(b_->counters->cohorts_marked_copied.load(), 2);
+  EXPECT_EQ(a_->hot->copied_cohorts(), a_->hot->size());
   ExpectAccounted();
 }
 

@@ -1,0 +1,56 @@
+"""Recoverable-first eviction with real processes (design §7): a master restricted to
+remote_cache targets, owners 1 and 2 and a remote_cache (node 3), each its own fluxond.
+
+Owner 1 (1 GiB) holds a replicated batch (copied on the remote_cache) that it put first and a
+batch without replicas put after it, then fills up. Under pressure it evicts the replicated
+values first — every value it lets go still has its remote_cache location, so nothing leaves the
+cluster — and keeps the unreplicated batch. Owner 2 reads every value byte-exact afterwards.
+Temporary state ends at baseline; every wait is bounded.
+"""
+
+import time
+
+from test_cluster_remote_get import expect_pages, get_pages, keys_of, put_pages
+from test_cluster_replicas import CacheStats, ReplicaCluster, put_replicated, wait_baseline, \
+    wait_replicated
+
+
+def test_an_owner_under_pressure_evicts_its_copied_values_first(daemon_factory, tmp):
+    c = ReplicaCluster(daemon_factory, tmp)
+    a, b = c.client(1), c.client(2)
+    copied = keys_of("rf-copied", 256)  # 64 MiB, put first: the oldest values
+    put_replicated(a, copied, seed=11)
+    s = wait_replicated(a, len(copied))
+    assert s["replica_tasks_completed"] == len(copied), s
+    assert s["cohorts_marked_copied"] == len(copied), s  # one cohort per key (no groups)
+    assert s["hot_copied_cohorts"] == len(copied), s
+    alone = keys_of("rf-alone", 256)  # 64 MiB without a copy anywhere
+    put_pages(a, alone, seed=12)
+    # Fill owner 1 past its watermark (0.95 of 1 GiB): 13 x 64 MiB + 32 MiB more.
+    fill = [keys_of(f"rf-fill{j}", 256) for j in range(13)] + [keys_of("rf-fill13", 128)]
+    for j, keys in enumerate(fill):
+        put_pages(a, keys, seed=20 + j)
+
+    deadline = time.time() + 15
+    while a.stats()["evicted_pages"] == 0:
+        assert time.time() < deadline, "owner 1 never evicted"
+        time.sleep(0.05)
+    time.sleep(0.3)  # let the round in progress finish
+    s = a.stats()
+    # Every value evicted so far was a copied one, each removed only while its remote_cache
+    # copy stayed routed.
+    assert s["evicted_pages"] == s["evicted_copied_pages"] > 0, s
+    assert s["eviction_kept_sole"] == 0, s
+    locations = c.all_locations("rf-")
+    gone = [k for k in copied if 1 not in locations[k]]
+    assert len(gone) == s["evicted_copied_pages"], (len(gone), s)
+    assert all(locations[k] == [3] for k in gone)
+    assert all(locations[k] == [1] for k in alone)  # the values without a copy stay
+    assert all(locations[k] == [1] for keys in fill for k in keys)
+
+    # Every value is still in the cluster, with its bytes: owner 2 reads them all.
+    for keys, seed in [(copied, 11), (alone, 12), (fill[-1], 20 + len(fill) - 1)]:
+        n, data = get_pages(b, keys)
+        assert n == len(keys)
+        expect_pages(data, n, seed)
+    wait_baseline(c, {1: a, 2: b, 3: CacheStats(c)})
