@@ -86,6 +86,7 @@ FLUXON_SETTINGS_OF(Config, FLUXON_TOP_SETTINGS)
 FLUXON_SETTINGS_OF(SegmentConfig, FLUXON_SEGMENT_SETTINGS)
 FLUXON_SETTINGS_OF(ExpectedCapacityConfig, FLUXON_EXPECTED_CAPACITY_SETTINGS)
 FLUXON_SETTINGS_OF(LocalReserveConfig, FLUXON_LOCAL_RESERVE_SETTINGS)
+FLUXON_SETTINGS_OF(DemotionConfig, FLUXON_DEMOTION_SETTINGS)
 FLUXON_SETTINGS_OF(OwnerConfig, FLUXON_OWNER_SETTINGS)
 FLUXON_SETTINGS_OF(MasterConfig, FLUXON_MASTER_SETTINGS)
 FLUXON_SETTINGS_OF(ReplicaPlacementConfig, FLUXON_REPLICA_PLACEMENT_SETTINGS)
@@ -511,6 +512,29 @@ absl::Status CheckOwnerCapacity(const Section& sec, const OwnerConfig& o,
   return absl::OkStatus();
 }
 
+// Demotion runs ahead of pressure, and moves values to another node through the master.
+absl::Status CheckDemotion(const Section& sec, const OwnerConfig& o) {
+  const DemotionConfig& d = o.demotion;
+  if (!d.enabled) return absl::OkStatus();
+  if (d.start_ratio <= 0 || d.start_ratio >= o.hot_capacity_ratio) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %g must be above 0 and below owner.hot_capacity_ratio (%g): demotion runs ahead of "
+        "the pressure that deletes",
+        sec.Key("demotion.start_ratio"), d.start_ratio, o.hot_capacity_ratio));
+  }
+  if (d.max_bytes_in_flight == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: must be at least 1 byte", sec.Key("demotion.max_bytes_in_flight")));
+  }
+  if (o.master_address.empty() || o.data_address.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: a demotion moves values to a remote_cache through the master and this owner's data "
+        "plane: set owner.master_address and owner.data_address",
+        sec.Key("demotion.enabled")));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseOwner(Section& sec, OwnerConfig* o, const MachineLimits& machine) {
   if (sec.Has("segment")) {
     FLUXON_ASSIGN_OR_RETURN(Section seg, sec.Child("segment"));
@@ -521,9 +545,15 @@ absl::Status ParseOwner(Section& sec, OwnerConfig* o, const MachineLimits& machi
     FLUXON_ASSIGN_OR_RETURN(Section lr, sec.Child("local_reserve"));
     FLUXON_RETURN_IF_ERROR(ParseLocalReserve(lr, &o->local_reserve));
   }
+  if (sec.Has("demotion")) {
+    FLUXON_ASSIGN_OR_RETURN(Section d, sec.Child("demotion"));
+    FLUXON_RETURN_IF_ERROR(d.ReadSettings(&o->demotion));
+    FLUXON_RETURN_IF_ERROR(d.Finish());
+  }
   FLUXON_RETURN_IF_ERROR(sec.ReadSettings(o));
   FLUXON_RETURN_IF_ERROR(ParseTransports(sec, &o->transports));
   FLUXON_RETURN_IF_ERROR(sec.Finish());
+  FLUXON_RETURN_IF_ERROR(CheckDemotion(sec, *o));
   return CheckOwnerCapacity(sec, *o, machine);
 }
 
@@ -903,6 +933,7 @@ void EmitOwner(YAML::Emitter& out, const OwnerConfig& o) {
       out << YAML::Comment(absl::StrFormat("prewarms %d grants",
                                            ExpectedGrants(e.value_len, e.payload_capacity_bytes)));
     });
+    EmitSection(out, "demotion", o.demotion);
     out << YAML::Key << "transports" << YAML::Value << YAML::Flow << o.transports;
   });
 }
@@ -1018,6 +1049,7 @@ std::string SettingsReferenceMarkdown() {
   ReferenceRows(&out, "owner.segment.", SegmentConfig{});
   ReferenceRows(&out, "owner.local_reserve.", LocalReserveConfig{});
   ReferenceRows(&out, "owner.local_reserve.expected_capacity.", ExpectedCapacityConfig{});
+  ReferenceRows(&out, "owner.demotion.", DemotionConfig{});
   section("master", "Roles embedded and master.");
   ReferenceRows(&out, "master.", MasterConfig{});
   ReferenceRows(&out, "master.replica_task_placement.", ReplicaPlacementConfig{});

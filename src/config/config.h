@@ -64,9 +64,14 @@ struct LocalReserveConfig {
   FLUXON_LOCAL_RESERVE_SETTINGS(FLUXON_DECLARE_SETTING)
 };
 
+struct DemotionConfig {
+  FLUXON_DEMOTION_SETTINGS(FLUXON_DECLARE_SETTING)
+};
+
 struct OwnerConfig {
   SegmentConfig segment;             // owner.segment
   LocalReserveConfig local_reserve;  // owner.local_reserve
+  DemotionConfig demotion;           // owner.demotion
   FLUXON_OWNER_SETTINGS(FLUXON_DECLARE_SETTING)
   // The data plane's transports (owner.transports). Only "tcp" is served today; "rdma" is
   // refused: the verbs transport and its queue-pair exchange over the gRPC peer service

@@ -118,6 +118,17 @@ struct OneOf {
     "in the background), so a claim does not wait for first touch; 0: populate on the claim's "  \
     "path")
 
+#define FLUXON_DEMOTION_SETTINGS(X)                                                               \
+  X(enabled, "enabled", Flag{}, false,                                                            \
+    "demote cold values to a remote_cache (one copy: this owner's slots are freed once the "      \
+    "copy is routed) before pressure deletes them; needs owner.master_address and "               \
+    "owner.data_address")                                                                         \
+  X(start_ratio, "start_ratio", Ratio{}, 0.85,                                                    \
+    "demotion runs while used slots exceed this fraction of the capacity; below "                 \
+    "owner.hot_capacity_ratio")                                                                   \
+  X(max_bytes_in_flight, "max_bytes_in_flight", Bytes{}, 256ull << 20,                            \
+    "slot bytes being demoted at once (out of the hot tier, still readable)")
+
 #define FLUXON_OWNER_SETTINGS(X)                                                                  \
   X(hot_capacity_ratio, "hot_capacity_ratio", Ratio{}, 0.95,                                      \
     "eviction keeps the hot tier under this fraction of the segment")                             \

@@ -364,8 +364,10 @@ absl::StatusOr<v1::PlaceReplicasReply> MasterCore::PlaceReplicas(
       candidates.push_back(std::move(c));
     }
   }
+  ReplicaPlacementOptions placement = options_.placement;
+  if (r.remote_only()) placement.restrict_to_remote_only_node_roles = true;
   const std::vector<GroupPlacement> placed =
-      PlaceGroups(options_.placement, r.source_node_id(), group_bytes, candidates);
+      PlaceGroups(placement, r.source_node_id(), group_bytes, candidates);
   v1::PlaceReplicasReply reply;
   for (const GroupPlacement& p : placed) {
     v1::PlacedGroup* g = reply.add_groups();

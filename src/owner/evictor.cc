@@ -53,6 +53,10 @@ Evictor::Need Evictor::Measure() const {
   }
   const uint64_t high = static_cast<uint64_t>(options_.hot_capacity_ratio * capacity);
   if (used > high) need.over_watermark = used - high;
+  if (demotions_ != nullptr) {
+    const uint64_t start = static_cast<uint64_t>(demotion_.start_ratio * capacity);
+    if (used > start) need.over_demotion = used - start;
+  }
   return need;
 }
 
@@ -64,6 +68,10 @@ void Evictor::RunRound() {
   }
   Need need = Measure();
   const auto now = Clock::now();
+  if (need.over_demotion > 0) {
+    Demote(need.over_demotion);
+    need = Measure();
+  }
   if (need.over_watermark > 0 && now >= next_watermark_) {
     if (EvictSome(need.over_watermark) > 0) {
       watermark_backoff_ = options_.min_interval;
@@ -105,7 +113,105 @@ bool Evictor::NoteCopiedElsewhere(const std::vector<std::string>& keys, uint64_t
   return true;
 }
 
-uint64_t Evictor::Settle(std::vector<Cohort> victims, bool only_if_copied) {
+void Evictor::EnableDemotion(ReplicaQueue* queue, DemotionOptions options) {
+  demotion_ = options;
+  demotions_ = queue;
+}
+
+void Evictor::Demote(uint64_t bytes) {
+  // Duplicates at rest first: a copied cohort's value stays in the cluster without this copy.
+  const uint64_t released = Settle(hot_->TakeCopied(bytes), /*only_if_copied=*/true);
+  if (released >= bytes) return;
+  uint64_t want = bytes - released;
+  {
+    MutexLock lock(&demote_mu_);
+    if (Clock::now() < demotion_paused_until_) return;
+    const uint64_t room = demotion_.max_bytes_in_flight > demoting_bytes_
+                              ? demotion_.max_bytes_in_flight - demoting_bytes_
+                              : 0;
+    want = std::min(want, room);
+  }
+  if (want == 0) return;
+  std::vector<Cohort> cold = hot_->TakeVictims(want);
+  std::vector<ReplicaGroup> groups;
+  std::vector<Cohort> back;  // members no longer held as committed: nothing to demote
+  int64_t pages = 0;
+  {
+    MutexLock lock(&demote_mu_);
+    for (Cohort& c : cold) {
+      ReplicaGroup g;
+      for (const std::string& key : c.keys) {
+        const std::optional<KeyIndex::Identity> id = keys_->IdentityOf(key);
+        if (!id || id->state != KeyIndex::State::kCommitted || id->put_id != c.put_id) continue;
+        g.push_back(
+            ReplicaTask{key, c.put_id, id->version, id->len, c.weight / c.keys.size(), c.id});
+      }
+      if (g.size() != c.keys.size()) {
+        back.push_back(std::move(c));  // changed meanwhile: eviction sorts it out
+        continue;
+      }
+      pages += static_cast<int64_t>(g.size());
+      demoting_bytes_ += c.weight;
+      demoting_.emplace(c.id, std::move(c));
+      groups.push_back(std::move(g));
+    }
+    counters_->demoting_bytes.store(static_cast<int64_t>(demoting_bytes_),
+                                    std::memory_order_relaxed);
+  }
+  for (Cohort& c : back) hot_->Readmit(std::move(c));
+  counters_->demotions_started.fetch_add(pages, std::memory_order_relaxed);
+  // Outside demote_mu_: a group the queue cannot take ends (kFailed) right here.
+  if (!groups.empty()) demotions_->Enqueue(std::move(groups));
+}
+
+void Evictor::ReplicaGroupEnded(const std::vector<std::string>& keys, uint64_t put_id,
+                                uint64_t demoted_cohort, ReplicaGroupEnd end) {
+  if (demoted_cohort == 0) {
+    if (end == ReplicaGroupEnd::kCopied) NoteCopiedElsewhere(keys, put_id);
+    return;
+  }
+  Cohort cohort;
+  {
+    MutexLock lock(&demote_mu_);
+    auto it = demoting_.find(demoted_cohort);
+    if (it == demoting_.end()) return;
+    cohort = std::move(it->second);
+    demoting_.erase(it);
+    demoting_bytes_ -= cohort.weight;
+    counters_->demoting_bytes.store(static_cast<int64_t>(demoting_bytes_),
+                                    std::memory_order_relaxed);
+    if (end == ReplicaGroupEnd::kNoSpace) {
+      // No remote_cache has room: pause, and let pressure delete as without demotion.
+      demotion_paused_until_ = Clock::now() + demotion_backoff_;
+      demotion_backoff_ = std::min(demotion_backoff_ * 2, std::chrono::milliseconds(16'000));
+    } else if (end == ReplicaGroupEnd::kCopied) {
+      demotion_backoff_ = std::chrono::milliseconds(1000);
+    }
+  }
+  const auto members = static_cast<int64_t>(cohort.keys.size());
+  switch (end) {
+    case ReplicaGroupEnd::kCopied: {
+      // The copy is routed: now this location goes (only while the copy stays), then the slots.
+      cohort.copied_elsewhere = true;
+      uint64_t pages = 0;
+      Settle({std::move(cohort)}, /*only_if_copied=*/true, &pages);
+      counters_->demoted_pages.fetch_add(static_cast<int64_t>(pages), std::memory_order_relaxed);
+      return;
+    }
+    case ReplicaGroupEnd::kNoSpace:
+      counters_->demotion_no_space.fetch_add(members, std::memory_order_relaxed);
+      break;
+    case ReplicaGroupEnd::kGone:
+    case ReplicaGroupEnd::kFailed:
+      counters_->demotion_failed.fetch_add(members, std::memory_order_relaxed);
+      break;
+  }
+  // Back where it was (S4): a value gone meanwhile is dropped by a later round (kGone there).
+  hot_->Readmit(std::move(cohort));
+  CandidatesChanged();
+}
+
+uint64_t Evictor::Settle(std::vector<Cohort> victims, bool only_if_copied, uint64_t* pages) {
   if (victims.empty()) return 0;
   const std::vector<Removal> removals =
       RemoveCohorts(victims, kEvictRemoveAttempts, only_if_copied);
@@ -120,6 +226,7 @@ uint64_t Evictor::Settle(std::vector<Cohort> victims, bool only_if_copied) {
     if (only_if_copied) {
       counters_->evicted_copied_pages.fetch_add(removals[i].pages, std::memory_order_relaxed);
     }
+    if (pages != nullptr) *pages += removals[i].pages;
     if (!removals[i].pinned_keys.empty()) {
       // A peer reads these members (master pin), or they are the last copy: they stay, with
       // their cohort.

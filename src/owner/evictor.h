@@ -20,6 +20,15 @@
 //   claims still short of slots get the rate-limited fallback (<= max_bytes_per_round per round,
 //   rounds >= min_interval apart). Either backs off (up to 2 s) when nothing was evictable, and
 //   retries at once when candidates changed. Eviction never changes the capacity (S5).
+// - Demotion (owner.demotion, design §7 single-copy demotion): above start_ratio a round first
+//   releases copied cohorts (duplicates at rest), then hands cold cohorts (the policy's victims,
+//   at most max_bytes_in_flight at once) to the replica queue with a demotion intent: a
+//   remote_cache pulls them, the copy joins the route, and only then is this owner's location
+//   removed (only if copied) and its slots freed, so a demoted value is always routed somewhere.
+//   While in flight the cohort is out of the hot tier but Committed and readable. No room on
+//   any remote_cache, a failure or a value gone meanwhile: the cohort goes back to the hot tier
+//   (S4) and demotion pauses after no space (1 s, doubling to 16 s); pressure above
+//   hot_capacity_ratio then deletes as without demotion, so a put never waits for a demotion.
 // - Recoverable first (design §7): a round takes the hot tier's copied-elsewhere cohorts before
 //   any victim of the policy, and removes their routes only if copied (the master removes this
 //   location only while another live location of the value stays, atomically per key), so this
@@ -32,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
 #include "common/stop_signal.h"
@@ -40,6 +50,7 @@
 #include "owner/master_registration.h"
 #include "owner/owner_counters.h"
 #include "owner/publisher.h"
+#include "owner/replica_queue.h"
 #include "rpc/master_api.h"
 #include "slot/slot_pool.h"
 
@@ -49,6 +60,13 @@ struct DeleteOutcome {
   uint64_t deleted = 0;         // values removed (route first, then slot)
   uint64_t skipped_in_use = 0;  // values kept: pinned, not committed yet, or unconfirmed below
   uint64_t unconfirmed = 0;     // kept because the master did not confirm the route removal
+};
+
+struct DemotionOptions {
+  // Demotion runs while used slots exceed this fraction of the capacity (below
+  // hot_capacity_ratio, so it runs ahead of the pressure that deletes).
+  double start_ratio = 0.85;
+  uint64_t max_bytes_in_flight = 256ull << 20;  // slot bytes being demoted at once
 };
 
 class Evictor final : public EvictionSignals {
@@ -78,9 +96,11 @@ class Evictor final : public EvictionSignals {
 
   void CandidatesChanged() override { candidates_changed_.store(true, std::memory_order_relaxed); }
   void SignalPressure() override;
-  void CopiedElsewhere(const std::vector<std::string>& keys, uint64_t put_id) override {
-    NoteCopiedElsewhere(keys, put_id);
-  }
+  void ReplicaGroupEnded(const std::vector<std::string>& keys, uint64_t put_id,
+                         uint64_t demoted_cohort, ReplicaGroupEnd end) override;
+  // Turns demotion on (owner.demotion): cold cohorts go to a remote_cache through `queue`
+  // before pressure deletes them. Call before the maintenance actor starts.
+  void EnableDemotion(ReplicaQueue* queue, DemotionOptions options);
   // Waits up to `interval` unless pressure was signalled; false when stopping.
   bool WaitForWork(std::chrono::milliseconds interval);
   void Interrupt();
@@ -105,7 +125,10 @@ class Evictor final : public EvictionSignals {
   struct Need {
     uint64_t over_watermark = 0;  // used bytes above hot_capacity_ratio of the capacity
     uint64_t deficit = 0;         // bytes waiting claims lack when the pool cannot grow
+    uint64_t over_demotion = 0;   // used bytes above demotion's start_ratio (demotion on)
   };
+  // One demotion round: releases copied cohorts, then queues cold ones, up to `bytes`.
+  void Demote(uint64_t bytes);
   Need Measure() const;
   enum class RemoveResult { kRemoved, kInUse, kGone };
   struct Removal {
@@ -125,8 +148,9 @@ class Evictor final : public EvictionSignals {
   // One RemoveRoutes request, retried at most `attempts` times while uncertain; the verdict of
   // each item (kGone only on a definite answer).
   std::vector<RouteVerdict> RemoveRoutes(const v1::RemoveRoutesRequest& req, int attempts);
-  // Evicts `victims` (taken from the hot tier), readmitting what must stay; returns bytes freed.
-  uint64_t Settle(std::vector<Cohort> victims, bool only_if_copied);
+  // Evicts `victims` (taken from the hot tier), readmitting what must stay; returns bytes freed
+  // (and adds the values freed to `*pages`, when given).
+  uint64_t Settle(std::vector<Cohort> victims, bool only_if_copied, uint64_t* pages = nullptr);
 
   const Options options_;
   MasterRegistration* const registration_;
@@ -140,6 +164,15 @@ class Evictor final : public EvictionSignals {
   Mutex mu_;
   CondVar cv_;
   bool pressure_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Demotion (off while demotions_ is null; both set before the maintenance actor starts).
+  ReplicaQueue* demotions_ = nullptr;
+  DemotionOptions demotion_;
+  Mutex demote_mu_;
+  absl::flat_hash_map<uint64_t, Cohort> demoting_ ABSL_GUARDED_BY(demote_mu_);  // by cohort id
+  uint64_t demoting_bytes_ ABSL_GUARDED_BY(demote_mu_) = 0;
+  std::chrono::steady_clock::time_point demotion_paused_until_ ABSL_GUARDED_BY(demote_mu_);
+  std::chrono::milliseconds demotion_backoff_ ABSL_GUARDED_BY(demote_mu_){1000};
   std::atomic<bool> candidates_changed_{false};
 
   // Round state (the maintenance actor's thread only).

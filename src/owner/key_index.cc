@@ -355,7 +355,7 @@ HolderRef KeyIndex::EraseStale(const std::string& key, uint64_t put_id) {
 std::optional<KeyIndex::Identity> KeyIndex::IdentityOf(const std::string& key) const {
   std::optional<Entry> e = table_.Get(key);  // a copy under the shard lock
   if (!e) return std::nullopt;
-  return Identity{e->state, e->put_id, e->version};
+  return Identity{e->state, e->put_id, e->version, e->resident ? e->resident->len : 0};
 }
 
 void KeyIndex::ForEachCommitted(const std::function<void(const CommittedValue&)>& fn) const {

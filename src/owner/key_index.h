@@ -177,6 +177,7 @@ class KeyIndex {
     State state;
     uint64_t put_id;
     uint64_t version;
+    uint64_t len;  // value bytes (0 before LocalVisible)
   };
   std::optional<Identity> IdentityOf(const std::string& key) const;
   // "absent", "reserved", "local_visible", "committed" or "evicting".

@@ -54,6 +54,11 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
       ReplicaQueue::Options{config.replica_queue_keys, config.replica_batch_keys,
                             config.replica_pull_timeout, config.replica_pulls_in_flight},
       registration, master, rt.peers, c.keys_.get(), counters, &c.stop_, c.evictor_.get());
+  if (config.demotion.enabled) {
+    c.evictor_->EnableDemotion(
+        c.replicas_.get(),
+        DemotionOptions{config.demotion.start_ratio, config.demotion.max_bytes_in_flight});
+  }
   c.publisher_ = std::make_unique<Publisher>(
       Publisher::Options{kPublishQueueCapacity, config.commit_wait_timeout}, registration, master,
       c.keys_.get(), pool, c.hot_.get(), counters, c.evictor_.get(), &c.stop_, c.replicas_.get());

@@ -56,6 +56,15 @@ enum class CounterKind { kCounter, kGauge, kMicros };
     "Copied-elsewhere eviction candidates kept: the master found no other live copy.")            \
   X(cohorts_marked_copied, kCounter, "fluxon_cohorts_marked_copied_total", "",                    \
     "Cohorts marked as copied on another node (replicas completed) after their admission.")       \
+  X(demotions_started, kCounter, "fluxon_demotions_total", "stage=started",                       \
+    "Values demoted to a remote_cache by stage: started (handed to the replica queue), demoted "  \
+    "(copy routed there, this location removed, slot freed), no_space (no remote_cache had "      \
+    "room: kept), failed (kept: a failed pull, or the value changed meanwhile).")                 \
+  X(demoted_pages, kCounter, "fluxon_demotions_total", "stage=demoted", "")                       \
+  X(demotion_no_space, kCounter, "fluxon_demotions_total", "stage=no_space", "")                  \
+  X(demotion_failed, kCounter, "fluxon_demotions_total", "stage=failed", "")                      \
+  X(demoting_bytes, kGauge, "fluxon_demoting_bytes", "",                                          \
+    "Slot bytes of cohorts being demoted (out of the hot tier, still committed and readable).")   \
   X(eviction_rounds, kCounter, "fluxon_eviction_rounds_total", "",                                \
     "Capacity eviction rounds run.")                                                              \
   X(eviction_skipped_pinned, kCounter, "fluxon_eviction_skipped_pinned_total", "",                \

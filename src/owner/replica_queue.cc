@@ -16,7 +16,7 @@ void Add(std::atomic<int64_t>& c, int64_t n) { c.fetch_add(n, std::memory_order_
 
 ReplicaQueue::ReplicaQueue(Options options, MasterRegistration* registration, MasterApi* master,
                            PeerApi* peers, KeyIndex* keys, OwnerCounters* counters,
-                           StopSignal* stop, EvictionSignals* copies)
+                           StopSignal* stop, EvictionSignals* ends)
     : options_(options),
       registration_(registration),
       master_(master),
@@ -24,10 +24,11 @@ ReplicaQueue::ReplicaQueue(Options options, MasterRegistration* registration, Ma
       keys_(keys),
       counters_(counters),
       stop_(stop),
-      copies_(copies) {}
+      ends_(ends) {}
 
 void ReplicaQueue::Enqueue(std::vector<ReplicaGroup> groups) {
   int64_t enqueued = 0, full = 0, duplicate = 0;
+  std::vector<ReplicaGroup> dropped;
   {
     MutexLock lock(&mu_);
     for (ReplicaGroup& g : groups) {
@@ -36,10 +37,12 @@ void ReplicaQueue::Enqueue(std::vector<ReplicaGroup> groups) {
       for (const ReplicaTask& t : g) seen |= queued_.contains(TaskId{t.key, t.put_id});
       if (seen) {
         duplicate += static_cast<int64_t>(g.size());
+        dropped.push_back(std::move(g));
         continue;
       }
       if (keys_queued_ + g.size() > options_.capacity_keys) {
         full += static_cast<int64_t>(g.size());
+        dropped.push_back(std::move(g));
         continue;
       }
       for (const ReplicaTask& t : g) queued_.insert(TaskId{t.key, t.put_id});
@@ -58,6 +61,15 @@ void ReplicaQueue::Enqueue(std::vector<ReplicaGroup> groups) {
     spdlog::warn("replica queue full ({} keys): {} replica tasks dropped", options_.capacity_keys,
                  full);
   }
+  for (const ReplicaGroup& g : dropped) Ended(g, ReplicaGroupEnd::kFailed);
+}
+
+void ReplicaQueue::Ended(const ReplicaGroup& g, ReplicaGroupEnd end) {
+  if (ends_ == nullptr || g.empty()) return;
+  std::vector<std::string> keys;
+  keys.reserve(g.size());
+  for (const ReplicaTask& t : g) keys.push_back(t.key);
+  ends_->ReplicaGroupEnded(keys, g.front().put_id, g.front().demoted_cohort, end);
 }
 
 size_t ReplicaQueue::queued_keys() const {
@@ -91,6 +103,11 @@ std::vector<ReplicaGroup> ReplicaQueue::TakeBatch() {
   while (!queue_.empty()) {
     const ReplicaGroup& g = queue_.front();
     if (!batch.empty() && n + g.size() > options_.batch_keys) break;
+    // One placement per batch: demotions (remote-only targets) and replicas apart.
+    if (!batch.empty() &&
+        (batch.front().front().demoted_cohort != 0) != (g.front().demoted_cohort != 0)) {
+      break;
+    }
     bool repeats = false;
     for (const ReplicaTask& t : g) {
       repeats |= keys.contains(t.key) || keys_in_flight_.contains(t.key);
@@ -108,22 +125,26 @@ std::vector<ReplicaGroup> ReplicaQueue::TakeBatch() {
 void ReplicaQueue::Run() {
   for (;;) {
     std::vector<ReplicaGroup> batch;
+    std::deque<ReplicaGroup> dropped;
     {
       MutexLock lock(&mu_);
-      while (!FrontReady()) {
-        if (stop_->stopped()) return;
+      while (!FrontReady() && !stop_->stopped()) {
         cv_.WaitUntil(&mu_, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
       }
       if (stop_->stopped()) {
         // Queued tasks end with the owner (its values go with it); nothing was asked for them.
-        queue_.clear();
+        dropped.swap(queue_);
         queued_.clear();
         keys_queued_ = 0;
         counters_->replica_queue_keys.store(0, std::memory_order_relaxed);
-        return;
+      } else {
+        batch = TakeBatch();
+        ++batches_in_flight_;
       }
-      batch = TakeBatch();
-      ++batches_in_flight_;
+    }
+    if (stop_->stopped()) {
+      for (const ReplicaGroup& g : dropped) Ended(g, ReplicaGroupEnd::kFailed);
+      return;
     }
     Replicate(batch);
     Finished(batch);
@@ -164,12 +185,17 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
   std::vector<ReplicaGroup> groups;
   for (const ReplicaGroup& g : batch) {
     ReplicaGroup held = StillHeld(g);
-    if (!held.empty()) groups.push_back(std::move(held));
+    if (held.empty()) {
+      Ended(g, ReplicaGroupEnd::kGone);
+    } else {
+      groups.push_back(std::move(held));
+    }
   }
   if (groups.empty()) return;
   size_t tasks = 0;
   v1::PlaceReplicasRequest place;
   place.set_source_node_id(registration_->identity().node_id);
+  place.set_remote_only(groups.front().front().demoted_cohort != 0);
   for (const ReplicaGroup& g : groups) {
     uint64_t bytes = 0;
     for (const ReplicaTask& t : g) bytes += t.slot_bytes;
@@ -190,6 +216,7 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
                    placed.status().ToString());
     }
     Add(counters_->replica_tasks_failed, static_cast<int64_t>(tasks));
+    for (const ReplicaGroup& g : groups) Ended(g, ReplicaGroupEnd::kFailed);
     return;
   }
   // One call per target, its groups' items in order, each group of several keys numbered.
@@ -203,6 +230,7 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
     const v1::PlacedGroup& p = placed->groups(static_cast<int>(g));
     if (!p.placed() || p.peer_address().empty()) {
       Add(counters_->replica_tasks_no_space, static_cast<int64_t>(groups[g].size()));
+      Ended(groups[g], ReplicaGroupEnd::kNoSpace);
       continue;
     }
     Add(p.role() == "remote_cache" ? counters_->replica_targets_remote_cache
@@ -218,11 +246,12 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
 
 void ReplicaQueue::PullOn(const std::string& peer_address, const std::vector<ReplicaTask>& items,
                           const std::vector<uint32_t>& groups) {
+  std::vector<v1::PullOutcome> final(items.size(), v1::PULL_FAILED);
   if (peers_ == nullptr) {
     Add(counters_->replica_tasks_failed, static_cast<int64_t>(items.size()));
+    EndGroups(items, groups, final);
     return;
   }
-  std::vector<v1::PullOutcome> final(items.size(), v1::PULL_FAILED);
   std::vector<size_t> open(items.size());  // items whose outcome is not final yet
   for (size_t i = 0; i < items.size(); ++i) open[i] = i;
   const absl::Status last = RetryUncertain(
@@ -283,21 +312,32 @@ void ReplicaQueue::PullOn(const std::string& peer_address, const std::vector<Rep
         break;
     }
   }
-  if (copies_ == nullptr) return;
-  // A group the target now holds whole (every member completed or already held) is copied
-  // elsewhere: recoverable-first eviction takes it first here.
+  EndGroups(items, groups, final);
+}
+
+void ReplicaQueue::EndGroups(const std::vector<ReplicaTask>& items,
+                             const std::vector<uint32_t>& groups,
+                             const std::vector<v1::PullOutcome>& final) {
   for (size_t b = 0; b < items.size();) {
     size_t e = b + 1;
     if (groups[b] != 0) {
       while (e < items.size() && groups[e] == groups[b]) ++e;
     }
-    std::vector<std::string> keys;
-    bool whole = true;
+    // Whole: every member held there. Placed whole, so no space is the group's; gone only when
+    // every member is.
+    bool copied = true, no_space = false, gone = true;
     for (size_t i = b; i < e; ++i) {
-      whole &= final[i] == v1::PULL_COMPLETED || final[i] == v1::PULL_ALREADY_HELD;
-      keys.push_back(items[i].key);
+      copied &= final[i] == v1::PULL_COMPLETED || final[i] == v1::PULL_ALREADY_HELD;
+      no_space |= final[i] == v1::PULL_NO_SPACE;
+      gone &= final[i] == v1::PULL_SOURCE_GONE || final[i] == v1::PULL_OBSOLETE;
     }
-    if (whole) copies_->CopiedElsewhere(keys, items[b].put_id);
+    const ReplicaGroupEnd end = copied     ? ReplicaGroupEnd::kCopied
+                                : no_space ? ReplicaGroupEnd::kNoSpace
+                                : gone     ? ReplicaGroupEnd::kGone
+                                           : ReplicaGroupEnd::kFailed;
+    Ended(ReplicaGroup(items.begin() + static_cast<std::ptrdiff_t>(b),
+                       items.begin() + static_cast<std::ptrdiff_t>(e)),
+          end);
     b = e;
   }
 }

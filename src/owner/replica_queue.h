@@ -57,6 +57,10 @@ struct ReplicaTask {
   uint64_t version = 0;
   uint64_t len = 0;
   uint64_t slot_bytes = 0;
+  // Nonzero: this task demotes that cohort of this owner (single copy: the source releases its
+  // slots once the copy is routed), the same for every member of its group; placed only on
+  // remote-only roles.
+  uint64_t demoted_cohort = 0;
 };
 // One atomic group (or a single key): placed whole on one target.
 using ReplicaGroup = std::vector<ReplicaTask>;
@@ -72,13 +76,14 @@ class ReplicaQueue {
   };
   // `registration` names this owner to targets (its node and current generation: the location
   // they copy from).
-  // `copies` (may be null) hears of every group the target now holds whole (completed or
-  // already held): recoverable-first eviction drops those first.
+  // `ends` (may be null) hears how every group ended, once per group given to Enqueue
+  // (recoverable-first eviction and demotion act on it).
   ReplicaQueue(Options options, MasterRegistration* registration, MasterApi* master, PeerApi* peers,
                KeyIndex* keys, OwnerCounters* counters, StopSignal* stop,
-               EvictionSignals* copies = nullptr);
+               EvictionSignals* ends = nullptr);
 
-  // Queues `groups` (never blocks). A group is queued whole or dropped whole.
+  // Queues `groups` (never blocks). A group is queued whole or dropped whole (then it ends
+  // kFailed at once). A batch holds demotions or replicas, never both.
   void Enqueue(std::vector<ReplicaGroup> groups);
   // One worker: replicates queued batches until stopping. The owner runs options.in_flight of
   // them.
@@ -99,11 +104,17 @@ class ReplicaQueue {
   void Replicate(std::vector<ReplicaGroup> batch);
   // The members still held here with their identity; the others are counted.
   ReplicaGroup StillHeld(const ReplicaGroup& g);
-  // Sends `items` to one target, retrying as described; counts every item's final outcome.
-  // `groups[i]`: the atomic group number of items[i] within this call (0: alone).
+  // Sends `items` to one target, retrying as described; counts every item's final outcome and
+  // ends every group. `groups[i]`: the atomic group number of items[i] within this call (0:
+  // alone).
   void PullOn(const std::string& peer_address, const std::vector<ReplicaTask>& items,
               const std::vector<uint32_t>& groups);
   void Finished(const std::vector<ReplicaGroup>& batch);
+  // Ends every group of one call by its members' final outcomes.
+  void EndGroups(const std::vector<ReplicaTask>& items, const std::vector<uint32_t>& groups,
+                 const std::vector<v1::PullOutcome>& final);
+  // Tells `ends_` how group `g` ended.
+  void Ended(const ReplicaGroup& g, ReplicaGroupEnd end);
 
   const Options options_;
   MasterRegistration* const registration_;
@@ -112,7 +123,7 @@ class ReplicaQueue {
   KeyIndex* const keys_;
   OwnerCounters* const counters_;
   StopSignal* const stop_;
-  EvictionSignals* const copies_;
+  EvictionSignals* const ends_;
 
   mutable Mutex mu_;
   CondVar cv_;

@@ -8,6 +8,7 @@ cluster — and keeps the unreplicated batch. Owner 2 reads every value byte-exa
 Temporary state ends at baseline; every wait is bounded.
 """
 
+import signal
 import time
 
 from test_cluster_remote_get import expect_pages, get_pages, keys_of, put_pages
@@ -54,3 +55,57 @@ def test_an_owner_under_pressure_evicts_its_copied_values_first(daemon_factory, 
         assert n == len(keys)
         expect_pages(data, n, seed)
     wait_baseline(c, {1: a, 2: b, 3: CacheStats(c)})
+
+
+DEMOTION = """\
+  demotion: {enabled: true, start_ratio: 0.5, max_bytes_in_flight: 64MiB}"""
+
+
+def test_demotion_moves_cold_values_to_the_remote_cache_as_the_only_copy(daemon_factory, tmp):
+    """Owner 1 (1 GiB, demotion from half full) puts 704 MiB without replicas: it demotes its
+    coldest values to the remote_cache ahead of pressure. Each demoted value ends with exactly
+    one routed copy — on the remote_cache — and owner 1's slots of it are free; nothing was
+    deleted. Owner 2 reads every value byte-exact; after owner 1 is killed (-9) the demoted
+    values still read from the remote_cache."""
+    c = ReplicaCluster(daemon_factory, tmp, owner_extra=DEMOTION)
+    a, b = c.client(1), c.client(2)
+    batches = [keys_of(f"dm{j}", 256) for j in range(11)]  # 11 x 64 MiB
+    for j, keys in enumerate(batches):
+        put_pages(a, keys, seed=40 + j)
+    used_after_puts = 11 * 256 * (256 << 10)
+
+    deadline = time.time() + 30
+    while True:
+        s = a.stats()
+        if s["demoted_pages"] > 0 and s["demoting_bytes"] == 0 and \
+                s["committed_entries"] * (256 << 10) <= (1 << 30) // 2:
+            break
+        assert time.time() < deadline, {k: v for k, v in s.items() if "demot" in k or
+                                        k in ("committed_entries", "evicted_pages")}
+        time.sleep(0.05)
+    s = a.stats()
+    assert s["evicted_pages"] == s["evicted_copied_pages"], s  # nothing deleted outright
+    assert s["demotion_no_space"] == 0 and s["demotion_failed"] == 0, s
+    locations = c.all_locations("dm")
+    assert len(locations) == 11 * 256  # every value still routed
+    assert all(len(nodes) == 1 for nodes in locations.values()), "one copy at rest"
+    on_cache = [k for k, nodes in locations.items() if nodes == [3]]
+    assert len(on_cache) == s["demoted_pages"]
+    assert s["committed_entries"] == len(locations) - len(on_cache)
+    assert s["committed_entries"] * (256 << 10) < used_after_puts
+    # The policy's victim chain stays the victim until it is empty: whole batches move.
+    moved = [j for j, keys in enumerate(batches) if all(locations[k] == [3] for k in keys)]
+    assert moved, [sum(locations[k] == [3] for k in keys) for keys in batches]
+
+    for j, keys in enumerate(batches):
+        n, data = get_pages(b, keys)
+        assert n == len(keys), j
+        expect_pages(data, n, seed=40 + j)
+    wait_baseline(c, {1: a, 2: b, 3: CacheStats(c)})
+
+    c.daemons[1].proc.send_signal(signal.SIGKILL)
+    c.daemons[1].proc.wait(timeout=10)
+    for j in moved:
+        n, data = get_pages(b, batches[j])
+        assert n == len(batches[j])
+        expect_pages(data, n, seed=40 + j)

@@ -114,6 +114,39 @@ TEST(ConfigRejects, HardTimeoutNotAboveSoft) {
               HasSubstr("greater than claim_soft_timeout_ms"));
 }
 
+TEST(Config, ParsesDemotion) {
+  auto c = ParseConfig(R"(
+role: owner
+owner:
+  master_address: 10.0.0.1:50151
+  data_address: "127.0.0.1:0"
+  demotion: {enabled: true, start_ratio: 0.8, max_bytes_in_flight: 64MiB}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->owner->demotion.enabled);
+  EXPECT_DOUBLE_EQ(c->owner->demotion.start_ratio, 0.8);
+  EXPECT_EQ(c->owner->demotion.max_bytes_in_flight, 64ull << 20);
+  EXPECT_THAT(DumpConfig(*c), HasSubstr("demotion"));
+  // Off by default.
+  EXPECT_FALSE(ParseConfig("")->owner->demotion.enabled);
+}
+
+TEST(ConfigRejects, DemotionThatCannotRunAheadOfPressureOrHasNowhereToGo) {
+  const std::string owner =
+      "role: owner\nowner: {master_address: a:1, data_address: \"127.0.0.1:0\", ";
+  EXPECT_THAT(Reject(owner + "demotion: {enabled: true, start_ratio: 0.95}}"),
+              HasSubstr("owner.demotion.start_ratio"));
+  EXPECT_THAT(Reject(owner + "hot_capacity_ratio: 0.8, demotion: {enabled: true}}"),
+              HasSubstr("below owner.hot_capacity_ratio"));
+  EXPECT_THAT(Reject(owner + "demotion: {enabled: true, max_bytes_in_flight: 0}}"),
+              HasSubstr("owner.demotion.max_bytes_in_flight"));
+  EXPECT_THAT(Reject(owner + "demotion: {enabled: true, speed: 2}}"), HasSubstr("unknown key"));
+  // The embedded default has no master to place a demotion, and no data plane to serve it.
+  EXPECT_THAT(Reject("owner: {demotion: {enabled: true}}"), HasSubstr("owner.master_address"));
+  EXPECT_THAT(Reject("role: owner\nowner: {master_address: a:1, demotion: {enabled: true}}"),
+              HasSubstr("owner.data_address"));
+}
+
 TEST(ConfigRejects, ValueOver512MiB) {
   EXPECT_THAT(Reject("owner: {segment: {size: 8GiB}, local_reserve: {expected_capacity: "
                      "{value_len: 513MiB, payload_capacity_bytes: 1GiB}}}"),

@@ -77,6 +77,8 @@ struct PartsOptions {
   bool register_at_master = true;
   // The peer service address registered with the master (replica placement needs one).
   std::string peer_address;
+  // The role registered with the master (placement prefers or restricts to remote_cache).
+  std::string role = "embedded";
   // Runs Publisher::Run on a thread (else queued batches wait until the test runs it).
   bool run_publisher = true;
   // Runs MasterRegistration::HeartbeatLoop on a thread with this interval (0: no heartbeat).
@@ -137,7 +139,7 @@ class OwnerParts {
     }
     if (!address.empty()) transports = {"tcp"};
     p->registration = std::make_unique<MasterRegistration>(
-        OwnerIdentity{o.node_id, p->memory->segment().generation(), "embedded",
+        OwnerIdentity{o.node_id, p->memory->segment().generation(), o.role,
                       p->memory->segment().data_bytes(), address, transports},
         master, counters, &p->stop);
     p->registration->SetPeerAddress(o.peer_address);

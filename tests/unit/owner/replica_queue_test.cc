@@ -74,8 +74,9 @@ class InProcessPeers final : public PeerApi {
 
 class ReplicaQueueTest : public OwnerPartsTest {
  protected:
-  void TwoOwners(ReplicaQueue::Options options = {}) {
+  void TwoOwners(ReplicaQueue::Options options = {}, std::string target_role = "embedded") {
     PartsOptions target, source;
+    target.role = std::move(target_role);
     target.node_id = 1;
     target.data_plane = true;
     target.peer_address = kTargetAddress;
@@ -93,10 +94,9 @@ class ReplicaQueueTest : public OwnerPartsTest {
     ASSERT_TRUE(a_->registration->Register().ok());
     puller_ = std::make_unique<ReplicaPuller>(a_->keys.get(), a_->remote.get(), a_->counters.get());
     peers_ = std::make_unique<InProcessPeers>(puller_.get());
-    queue_ =
-        std::make_unique<ReplicaQueue>(options, b_->registration.get(), &master(), peers_.get(),
-                                       b_->keys.get(), b_->counters.get(), &stop_,
-                                       b_->evictor.get());
+    queue_ = std::make_unique<ReplicaQueue>(options, b_->registration.get(), &master(),
+                                            peers_.get(), b_->keys.get(), b_->counters.get(),
+                                            &stop_, b_->evictor.get());
   }
   void TearDown() override {
     StopActor();
@@ -307,6 +307,60 @@ TEST_F(ReplicaQueueTest, StopEndsACallInProgress) {
   const auto t0 = std::chrono::steady_clock::now();
   StopActor();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+// Demotion (single copy): above start_ratio the source's round hands its cold cohorts to the
+// queue with a demotion intent; a remote_cache pulls them, the copy joins the route, and only
+// then does the source's location go and its slots free: every value stays routed, once.
+TEST_F(ReplicaQueueTest, DemotionMovesColdCohortsToTheRemoteCacheAndFreesTheSource) {
+  TwoOwners({}, "remote_cache");
+  const std::vector<std::string> keys = Keys("dm", 6);
+  ASSERT_TRUE(PutAndPublish(*b_, keys, {2, 4}).ok());
+  b_->evictor->EnableDemotion(queue_.get(), DemotionOptions{1e-9, uint64_t{1} << 30});
+  StartActor();
+  b_->evictor->RunRound();
+  WaitIdle();
+  ASSERT_TRUE(WaitUntil([&] { return b_->counters->demoted_pages.load() == 6; }))
+      << b_->counters->demoted_pages.load();
+  for (const std::string& k : keys) {
+    auto route = RouteOf(master(), k);
+    ASSERT_TRUE(route.has_value()) << k;
+    ASSERT_EQ(route->locations_size(), 1) << k;
+    EXPECT_EQ(route->locations(0).node_id(), a_->node_id()) << k;
+    EXPECT_EQ(b_->State(k), "absent") << k;
+    EXPECT_EQ(a_->State(k), "committed") << k;
+  }
+  EXPECT_EQ(b_->counters->demotions_started.load(), 6);
+  EXPECT_EQ(b_->counters->demoting_bytes.load(), 0);
+  EXPECT_EQ(b_->counters->committed_entries.load(), 0);
+  EXPECT_EQ(b_->hot->size(), 0u);
+  EXPECT_EQ(src().replica_targets_remote_cache.load(), 6);
+  ExpectAccounted();
+}
+
+// No remote_cache (the only other owner is a GPU-side one): a demotion never goes there; the
+// cohorts go back to the hot tier, still routed here, and demotion pauses.
+TEST_F(ReplicaQueueTest, DemotionWithoutARemoteCacheKeepsTheValues) {
+  TwoOwners();  // the target registered as embedded: not a remote-only role
+  const std::vector<std::string> keys = Keys("dn", 3);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  b_->evictor->EnableDemotion(queue_.get(), DemotionOptions{1e-9, uint64_t{1} << 30});
+  StartActor();
+  b_->evictor->RunRound();
+  WaitIdle();
+  ASSERT_TRUE(WaitUntil([&] { return b_->counters->demotion_no_space.load() == 3; }));
+  for (const std::string& k : keys) {
+    EXPECT_EQ(b_->State(k), "committed") << k;
+    EXPECT_EQ(Locations(k), 1u) << k;
+    EXPECT_EQ(a_->State(k), "absent") << k;
+  }
+  EXPECT_EQ(b_->hot->size(), 3u);  // readmitted
+  EXPECT_EQ(b_->counters->demoting_bytes.load(), 0);
+  EXPECT_EQ(b_->counters->demoted_pages.load(), 0);
+  // Paused: the next round starts nothing.
+  b_->evictor->RunRound();
+  EXPECT_EQ(b_->counters->demotions_started.load(), 3);
+  ExpectAccounted();
 }
 
 }  // namespace
