@@ -105,6 +105,16 @@ class NodeStateCollectable : public prometheus::Collectable {
     if (const MasterCore* master = node_->master()) {
       out.push_back(Gauge("fluxon_master_routes", "Live key routes in the master's table.",
                           static_cast<double>(master->route_count())));
+      const RouteTable::Totals totals = master->route_totals();
+      out.push_back(Gauge("fluxon_master_route_locations",
+                          "Locations of the routed values (a value with copies has several).",
+                          static_cast<double>(totals.locations)));
+      out.push_back(Gauge("fluxon_master_logical_bytes",
+                          "Value bytes of the routed values, each counted once.",
+                          static_cast<double>(totals.logical_bytes)));
+      out.push_back(Gauge("fluxon_master_physical_bytes",
+                          "Value bytes at every location of the routed values (copies included).",
+                          static_cast<double>(totals.physical_bytes)));
       out.push_back(Gauge("fluxon_master_inflight_gets",
                           "Remote gets in flight (BatchGetStart until Done, Revoke or the TTL).",
                           static_cast<double>(master->inflight_gets())));

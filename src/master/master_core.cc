@@ -288,15 +288,25 @@ absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveR
 }
 
 absl::StatusOr<v1::ListOwnersReply> MasterCore::ListOwners(const v1::ListOwnersRequest&) {
-  std::map<uint32_t, uint64_t> per_node = routes_.LocationsPerNode();
+  std::map<uint32_t, RouteTable::NodeUsage> per_node = routes_.UsagePerNode();
   v1::ListOwnersReply reply;
+  const RouteTable::Totals totals = routes_.totals();
+  v1::ClusterUsage* cluster = reply.mutable_cluster();
+  cluster->set_routes(totals.routes);
+  cluster->set_locations(totals.locations);
+  cluster->set_logical_bytes(totals.logical_bytes);
+  cluster->set_physical_bytes(totals.physical_bytes);
   {
     MutexLock lock(&owners_mu_);
     const auto now = Clock::now();
     for (const auto& [id, rec] : owners_) {
       v1::OwnerInfo* o = reply.add_owners();
       *o = rec.info;
-      o->set_routes(per_node[id]);
+      const RouteTable::NodeUsage& usage = per_node[id];
+      o->set_routes(usage.locations);
+      o->set_routed_bytes(usage.bytes);
+      o->set_sole_routes(usage.sole_locations);
+      o->set_sole_bytes(usage.sole_bytes);
       const auto quiet =
           std::chrono::duration_cast<std::chrono::milliseconds>(now - rec.last_heard);
       o->set_last_heard_ms_ago(static_cast<uint64_t>(quiet.count()));

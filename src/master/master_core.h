@@ -151,6 +151,8 @@ class MasterCore final : public MasterApi {
   void StartMaintenance(std::chrono::milliseconds interval);
 
   size_t route_count() const { return routes_.size(); }
+  // Logical and physical bytes the routes hold (design P3: capacity counted once).
+  RouteTable::Totals route_totals() const { return routes_.totals(); }
   // This instance's epoch (random, non-zero, fixed for the process's life): every answer to an
   // owner carries it, so an owner notices a restarted master and republishes its routes.
   uint64_t epoch() const { return epoch_; }

@@ -12,7 +12,11 @@ RouteTable::PublishOutcome RouteTable::Publish(const std::string& key, const Rou
   return routes_.Upsert(
       key, [&] { return Route{{loc}}; },
       [&](Route& cur, bool inserted) {
-        if (inserted) return PublishOutcome::kPublished;
+        const int64_t len = static_cast<int64_t>(loc.len);
+        if (inserted) {
+          Count(1, 1, len, len);
+          return PublishOutcome::kPublished;
+        }
         for (const RouteLocation& l : cur.locations) {
           if (l.SameIdentity(loc)) return PublishOutcome::kRepublished;
         }
@@ -21,6 +25,10 @@ RouteTable::PublishOutcome RouteTable::Publish(const std::string& key, const Rou
           // its version is higher (ties: the route stays).
           if (!kind.republish || loc.version <= cur.version()) return PublishOutcome::kSuperseded;
           if (displaced != nullptr) displaced->assign(cur.locations.begin(), cur.locations.end());
+          int64_t old_physical = 0;
+          for (const RouteLocation& l : cur.locations) old_physical += static_cast<int64_t>(l.len);
+          Count(0, 1 - static_cast<int64_t>(cur.locations.size()),
+                len - static_cast<int64_t>(cur.primary().len), len - old_physical);
           cur.locations.clear();
           cur.locations.push_back(loc);
           return PublishOutcome::kReplaced;
@@ -33,6 +41,7 @@ RouteTable::PublishOutcome RouteTable::Publish(const std::string& key, const Rou
         }
         if (!kind.copy && PutIdOrigin(loc.put_id) != loc.node_id) return PublishOutcome::kRefused;
         cur.locations.push_back(loc);
+        Count(0, 1, 0, len);
         return PublishOutcome::kPublished;
       });
 }
@@ -44,6 +53,7 @@ bool RouteTable::AddCopy(const std::string& key, const RouteLocation& copy) {
       if (l.node_id == copy.node_id && l.generation == copy.generation) return l.SameIdentity(copy);
     }
     r->locations.push_back(copy);
+    Count(0, 1, 0, static_cast<int64_t>(copy.len));
     return true;
   });
 }
@@ -58,8 +68,10 @@ bool RouteTable::RemoveLocation(const std::string& key, uint32_t node_id, uint64
       return l.node_id == node_id && l.generation == generation && l.put_id == put_id;
     });
     if (it == r->locations.end()) return false;
+    const int64_t len = static_cast<int64_t>(it->len);
     r->locations.erase(it);  // a copy moves up to primary when the primary goes
     if (r->locations.empty()) *erase = true;
+    Count(r->locations.empty() ? -1 : 0, -1, r->locations.empty() ? -len : 0, -len);
     return true;
   });
 }
@@ -80,8 +92,9 @@ RouteTable::CopyRemoval RouteTable::RemoveLocationIfCopied(
     }
     if (it == r->locations.end()) return CopyRemoval::kAbsent;
     if (!other) return CopyRemoval::kSole;
-    r->locations.erase(it);
-    if (r->locations.empty()) *erase = true;
+    const int64_t len = static_cast<int64_t>(it->len);
+    r->locations.erase(it);  // another location stays: the route does
+    Count(0, -1, 0, -len);
     return CopyRemoval::kRemoved;
   });
 }
@@ -103,6 +116,37 @@ std::map<uint32_t, uint64_t> RouteTable::LocationsPerNode() const {
   std::map<uint32_t, uint64_t> out;
   routes_.ForEach([&](const std::string&, const Route& r) {
     for (const RouteLocation& l : r.locations) ++out[l.node_id];
+  });
+  return out;
+}
+
+void RouteTable::Count(int64_t routes, int64_t locations, int64_t logical, int64_t physical) {
+  routes_n_.fetch_add(routes, std::memory_order_relaxed);
+  locations_n_.fetch_add(locations, std::memory_order_relaxed);
+  logical_bytes_.fetch_add(logical, std::memory_order_relaxed);
+  physical_bytes_.fetch_add(physical, std::memory_order_relaxed);
+}
+
+RouteTable::Totals RouteTable::totals() const {
+  const auto read = [](const std::atomic<int64_t>& v) {
+    return static_cast<uint64_t>(std::max<int64_t>(0, v.load(std::memory_order_relaxed)));
+  };
+  return Totals{read(routes_n_), read(locations_n_), read(logical_bytes_), read(physical_bytes_)};
+}
+
+std::map<uint32_t, RouteTable::NodeUsage> RouteTable::UsagePerNode() const {
+  std::map<uint32_t, NodeUsage> out;
+  routes_.ForEach([&](const std::string&, const Route& r) {
+    const bool sole = r.locations.size() == 1;
+    for (const RouteLocation& l : r.locations) {
+      NodeUsage& u = out[l.node_id];
+      ++u.locations;
+      u.bytes += l.len;
+      if (sole) {
+        ++u.sole_locations;
+        u.sole_bytes += l.len;
+      }
+    }
   });
   return out;
 }

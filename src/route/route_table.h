@@ -22,6 +22,7 @@
 // - Sharded by key (256 shards, G10): one shard lock per key, O(locations) work under it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -97,6 +98,24 @@ class RouteTable {
   uint64_t DropNode(uint32_t node_id, uint64_t generation);
   // Locations per node.
   std::map<uint32_t, uint64_t> LocationsPerNode() const;
+  // What the routes hold, counted once (logical: each value once; physical: every location).
+  // Kept up to date by every change (O(1) to read).
+  struct Totals {
+    uint64_t routes = 0;
+    uint64_t locations = 0;
+    uint64_t logical_bytes = 0;
+    uint64_t physical_bytes = 0;
+  };
+  Totals totals() const;
+  // Per node, by one scan: its locations and their value bytes, and of those the values no
+  // other location holds.
+  struct NodeUsage {
+    uint64_t locations = 0;
+    uint64_t bytes = 0;
+    uint64_t sole_locations = 0;
+    uint64_t sole_bytes = 0;
+  };
+  std::map<uint32_t, NodeUsage> UsagePerNode() const;
   // Routes whose key starts with `prefix` and sorts after `start_after` (all when empty), sorted
   // by key, at most `limit`; `*more` (when given) says whether more such routes exist. Holds at
   // most limit + 1 routes while it scans.
@@ -106,7 +125,14 @@ class RouteTable {
   size_t size() const { return routes_.size(); }
 
  private:
+  // Applies what one change did to a route (every change is one of these, under its shard lock).
+  void Count(int64_t routes, int64_t locations, int64_t logical, int64_t physical);
+
   ShardedTable<std::string, Route> routes_;
+  std::atomic<int64_t> routes_n_{0};
+  std::atomic<int64_t> locations_n_{0};
+  std::atomic<int64_t> logical_bytes_{0};
+  std::atomic<int64_t> physical_bytes_{0};
 };
 
 }  // namespace fluxon

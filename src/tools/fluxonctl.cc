@@ -204,16 +204,21 @@ class Command {
     }
     Table t({"NODE", "GENERATION", "ROLE", "CAPACITY_BYTES", "ROUTES", "ADDRESS", "TRANSPORTS",
              "HEARD_MS_AGO", "LEASE_MS_LEFT", "INFLIGHT_GETS", "SOURCE_PINS", "FREE_BYTES",
-             "COMMITTED_BYTES", "EVICTABLE_BYTES"});
+             "COMMITTED_BYTES", "EVICTABLE_BYTES", "ROUTED_BYTES", "SOLE_BYTES"});
     for (const v1::OwnerInfo& o : r.owners()) {
       t.AddRow({Num(uint64_t{o.node_id()}), Num(o.generation()), o.role(), Num(o.capacity_bytes()),
                 Num(o.routes()), o.address().empty() ? "-" : o.address(),
                 o.transports().empty() ? "-" : absl::StrJoin(o.transports(), ","),
                 Num(o.last_heard_ms_ago()), Num(o.lease_ms_left()), Num(o.inflight_gets()),
                 Num(o.source_pins()), Num(o.capacity().free_bytes()),
-                Num(o.capacity().committed_bytes()), Num(o.capacity().evictable_bytes())});
+                Num(o.capacity().committed_bytes()), Num(o.capacity().evictable_bytes()),
+                Num(o.routed_bytes()), Num(o.sole_bytes())});
     }
     std::cout << t.Render();
+    const v1::ClusterUsage& c = r.cluster();
+    std::cout << absl::StrFormat("cluster: %d values at %d locations; logical %s, physical %s\n",
+                                 c.routes(), c.locations(), Bytes(c.logical_bytes()),
+                                 Bytes(c.physical_bytes()));
     return std::nullopt;
   }
 

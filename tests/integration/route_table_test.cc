@@ -115,6 +115,47 @@ TEST(RouteTable, RemoveIfCopiedKeepsTheLastServingLocation) {
   EXPECT_EQ(t.RemoveLocationIfCopied("missing", 2, 20, 7, any), RouteTable::CopyRemoval::kAbsent);
 }
 
+// Capacity counted once (P3): logical bytes count each value once, physical bytes every location;
+// every change keeps the totals equal to a recount.
+TEST(RouteTable, TotalsCountEachValueOnceAndEveryLocation) {
+  RouteTable t;
+  auto expect = [&](uint64_t routes, uint64_t locations, uint64_t logical, uint64_t physical) {
+    const RouteTable::Totals x = t.totals();
+    EXPECT_EQ(x.routes, routes);
+    EXPECT_EQ(x.locations, locations);
+    EXPECT_EQ(x.logical_bytes, logical);
+    EXPECT_EQ(x.physical_bytes, physical);
+    uint64_t recount = 0;
+    for (const auto& [node, u] : t.UsagePerNode()) recount += u.bytes;
+    EXPECT_EQ(recount, physical);
+  };
+  t.Publish("a", Loc(1, 10, PutOf(1, 1)));
+  t.Publish("a", Loc(1, 10, PutOf(1, 1)));  // a republish: nothing new
+  t.Publish("b", Loc(1, 10, PutOf(1, 2)));
+  expect(2, 2, 8192, 8192);
+  ASSERT_TRUE(t.AddCopy("a", Loc(2, 20, PutOf(1, 1))));
+  ASSERT_TRUE(t.AddCopy("a", Loc(2, 20, PutOf(1, 1))));  // the same copy again
+  expect(2, 3, 8192, 12288);
+  auto usage = t.UsagePerNode();
+  EXPECT_EQ(usage[1].sole_bytes, 4096u);  // b only
+  EXPECT_EQ(usage[2].sole_bytes, 0u);
+  // A demotion's end: the source's location goes only while the copy stays.
+  EXPECT_EQ(
+      t.RemoveLocationIfCopied("a", 1, 10, PutOf(1, 1), [](const RouteLocation&) { return true; }),
+      RouteTable::CopyRemoval::kRemoved);
+  expect(2, 2, 8192, 8192);
+  EXPECT_EQ(t.UsagePerNode()[2].sole_bytes, 4096u);
+  // A republished higher version replaces the route: the old locations go with it.
+  ASSERT_TRUE(t.AddCopy("b", Loc(3, 30, PutOf(1, 2))));
+  RouteLocation newer = Loc(2, 20, PutOf(2, 5), 0, /*version=*/9);
+  newer.len = 100;
+  EXPECT_EQ(t.Publish("b", newer, PublishKind{.republish = true}),
+            RouteTable::PublishOutcome::kReplaced);
+  expect(2, 2, 4196, 4196);
+  EXPECT_EQ(t.DropNode(2, 20), 2u);
+  expect(0, 0, 0, 0);
+}
+
 TEST(RouteTable, DropNodeRemovesEveryLocationOfThatGeneration) {
   RouteTable t;
   t.Publish("a", Loc(1, 10, 1));

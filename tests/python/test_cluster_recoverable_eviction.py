@@ -90,6 +90,15 @@ def test_demotion_moves_cold_values_to_the_remote_cache_as_the_only_copy(daemon_
     assert len(locations) == 11 * 256  # every value still routed
     assert all(len(nodes) == 1 for nodes in locations.values()), "one copy at rest"
     on_cache = [k for k, nodes in locations.items() if nodes == [3]]
+    # Capacity counted once: the master's logical bytes equal its physical bytes (no value
+    # has two copies at rest), and owner 1's routed bytes went down by what it demoted.
+    owners = c.ctl(c.master_admin, "owners")
+    cluster = owners["cluster"]
+    assert int(cluster["logical_bytes"]) == int(cluster["physical_bytes"]) == \
+        len(locations) * (256 << 10), cluster
+    by_node = {int(o["node_id"]): o for o in owners["owners"]}
+    assert int(by_node[3]["routed_bytes"]) == len(on_cache) * (256 << 10)
+    assert int(by_node[1]["routed_bytes"]) == (len(locations) - len(on_cache)) * (256 << 10)
     assert len(on_cache) == s["demoted_pages"]
     assert s["committed_entries"] == len(locations) - len(on_cache)
     assert s["committed_entries"] * (256 << 10) < used_after_puts
