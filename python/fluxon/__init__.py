@@ -197,10 +197,8 @@ def _check_supported(reject_inflight, reject_exist, write_through, lease_id):
         raise InvalidArgumentError(
             "reject_if_exist_same_key=False is not supported: a stored key is always rejected "
             "(values are immutable; delete it first)")
-    if write_through:
-        raise InvalidArgumentError(
-            "write_through=True is not implemented yet (no remote placement); use "
-            "write_through=False")
+    # write_through=True: the owner decides (a cluster owner copies every group to another node
+    # before the put completes; an owner with no other node refuses it).
     if lease_id:
         raise InvalidArgumentError(
             "lease_id is not implemented (no lease semantics yet); leave it unset")

@@ -98,11 +98,7 @@ absl::Status ValidateSupportedPutOptions(bool reject_if_inflight_same_key,
         "reject_if_exist_same_key=False is not supported: a stored key is always rejected "
         "(values are immutable; delete it first)");
   }
-  if (write_through) {
-    return absl::InvalidArgumentError(
-        "write_through=True is not implemented yet (no remote placement); use "
-        "write_through=False");
-  }
+  (void)write_through;  // accepted; an owner that cannot copy elsewhere refuses it (PutPath)
   if (!lease_id.empty()) {
     return absl::InvalidArgumentError(
         "lease_id is not implemented (no lease semantics yet); leave it unset");

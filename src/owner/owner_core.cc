@@ -50,6 +50,10 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
       Evictor::Options{config.hot_capacity_ratio, config.eviction_max_bytes_per_round,
                        config.eviction_interval},
       registration, master, c.keys_.get(), c.hot_.get(), pool, counters, &c.stop_);
+  // Write-through needs another node to copy to: a master, a data plane and the peer service.
+  if (rt.peers != nullptr && !config.master_address.empty() && !rt.data_address.empty()) {
+    c.write_through_ = std::make_unique<WriteThroughTracker>(registration, master);
+  }
   c.replicas_ = std::make_unique<ReplicaQueue>(
       ReplicaQueue::Options{config.replica_queue_keys, config.replica_batch_keys,
                             config.replica_pull_timeout, config.replica_pulls_in_flight},
@@ -63,7 +67,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
       Publisher::Options{kPublishQueueCapacity, config.commit_wait_timeout}, registration, master,
       c.keys_.get(), pool, c.hot_.get(), counters, c.evictor_.get(), &c.stop_, c.replicas_.get());
   c.puts_ = std::make_unique<PutPath>(rt.node_id, config.put_lease, c.keys_.get(), pool,
-                                      c.publisher_.get(), counters);
+                                      c.publisher_.get(), counters, c.write_through_.get());
   c.republisher_ =
       std::make_unique<Republisher>(Republisher::Options{}, registration, master, c.keys_.get(),
                                     c.evictor_.get(), counters, &c.stop_);
@@ -198,6 +202,8 @@ std::map<std::string, int64_t> OwnerCore::Stats() const {
   m["hot_cohorts"] = static_cast<int64_t>(hot_->size());
   m["hot_weight_bytes"] = static_cast<int64_t>(hot_->weight());
   m["hot_copied_cohorts"] = static_cast<int64_t>(hot_->copied_cohorts());
+  m["write_through_puts"] =
+      write_through_ ? static_cast<int64_t>(write_through_->in_flight()) : int64_t{0};
   m["publish_queue"] = static_cast<int64_t>(publisher_->backlog());
   m["registration_generation"] = static_cast<int64_t>(registration_->generation());
   if (runtime_.data_plane != nullptr) {

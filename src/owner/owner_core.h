@@ -207,6 +207,7 @@ class OwnerCore {
   std::unique_ptr<SingleFlight> flights_;
   std::unique_ptr<HandleTable> handles_;
   std::unique_ptr<Evictor> evictor_;
+  std::unique_ptr<WriteThroughTracker> write_through_;  // null: no other node to copy to
   std::unique_ptr<ReplicaQueue> replicas_;
   std::unique_ptr<Publisher> publisher_;
   std::unique_ptr<PutPath> puts_;

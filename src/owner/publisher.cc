@@ -83,8 +83,13 @@ void Publisher::Run() {
       MutexLock lock(&mu_);
       --in_flight_;
     }
-    // After the batch left the queue's accounting, so a caller woken here sees it settled.
-    if (job.done) job.done(outcome);
+    // After the batch left the queue's accounting, so a caller woken here sees it settled. A
+    // write-through put completes when its copies are routed too.
+    if (job.batch->write_through) {
+      job.batch->write_through->Published(outcome, std::move(job.done));
+    } else if (job.done) {
+      job.done(outcome);
+    }
   }
 }
 
@@ -183,7 +188,9 @@ void Publisher::PromoteAndAdmit(const PutBatch& b, uint64_t version,
     cohort.id = next_cohort_id_.fetch_add(1);
     cohort.put_id = b.put_id;
     // The mask is uniform inside a group (validated): its first member decides for the group.
-    const bool replicate = !b.replicate.empty() && b.replicate[start];
+    // A write-through put copies every group (make_replica_task does not add to it).
+    const bool replicate =
+        b.write_through != nullptr || (!b.replicate.empty() && b.replicate[start]);
     ReplicaGroup replica;
     for (size_t i = start; i < start + len; ++i) {
       if (published[i]) {
@@ -192,7 +199,7 @@ void Publisher::PromoteAndAdmit(const PutBatch& b, uint64_t version,
           cohort.weight += pool_->SlotSizeOf(b.slots[i]);
           if (replicate) {
             replica.push_back(ReplicaTask{b.keys[i], b.put_id, version, b.value_len,
-                                          pool_->SlotSizeOf(b.slots[i])});
+                                          pool_->SlotSizeOf(b.slots[i]), 0, b.write_through});
           }
         }
       } else {
@@ -210,6 +217,7 @@ void Publisher::PromoteAndAdmit(const PutBatch& b, uint64_t version,
   const uint64_t parent_cohort = b.parent_key.empty() ? 0 : keys_->CommittedCohort(b.parent_key);
   hot_->AdmitChain(std::move(cohorts), parent_cohort);
   // After the route is published (a target's pull pins it at the master); never blocks.
+  if (b.write_through != nullptr) b.write_through->Queued(replica_groups.size());
   if (replicas_ != nullptr && !replica_groups.empty()) {
     replicas_->Enqueue(std::move(replica_groups));
   }

@@ -53,6 +53,9 @@ struct PutBatch {
   // Per key: replicate after the commit (make_replica_task and its mask, uniform per atomic
   // group); empty: no key.
   std::vector<bool> replicate;
+  // Set for write_through=True: every group is copied to another node and the put completes
+  // when the copies are routed (owner/write_through.h).
+  std::shared_ptr<WriteThroughPut> write_through;
   std::chrono::steady_clock::time_point deadline;  // put_lease
 };
 

@@ -32,6 +32,11 @@ PutPath::~PutPath() {
 absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, PutStartArgs a,
                                                std::vector<uint32_t>* conflicts) {
   FLUXON_RETURN_IF_ERROR(ValidatePutStart(a.keys, a.value_len, a.options));
+  if (a.options.write_through && write_through_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "write_through=True needs a cluster owner (owner.master_address and owner.data_address) "
+        "with another node to copy to; this owner has none: use write_through=False");
+  }
   const uint64_t put_id = next_put_id_.fetch_add(1);
   // Reserve every key, one shard lock each (G3), and claim their slots; a conflict or a failed
   // claim leaves nothing reserved.
@@ -55,8 +60,10 @@ absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, PutStartArgs 
   batch->group_lens = std::move(a.options.atomic_group_lens);
   batch->parent_key = std::move(a.options.parent_key);
   // The design's per-key decision: !write_through && make_replica_task && mask[i] (an empty
-  // mask broadcasts make_replica_task; write_through is refused by validation).
-  if (a.options.make_replica_task) {
+  // mask broadcasts make_replica_task); a write-through put copies every group instead.
+  if (a.options.write_through) {
+    batch->write_through = write_through_->Start(batch->keys, batch->parent_key);
+  } else if (a.options.make_replica_task) {
     batch->replicate = a.options.make_replica_task_mask.empty()
                            ? std::vector<bool>(n, true)
                            : std::move(a.options.make_replica_task_mask);

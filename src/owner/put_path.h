@@ -53,13 +53,17 @@ uint64_t FirstPutId(uint32_t node_id);
 
 class PutPath {
  public:
+  // `write_through`: where write-through puts are tracked; null: this owner has no other node to
+  // copy to, and write_through=True is refused.
   PutPath(uint32_t node_id, std::chrono::milliseconds put_lease, KeyIndex* keys, SlotPool* pool,
-          Publisher* publisher, OwnerCounters* counters)
+          Publisher* publisher, OwnerCounters* counters,
+          WriteThroughTracker* write_through = nullptr)
       : put_lease_(put_lease),
         keys_(keys),
         pool_(pool),
         publisher_(publisher),
         counters_(counters),
+        write_through_(write_through),
         next_put_id_(FirstPutId(node_id)) {}
   ~PutPath();
 
@@ -86,6 +90,7 @@ class PutPath {
   SlotPool* const pool_;
   Publisher* const publisher_;
   OwnerCounters* const counters_;
+  WriteThroughTracker* const write_through_;
   std::atomic<uint64_t> next_put_id_;
   ShardedTable<uint64_t, std::shared_ptr<PutBatch>, 16> puts_;
 };

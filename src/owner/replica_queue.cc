@@ -65,7 +65,9 @@ void ReplicaQueue::Enqueue(std::vector<ReplicaGroup> groups) {
 }
 
 void ReplicaQueue::Ended(const ReplicaGroup& g, ReplicaGroupEnd end) {
-  if (ends_ == nullptr || g.empty()) return;
+  if (g.empty()) return;
+  if (g.front().write_through) g.front().write_through->GroupEnded(end, g.size());
+  if (ends_ == nullptr) return;
   std::vector<std::string> keys;
   keys.reserve(g.size());
   for (const ReplicaTask& t : g) keys.push_back(t.key);

@@ -44,6 +44,7 @@
 #include "owner/key_index.h"
 #include "owner/master_registration.h"
 #include "owner/owner_counters.h"
+#include "owner/write_through.h"
 #include "rpc/master_api.h"
 #include "rpc/peer_api.h"
 
@@ -61,6 +62,8 @@ struct ReplicaTask {
   // slots once the copy is routed), the same for every member of its group; placed only on
   // remote-only roles.
   uint64_t demoted_cohort = 0;
+  // Set: this task copies a write-through put, which completes when its groups end.
+  std::shared_ptr<WriteThroughPut> write_through;
 };
 // One atomic group (or a single key): placed whole on one target.
 using ReplicaGroup = std::vector<ReplicaTask>;

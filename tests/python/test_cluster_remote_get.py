@@ -128,7 +128,8 @@ def expect_pages(data, n, seed):
 
 TEMPORARY = ("slots_Prepared", "slots_Pending", "inflight_gets", "live_handles", "live_views",
              "prepared_puts", "reserved_entries", "remote_pending_targets",
-             "remote_quarantined_slots", "remote_unfinished")
+             "remote_quarantined_slots", "remote_unfinished", "write_through_puts",
+             "demoting_bytes")
 
 
 def wait_baseline(cluster, clients, timeout=15.0):
