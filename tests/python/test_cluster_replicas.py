@@ -96,6 +96,18 @@ def wait_replicated(client, n, timeout=15.0):
         time.sleep(0.05)
 
 
+def kill_until_lease_ends(cluster, node):
+    """kill -9 of `node`, then wait until its lease runs out: until then the master still hands
+    out the dead owner's locations (a read of one fails: a miss); from then on only copies on
+    other nodes are sources."""
+    cluster.daemons[node].proc.send_signal(signal.SIGKILL)
+    cluster.daemons[node].proc.wait(timeout=10)
+    deadline = time.time() + 10
+    while cluster.owners().get(node, {}).get("lease_ms_left", 0) > 0:
+        assert time.time() < deadline, f"owner {node}'s lease never ran out"
+        time.sleep(0.05)
+
+
 class ReplicaCluster(PlacementCluster):
     """A master restricted to remote_cache targets, owners 1 and 2, a remote_cache (node 3) whose
     admin port takes fault rules."""
@@ -187,14 +199,7 @@ def test_make_replica_task_copies_to_the_remote_cache_and_outlives_the_source(fo
     rc = c.ctl(c.admin[3], "stats")
     assert rc["owner_replica_pulls_completed"] == 12, rc
 
-    c.daemons[1].proc.send_signal(signal.SIGKILL)
-    c.daemons[1].proc.wait(timeout=10)
-    # Until its lease runs out the master still hands out the dead owner's location (a read of
-    # it fails: a miss); from then on only the remote_cache's copy is a source.
-    deadline = time.time() + 10
-    while c.owners().get(1, {}).get("lease_ms_left", 0) > 0:
-        assert time.time() < deadline, "owner 1's lease never ran out"
-        time.sleep(0.05)
+    kill_until_lease_ends(c, 1)
     n, data = get_pages(b, keys)
     assert n == len(keys)
     expect_pages(data, n, seed=91)

@@ -8,8 +8,6 @@ copy to the future fails with a clear error and the local copy stays routed; the
 holds (a child is not reported backed while its parent is not). Every wait is bounded.
 """
 
-import signal
-import time
 
 import numpy as np
 import pytest
@@ -17,7 +15,7 @@ import pytest
 import fluxon
 from test_cluster_placement import STRICT, PlacementCluster
 from test_cluster_remote_get import VALUE_LEN, expect_pages, get_pages, keys_of
-from test_cluster_replicas import CacheStats, ReplicaCluster, wait_baseline
+from test_cluster_replicas import CacheStats, ReplicaCluster, kill_until_lease_ends, wait_baseline
 
 
 def put(client, keys, seed, write_through=True, parent=None, groups=None):
@@ -48,14 +46,7 @@ def test_a_write_through_put_completes_once_its_copies_are_routed(daemon_factory
     put(a, child, seed=70, parent=keys[-1]).wait(30)
     assert all(c.locations(k) == [1, 3] for k in child)
 
-    c.daemons[1].proc.send_signal(signal.SIGKILL)
-    c.daemons[1].proc.wait(timeout=10)
-    # Until its lease runs out the master still hands out the dead owner's location (a read of
-    # it fails: a miss); from then on the remote_cache's copy serves.
-    deadline = time.time() + 10
-    while c.owners().get(1, {}).get("lease_ms_left", 0) > 0:
-        assert time.time() < deadline, "owner 1's lease never ran out"
-        time.sleep(0.05)
+    kill_until_lease_ends(c, 1)
     n, data = get_pages(b, keys)
     assert n == 64
     expect_pages(data, n, seed=5)
