@@ -204,36 +204,15 @@ class PeerServiceImpl final : public v1::PeerService::Service {
     }
     std::vector<PullItem> items;
     items.reserve(r->items_size());
-    for (const v1::PullItem& it : r->items()) {
-      items.push_back(PullItem{it.key(), it.put_id(), it.version(), it.len(), it.source_node_id(),
-                               it.source_generation(), it.group()});
-    }
+    for (const v1::PullItem& it : r->items()) items.push_back(PullItemFromProto(it));
     absl::StatusOr<std::vector<PullOutcome>> outcomes = owner_->PullReplicas(items);
     if (!outcomes.ok()) return ToGrpcStatus(outcomes.status());
-    for (PullOutcome o : *outcomes) out->add_outcomes(ToProto(o));
+    *out = PullReplyOf(*outcomes);
     spdlog::debug("pulled {} items for node {}", items.size(), r->requester_node_id());
     return grpc::Status::OK;
   }
 
  private:
-  static v1::PullOutcome ToProto(PullOutcome o) {
-    switch (o) {
-      case PullOutcome::kCompleted:
-        return v1::PULL_COMPLETED;
-      case PullOutcome::kAlreadyHeld:
-        return v1::PULL_ALREADY_HELD;
-      case PullOutcome::kObsolete:
-        return v1::PULL_OBSOLETE;
-      case PullOutcome::kSourceGone:
-        return v1::PULL_SOURCE_GONE;
-      case PullOutcome::kNoSpace:
-        return v1::PULL_NO_SPACE;
-      case PullOutcome::kFailed:
-        return v1::PULL_FAILED;
-    }
-    return v1::PULL_FAILED;
-  }
-
   OwnerCore* const owner_;
 };
 

@@ -68,11 +68,16 @@ std::vector<KeyIndex::TargetClaim> KeyIndex::ReserveAndClaimEach(
     std::span<const TargetRequest> targets, std::chrono::milliseconds wait) {
   std::vector<TargetClaim> out(targets.size());
   // The unit a claim succeeds or fails as: an atomic group (its members share a non-zero group
-  // number), else the key alone.
-  std::map<uint64_t, std::vector<size_t>> units;
-  uint64_t next_single = uint64_t{1} << 32;  // above every uint32 group number
-  for (size_t i = 0; i < targets.size(); ++i) {
-    units[targets[i].group != 0 ? targets[i].group : next_single++].push_back(i);
+  // number and are consecutive), else the key alone; [begin, end) of targets, in order.
+  std::vector<std::pair<size_t, size_t>> units;
+  units.reserve(targets.size());
+  for (size_t b = 0; b < targets.size();) {
+    size_t e = b + 1;
+    if (targets[b].group != 0) {
+      while (e < targets.size() && targets[e].group == targets[b].group) ++e;
+    }
+    units.emplace_back(b, e);
+    b = e;
   }
   auto release = [&](size_t i, TargetOutcome why) {
     const std::string key(targets[i].key);
@@ -88,9 +93,9 @@ std::vector<KeyIndex::TargetClaim> KeyIndex::ReserveAndClaimEach(
   // Reserve every key (a local put or another fetch cannot take it meanwhile); a unit with a
   // busy member is given up whole.
   std::map<uint64_t, std::vector<size_t>> by_len;
-  for (const auto& [unit, members] : units) {
+  for (const auto& [ub, ue] : units) {
     bool busy = false;
-    for (size_t i : members) {
+    for (size_t i = ub; i < ue; ++i) {
       const std::string key(targets[i].key);
       if (targets[i].len > 0 &&
           ReserveAll(std::span<const std::string>(&key, 1), targets[i].put_id, nullptr,
@@ -101,10 +106,10 @@ std::vector<KeyIndex::TargetClaim> KeyIndex::ReserveAndClaimEach(
       }
     }
     if (busy) {
-      for (size_t i : members) release(i, TargetOutcome::kBusy);
+      for (size_t i = ub; i < ue; ++i) release(i, TargetOutcome::kBusy);
       continue;
     }
-    for (size_t i : members) by_len[targets[i].len].push_back(i);
+    for (size_t i = ub; i < ue; ++i) by_len[targets[i].len].push_back(i);
   }
   // Claims: all of one length at once; if that fails, unit by unit (a prefix is still useful).
   for (const auto& [len, group] : by_len) {
@@ -114,9 +119,9 @@ std::vector<KeyIndex::TargetClaim> KeyIndex::ReserveAndClaimEach(
       continue;
     }
     bool exhausted = false;
-    for (const auto& [unit, members] : units) {
+    for (const auto& [ub, ue] : units) {
       std::vector<size_t> of_len;
-      for (size_t i : members) {
+      for (size_t i = ub; i < ue; ++i) {
         if (out[i].outcome == TargetOutcome::kClaimed && targets[i].len == len) of_len.push_back(i);
       }
       if (of_len.empty() || exhausted) continue;
@@ -129,13 +134,13 @@ std::vector<KeyIndex::TargetClaim> KeyIndex::ReserveAndClaimEach(
     }
   }
   // A unit is claimed whole or not at all.
-  for (const auto& [unit, members] : units) {
+  for (const auto& [ub, ue] : units) {
     bool whole = true;
-    for (size_t i : members) {
+    for (size_t i = ub; i < ue; ++i) {
       whole &= out[i].outcome != TargetOutcome::kClaimed || out[i].slot.has_value();
     }
     if (whole) continue;
-    for (size_t i : members) {
+    for (size_t i = ub; i < ue; ++i) {
       if (out[i].outcome == TargetOutcome::kClaimed) release(i, TargetOutcome::kNoSpace);
     }
   }

@@ -94,7 +94,8 @@ class KeyIndex {
     TargetOutcome outcome = TargetOutcome::kBusy;
     std::optional<SlotRef> slot;  // kClaimed: the Prepared slot of the fetch reservation
   };
-  // Per target (or per atomic group, whole), independently of the others: reserves the key for
+  // Per target (or per atomic group, whole: its members consecutive with one non-zero group
+  // number), independently of the others: reserves the key for
   // the fetch (`fetch` reservation) and claims a slot (all targets of one length at once within
   // `wait`, else unit by unit, so a prefix is still served). kBusy: the key (or another key of
   // its group) is reserved or held here already; kNoSpace: no slot for it (or for another member

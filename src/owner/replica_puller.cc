@@ -9,6 +9,40 @@
 
 namespace fluxon {
 
+PullItem PullItemFromProto(const v1::PullItem& it) {
+  return PullItem{it.key(),  it.put_id(),         it.version(),
+                  it.len(),  it.source_node_id(), it.source_generation(),
+                  it.group()};
+}
+
+v1::PullReplicasReply PullReplyOf(const std::vector<PullOutcome>& outcomes) {
+  v1::PullReplicasReply reply;
+  for (PullOutcome o : outcomes) {
+    v1::PullOutcome p = v1::PULL_FAILED;
+    switch (o) {
+      case PullOutcome::kCompleted:
+        p = v1::PULL_COMPLETED;
+        break;
+      case PullOutcome::kAlreadyHeld:
+        p = v1::PULL_ALREADY_HELD;
+        break;
+      case PullOutcome::kObsolete:
+        p = v1::PULL_OBSOLETE;
+        break;
+      case PullOutcome::kSourceGone:
+        p = v1::PULL_SOURCE_GONE;
+        break;
+      case PullOutcome::kNoSpace:
+        p = v1::PULL_NO_SPACE;
+        break;
+      case PullOutcome::kFailed:
+        break;
+    }
+    reply.add_outcomes(p);
+  }
+  return reply;
+}
+
 const char* PullOutcomeName(PullOutcome o) {
   switch (o) {
     case PullOutcome::kCompleted:

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "fluxon/v1/peer.pb.h"
 #include "owner/key_index.h"
 #include "owner/owner_counters.h"
 #include "owner/remote_fetcher.h"
@@ -51,6 +52,9 @@ enum class PullOutcome : uint8_t {
   kFailed,       // anything else (busy key, failed read, uncertain master): try again later
 };
 const char* PullOutcomeName(PullOutcome o);
+// The peer protocol's forms (proto/fluxon/v1/peer.proto), one mapping each way.
+PullItem PullItemFromProto(const v1::PullItem& item);
+v1::PullReplicasReply PullReplyOf(const std::vector<PullOutcome>& outcomes);
 
 class ReplicaPuller {
  public:

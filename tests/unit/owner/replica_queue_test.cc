@@ -34,26 +34,14 @@ class InProcessPeers final : public PeerApi {
     }
     if (address != kTargetAddress) return absl::UnavailableError("no such peer");
     std::vector<PullItem> items;
-    for (const v1::PullItem& it : r.items()) {
-      items.push_back(PullItem{it.key(), it.put_id(), it.version(), it.len(), it.source_node_id(),
-                               it.source_generation(), it.group()});
-    }
+    for (const v1::PullItem& it : r.items()) items.push_back(PullItemFromProto(it));
     absl::StatusOr<std::vector<PullOutcome>> got = puller_->Pull(items);
     if (!got.ok()) return got.status();
     if (lose_answers.load() > 0) {
       lose_answers.fetch_sub(1);
       return absl::UnavailableError("answer lost");
     }
-    v1::PullReplicasReply reply;
-    for (PullOutcome o : *got) {
-      reply.add_outcomes(o == PullOutcome::kCompleted     ? v1::PULL_COMPLETED
-                         : o == PullOutcome::kAlreadyHeld ? v1::PULL_ALREADY_HELD
-                         : o == PullOutcome::kObsolete    ? v1::PULL_OBSOLETE
-                         : o == PullOutcome::kSourceGone  ? v1::PULL_SOURCE_GONE
-                         : o == PullOutcome::kNoSpace     ? v1::PULL_NO_SPACE
-                                                          : v1::PULL_FAILED);
-    }
-    return reply;
+    return PullReplyOf(*got);
   }
   void Cancel() override {
     MutexLock lock(&mu_);
