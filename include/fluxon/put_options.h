@@ -13,6 +13,8 @@ namespace fluxon {
 struct PutOptions {
   bool reject_if_inflight_same_key = true;
   bool reject_if_exist_same_key = true;
+  // The put completes only once every value has a committed, routed copy on another node
+  // (a cluster owner only; docs/replicas.md "Write-through").
   bool write_through = false;
   bool make_replica_task = false;
   std::vector<bool> make_replica_task_mask;  // empty: broadcast make_replica_task

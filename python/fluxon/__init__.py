@@ -230,9 +230,11 @@ class PutOptionalArgs:
     make_replica_task and make_replica_task_mask (after the local commit the owner asks the
     master for a target per atomic group and the target pulls a copy, off the put's path; a key
     is replicated when make_replica_task and its mask entry, default True, are both set; the
-    mask is uniform inside each atomic group). The reject flags are always on (False is
-    refused); write_through=True and a lease_id are refused (InvalidArgumentError naming the
-    option) until write-through and leases are implemented — never accepted and ignored."""
+    mask is uniform inside each atomic group), and write_through (the commit's future completes
+    only once every value has a routed copy on another node; a cluster owner only, an owner with
+    no other node refuses it). The reject flags are always on (False is refused); a lease_id is
+    refused (InvalidArgumentError naming the option) until leases are implemented — never
+    accepted and ignored."""
 
     reject_if_inflight_same_key: bool = True
     reject_if_exist_same_key: bool = True
