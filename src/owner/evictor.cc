@@ -134,26 +134,28 @@ void Evictor::Demote(uint64_t bytes) {
   if (want == 0) return;
   std::vector<Cohort> cold = hot_->TakeVictims(want);
   std::vector<ReplicaGroup> groups;
-  std::vector<Cohort> back;  // members no longer held as committed: nothing to demote
+  std::vector<Cohort> demoting, back;  // back: a member no longer held as committed
   int64_t pages = 0;
+  for (Cohort& c : cold) {
+    ReplicaGroup g;
+    for (const std::string& key : c.keys) {
+      const std::optional<KeyIndex::Identity> id = keys_->IdentityOf(key);
+      if (!id || id->state != KeyIndex::State::kCommitted || id->put_id != c.put_id) continue;
+      g.push_back(ReplicaTask{key, c.put_id, id->version, id->len, c.weight / c.keys.size(), c.id});
+    }
+    if (g.size() != c.keys.size()) {
+      back.push_back(std::move(c));  // changed meanwhile: eviction sorts it out
+      continue;
+    }
+    pages += static_cast<int64_t>(g.size());
+    demoting.push_back(std::move(c));
+    groups.push_back(std::move(g));
+  }
   {
     MutexLock lock(&demote_mu_);
-    for (Cohort& c : cold) {
-      ReplicaGroup g;
-      for (const std::string& key : c.keys) {
-        const std::optional<KeyIndex::Identity> id = keys_->IdentityOf(key);
-        if (!id || id->state != KeyIndex::State::kCommitted || id->put_id != c.put_id) continue;
-        g.push_back(
-            ReplicaTask{key, c.put_id, id->version, id->len, c.weight / c.keys.size(), c.id});
-      }
-      if (g.size() != c.keys.size()) {
-        back.push_back(std::move(c));  // changed meanwhile: eviction sorts it out
-        continue;
-      }
-      pages += static_cast<int64_t>(g.size());
+    for (Cohort& c : demoting) {
       demoting_bytes_ += c.weight;
       demoting_.emplace(c.id, std::move(c));
-      groups.push_back(std::move(g));
     }
     counters_->demoting_bytes.store(static_cast<int64_t>(demoting_bytes_),
                                     std::memory_order_relaxed);

@@ -37,6 +37,7 @@ void WriteThroughPut::GroupEnded(ReplicaGroupEnd end, size_t members) {
   {
     MutexLock lock(&mu_);
     ++ended_;
+    if (end == ReplicaGroupEnd::kCopied) copied_ += members;
     if (end != ReplicaGroupEnd::kCopied && copy_error_.ok()) copy_error_ = CopyError(end, members);
   }
   MaybeFinish();
@@ -69,6 +70,11 @@ void WriteThroughPut::MaybeFinish() {
     if (finishing_ || !published_ || !expected_ || ended_ < *expected_) return;
     finishing_ = true;
     own = !published_->ok() ? *published_ : copy_error_;
+    // A member the replica queue dropped before asking (no longer held) ends no group: every
+    // value of the put must have been copied.
+    if (own.ok() && copied_ < keys_.size()) {
+      own = CopyError(ReplicaGroupEnd::kGone, keys_.size() - copied_);
+    }
   }
   if (!own.ok() || parent_key_.empty()) {
     Finish(std::move(own));

@@ -64,6 +64,7 @@ class WriteThroughPut : public std::enable_shared_from_this<WriteThroughPut> {
   Mutex mu_;
   std::optional<size_t> expected_ ABSL_GUARDED_BY(mu_);
   size_t ended_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t copied_ ABSL_GUARDED_BY(mu_) = 0;  // values of the groups that ended kCopied
   absl::Status copy_error_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> published_ ABSL_GUARDED_BY(mu_);
   WriteThroughDone done_ ABSL_GUARDED_BY(mu_);

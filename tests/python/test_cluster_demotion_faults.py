@@ -10,32 +10,16 @@ master restart every value is routed once. Every reader gets the bytes that were
 temporary state ends at baseline, every wait is bounded.
 """
 
-import signal
-import time
 
 from test_cluster_placement import STRICT, PlacementCluster
 from test_cluster_remote_get import expect_pages, get_pages, keys_of, put_pages
+from test_cluster_replica_faults import kill, wait_until
 from test_cluster_replicas import CacheStats, ReplicaCluster, wait_baseline
 
 MIB = 1 << 20
 VALUE_LEN = 256 << 10
 DEMOTION = """\
   demotion: {enabled: true, start_ratio: 0.5, max_bytes_in_flight: 64MiB}"""
-
-
-def wait_until(fn, timeout, what):
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def kill(daemon):
-    daemon.proc.send_signal(signal.SIGKILL)
-    daemon.proc.wait(timeout=10)
 
 
 def wait_reading(c, node=1):

@@ -74,15 +74,19 @@ SETTLED = ("replica_tasks_completed", "replica_tasks_already_held", "replica_tas
            "replica_tasks_source_gone", "replica_tasks_no_space", "replica_tasks_failed")
 
 
-def put_replicated(client, keys, seed, mask=None, groups=None):
-    opts = fluxon.PutOptionalArgs(make_replica_task=True, make_replica_task_mask=mask,
-                                  atomic_group_lens=groups)
+def put_values(client, keys, seed, opts):
+    """Puts `keys` (page i filled with (seed + i) % 251) with `opts`; the commit's future."""
     plan = client.local_fast_put_start(keys, VALUE_LEN, opts)
     buf = np.empty(len(keys) * VALUE_LEN, dtype=np.uint8)
     for i in range(len(keys)):
         buf[i * VALUE_LEN:(i + 1) * VALUE_LEN] = (seed + i) % 251
     fluxon.copy_to_plan(plan, buf.ctypes.data, VALUE_LEN)
-    client.local_fast_put_commit(plan).wait(10)
+    return client.local_fast_put_commit(plan)
+
+
+def put_replicated(client, keys, seed, mask=None, groups=None):
+    put_values(client, keys, seed, fluxon.PutOptionalArgs(
+        make_replica_task=True, make_replica_task_mask=mask, atomic_group_lens=groups)).wait(10)
 
 
 def wait_replicated(client, n, timeout=15.0):

@@ -9,24 +9,18 @@ holds (a child is not reported backed while its parent is not). Every wait is bo
 """
 
 
-import numpy as np
 import pytest
 
 import fluxon
 from test_cluster_placement import STRICT, PlacementCluster
-from test_cluster_remote_get import VALUE_LEN, expect_pages, get_pages, keys_of
-from test_cluster_replicas import CacheStats, ReplicaCluster, kill_until_lease_ends, wait_baseline
+from test_cluster_remote_get import expect_pages, get_pages, keys_of
+from test_cluster_replicas import (CacheStats, ReplicaCluster, kill_until_lease_ends, put_values,
+                                   wait_baseline)
 
 
 def put(client, keys, seed, write_through=True, parent=None, groups=None):
-    opts = fluxon.PutOptionalArgs(write_through=write_through, parent_key=parent,
-                                  atomic_group_lens=groups)
-    plan = client.local_fast_put_start(keys, VALUE_LEN, opts)
-    buf = np.empty(len(keys) * VALUE_LEN, dtype=np.uint8)
-    for i in range(len(keys)):
-        buf[i * VALUE_LEN:(i + 1) * VALUE_LEN] = (seed + i) % 251
-    fluxon.copy_to_plan(plan, buf.ctypes.data, VALUE_LEN)
-    return client.local_fast_put_commit(plan)
+    return put_values(client, keys, seed, fluxon.PutOptionalArgs(
+        write_through=write_through, parent_key=parent, atomic_group_lens=groups))
 
 
 def test_a_write_through_put_completes_once_its_copies_are_routed(daemon_factory, tmp):

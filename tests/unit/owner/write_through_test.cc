@@ -63,6 +63,18 @@ TEST_F(WriteThroughTest, AFailedCopyFailsThePutWithAClearError) {
   EXPECT_EQ(tracker_->in_flight(), 0u);
 }
 
+// A member dropped before its copy was asked for (no longer held) ends no group: the put still
+// fails, since not every value was copied.
+TEST_F(WriteThroughTest, AValueNeverCopiedFailsThePut) {
+  std::vector<absl::Status> done;
+  auto put = tracker_->Start({"kept", "dropped"}, "");
+  put->Queued(1);
+  put->GroupEnded(ReplicaGroupEnd::kCopied, 1);
+  put->Published(absl::OkStatus(), Record(&done));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].code(), absl::StatusCode::kAborted) << done[0];
+}
+
 TEST_F(WriteThroughTest, AChildFollowsItsParentStillInFlight) {
   std::vector<absl::Status> parent_done, child_done;
   auto parent = tracker_->Start({"p0", "p1"}, "");
@@ -119,7 +131,8 @@ TEST_F(WriteThroughTest, AParentNotInFlightMustBeRoutedOnAnotherNode) {
            {"remote", true}, {"local", false}, {"absent", false}}) {
     std::vector<absl::Status> done;
     auto put = tracker_->Start({"child-of-" + parent}, parent);
-    put->Queued(0);
+    put->Queued(1);
+    put->GroupEnded(ReplicaGroupEnd::kCopied, 1);
     put->Published(absl::OkStatus(), Record(&done));
     ASSERT_EQ(done.size(), 1u) << parent;
     EXPECT_EQ(done[0].ok(), ok) << parent << ": " << done[0];
