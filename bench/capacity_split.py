@@ -46,8 +46,27 @@ from soak_cluster import free_port  # noqa: E402
 UNITS = {"GiB": 1 << 30, "MiB": 1 << 20}
 
 
-def parse_bytes(s):
+def parse_bytes(s, working_set):
+    """"1GiB", "512MiB", or "25%" of the working set's bytes (rounded to whole 512 MiB grants,
+    the segment's unit)."""
+    if s.endswith("%"):
+        grant = 512 << 20
+        return max(grant, round(float(s[:-1]) / 100 * working_set / grant) * grant)
     return int(float(s[:-3]) * UNITS[s[-3:]])
+
+
+def replay_trace(side, prompts, args, pool, out):
+    """The eviction traces' prompts (bench/eviction_tables.sh), served as multiturn serves a turn."""
+    requested = hit = written = failed = 0
+    t0 = time.perf_counter()
+    for prompt in prompts:
+        keys = [f"{side.name}:{p}" for p in prompt]
+        requested += len(keys)
+        h, w, f = mc.serve_prompt(side, keys, args.pages_per_batch, pool, out)
+        hit, written, failed = hit + h, written + w, failed + f
+    mc.finish_puts(side)
+    return {"hit rate %": 100.0 * hit / requested,
+            "pages/s": (hit + written) / (time.perf_counter() - t0), "failed puts": failed}
 
 
 class TimedPuts:
@@ -107,6 +126,7 @@ owner:
   master_address: "127.0.0.1:{mport}"
   segment: {{size: {remote}}}
   data_address: "127.0.0.1:0"
+  heartbeat_interval_ms: {args.cache_heartbeat_ms}
   local_reserve:
     expected_capacity: {{value_len: {args.value_len}, payload_capacity_bytes: {int(remote * 0.9)}}}
 """)
@@ -171,8 +191,12 @@ def pct(xs, p):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--local", default="1GiB")
+    ap.add_argument("--local", default="1GiB", help="bytes (1GiB, 512MiB) or a share of the "
+                    "working set (25%%)")
     ap.add_argument("--remote", default="1GiB")
+    ap.add_argument("--trace", default=None,
+                    help="replay this eviction trace (bench_eviction_policy --dump-traces) instead "
+                         "of the multi-turn workload")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--value-len", type=int, default=4_718_592)
     ap.add_argument("--pages-per-batch", type=int, default=128)
@@ -181,17 +205,29 @@ def main():
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--first-turn-pages", type=int, default=16)
     ap.add_argument("--pages-per-turn", type=int, default=8)
+    ap.add_argument("--turn-ms", type=float, default=0,
+                    help="the GPU's time per turn between requests (0: back to back)")
+    ap.add_argument("--cache-heartbeat-ms", type=int, default=1000,
+                    help="the remote_cache's heartbeat (it hears of peer reads with each)")
     ap.add_argument("--configs", default="owner-L,owner-L+rc-R,owner-L+R,mooncake-L+R")
     ap.add_argument("--fluxond", default=os.environ.get("FLUXOND", "build/src/fluxond"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    local, remote = parse_bytes(args.local), parse_bytes(args.remote)
     b, v = args.pages_per_batch, args.value_len
+    if args.trace:
+        from eviction_fluxond_replay import load_trace
+        prompts, ws = load_trace(args.trace)
+        workload = f"trace {Path(args.trace).stem}: {len(prompts)} prompts"
+    else:
+        ws = args.sessions * (args.first_turn_pages + (args.turns - 1) * args.pages_per_turn)
+        workload = (f"multi-turn: {args.sessions} sessions x {args.turns} turns, "
+                    f"{args.first_turn_pages} + {args.pages_per_turn}/turn pages")
+    local, remote = parse_bytes(args.local, ws * v), parse_bytes(args.remote, ws * v)
     pool = np.random.default_rng(7).integers(0, 256, size=(b, v), dtype=np.uint8)
     out = np.empty((b, v), dtype=np.uint8)
-    ws = args.sessions * (args.first_turn_pages + (args.turns - 1) * args.pages_per_turn)
-    print(f"working set {ws} pages of {v} B = {ws * v / 2**30:.2f} GiB; L {args.local}, "
-          f"R {args.remote}", file=sys.stderr)
+    print(f"working set {ws} pages of {v} B = {ws * v / 2**30:.2f} GiB; L {args.local} "
+          f"({local / 2**20:.0f} MiB, {100 * local / (ws * v):.0f} %), R {args.remote} "
+          f"({remote / 2**20:.0f} MiB, {100 * remote / (ws * v):.0f} %)", file=sys.stderr)
 
     def make(name):
         tmp = tempfile.mkdtemp(prefix="fxcs", dir="/tmp")
@@ -220,7 +256,8 @@ def main():
             side = make(name)
             timed = TimedPuts(side)
             try:
-                res = mc.multiturn(timed, args, pool, out, Quiet())
+                res = (replay_trace(timed, prompts, args, pool, out) if args.trace
+                       else mc.multiturn(timed, args, pool, out, Quiet()))
                 res["put p50 ms"] = pct(timed.lat, 50)
                 res["put p99 ms"] = pct(timed.lat, 99)
                 if name == "owner-L+rc-R":
@@ -240,8 +277,7 @@ def main():
     keys = ["hit rate %", "pages/s", "put p50 ms", "put p99 ms", "failed puts"]
     summary = {c: {k: statistics.median(x[k] for x in rs) for k in keys}
                for c, rs in results.items()}
-    print(f"\nmulti-turn: {args.sessions} sessions x {args.turns} turns, {args.first_turn_pages} "
-          f"+ {args.pages_per_turn}/turn pages of {v:,} B (working set {ws * v / 2**30:.2f} GiB); "
+    print(f"\n{workload} of {v:,} B (working set {ws * v / 2**30:.2f} GiB); "
           f"L = {args.local}, R = {args.remote}; medians of {args.rounds} rounds")
     print("| configuration | hit rate % | pages/s | put p50 ms | put p99 ms | failed puts |")
     print("|---|---|---|---|---|---|")

@@ -215,10 +215,44 @@ def chain_keys(session, n, prefix):
     return keys
 
 
+def serve_prompt(side, keys, b, pool, out):
+    """One prompt as SGLang's HiCache serves it: restore the longest stored prefix (probe, then
+    read), back up the rest in batches <= b, each naming the page before it as its parent.
+    Returns (pages hit, pages written, pages whose put failed)."""
+    prefix = 0
+    while prefix < len(keys):
+        batch = keys[prefix:prefix + b]
+        n = side.exists(batch)
+        if n == 0:
+            break
+        got = side.get(batch[:n], out.ctypes.data)
+        prefix += got
+        if got < len(batch):
+            break
+    written = failed = 0
+    for i in range(prefix, len(keys), b):
+        batch = keys[i:i + b]
+        ok = side.put(batch, pool.ctypes.data, keys[i - 1] if i > 0 else None)
+        written += ok
+        failed += len(batch) - ok
+    return prefix, written, failed
+
+
+def finish_puts(side):
+    if side.name == "fluxon":
+        try:
+            side._last.wait(30)
+        except (AttributeError, fluxon.KeyConflictError):
+            pass  # no put, or in a cluster another location already holds the value
+
+
 def multiturn(side, args, pool, out, progress):
     """SGLang's multi-turn HiCache pattern: every turn a session's prompt is its whole context plus
     new pages; restore the longest stored prefix, back up the rest, batches <= pages_per_batch."""
-    v, b = args.value_len, args.pages_per_batch
+    b = args.pages_per_batch
+    # The GPU's time per turn (prefill of the new pages and the decode) between one request's
+    # backup and the next request: 0 drives the cache back to back (a stress test).
+    turn_s = getattr(args, "turn_ms", 0) / 1e3
     requested = hit = written = failed = 0
     t0 = time.perf_counter()
     for turn in range(args.turns):
@@ -226,28 +260,12 @@ def multiturn(side, args, pool, out, progress):
             pages = args.first_turn_pages + turn * args.pages_per_turn
             keys = chain_keys(s, pages, side.name)
             requested += pages
-            prefix = 0
-            while prefix < pages:
-                batch = keys[prefix:prefix + b]
-                n = side.exists(batch)
-                if n == 0:
-                    break
-                got = side.get(batch[:n], out.ctypes.data)
-                prefix += got
-                if got < len(batch):
-                    break
-            hit += prefix
-            for i in range(prefix, pages, b):
-                batch = keys[i:i + b]
-                ok = side.put(batch, pool.ctypes.data, keys[i - 1] if i > 0 else None)
-                written += ok
-                failed += len(batch) - ok
+            h, w, f = serve_prompt(side, keys, b, pool, out)
+            hit, written, failed = hit + h, written + w, failed + f
+            if turn_s:
+                time.sleep(turn_s)
             progress.update(1)
-    if side.name == "fluxon":
-        try:
-            side._last.wait(30)
-        except fluxon.KeyConflictError:
-            pass  # in a cluster: another location already holds the value (a demoted page)
+    finish_puts(side)
     return {"hit rate %": 100.0 * hit / requested, "pages/s": (hit + written) / (time.perf_counter() - t0),
             "failed puts": failed}
 

@@ -26,6 +26,9 @@ MasterCore::MasterCore(MasterOptions options)
 }
 
 size_t MasterCore::DropGetsOf(uint32_t node, uint64_t generation) {
+  // The reads waiting for it name memory that is gone too.
+  counters_.peer_read_keys_dropped.fetch_add(static_cast<int64_t>(peer_reads_.Forget(node)),
+                                             std::memory_order_relaxed);
   MutexLock lock(&gets_mu_);
   return inflight_.DropRequester(node, generation) + inflight_.DropSource(node, generation);
 }
@@ -106,7 +109,15 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
       rec.republish_due = false;  // a new generation republishes everything anyway
     }
   }
-  if (old_generation == r.generation()) return reply;  // a heartbeat
+  if (old_generation == r.generation()) {  // a heartbeat: the reads peers made of its values
+    size_t dropped = 0;
+    const size_t moved =
+        peer_reads_.Drain(r.node_id(), r.generation(), reply.mutable_peer_reads(), &dropped);
+    counters_.peer_read_keys.fetch_add(static_cast<int64_t>(moved), std::memory_order_relaxed);
+    counters_.peer_read_keys_dropped.fetch_add(static_cast<int64_t>(dropped),
+                                               std::memory_order_relaxed);
+    return reply;
+  }
   if (old_generation != 0) {
     // The old owner's memory is gone: its routes must not be served.
     const uint64_t dropped = routes_.DropNode(r.node_id(), old_generation);
@@ -502,6 +513,8 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
   }
   v1::BatchGetDoneReply reply;
   reply.set_master_epoch(epoch_);
+  // Per source (node, generation): the client reads this batch made of its values, in order.
+  std::map<std::pair<uint32_t, uint64_t>, v1::PeerRead> reads;
   MutexLock lock(&gets_mu_);
   for (const v1::GetDoneItem& item : r.items()) {
     const InflightGets::Get* get = inflight_.Find(item.get_id());
@@ -551,6 +564,12 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
       outcome = added ? v1::GET_DONE : v1::GET_DONE_STALE;
     }
     const bool replica = ours && get->replica;
+    if (added && !replica) {
+      // A client's read of the source's value: the source's eviction policy hears of it.
+      v1::PeerRead& read = reads[{get->source.node_id, get->source.generation}];
+      read.add_keys(item.key());
+      read.add_put_ids(item.put_id());
+    }
     if (ours) inflight_.Take(item.get_id());  // ends the get, releasing the source pin
     if (added) counters_.gets_done.fetch_add(1, std::memory_order_relaxed);
     if (added && replica) {
@@ -559,6 +578,11 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
           .fetch_add(1, std::memory_order_relaxed);
     }
     reply.add_outcomes(outcome);
+  }
+  for (auto& [source, read] : reads) {
+    const size_t dropped = peer_reads_.Record(source.first, source.second, std::move(read));
+    counters_.peer_read_keys_dropped.fetch_add(static_cast<int64_t>(dropped),
+                                               std::memory_order_relaxed);
   }
   return reply;
 }

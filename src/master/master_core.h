@@ -43,6 +43,7 @@
 #include "common/stop_signal.h"
 #include "config/config.h"
 #include "master/inflight_gets.h"
+#include "master/peer_read_log.h"
 #include "master/replica_placement.h"
 #include "route/route_table.h"
 #include "rpc/master_api.h"
@@ -88,7 +89,11 @@ namespace fluxon {
   X(gets_expired, "fluxon_master_gets_expired_total",                                         \
     "Remote gets ended by the in-flight TTL (requester silent).")                             \
   X(owners_expired, "fluxon_master_owners_expired_total",                                     \
-    "Owners expired after lease + grace (routes dropped, generation refused).")
+    "Owners expired after lease + grace (routes dropped, generation refused).")               \
+  X(peer_read_keys, "fluxon_master_peer_read_keys_total",                                     \
+    "Keys of client remote gets reported to their source owner with its next heartbeat.")     \
+  X(peer_read_keys_dropped, "fluxon_master_peer_read_keys_dropped_total",                     \
+    "Peer-read keys dropped unreported (an owner's bound full, or its generation ended).")
 
 struct MasterCounters {
 #define FLUXON_MASTER_COUNTER_FIELD(field, metric, help) std::atomic<int64_t> field{0};
@@ -183,7 +188,8 @@ class MasterCore final : public MasterApi {
   std::map<uint32_t, Peer> LivePeers() const;
 
   // Ends every in-flight get requested by, or reading from, (node, generation): its memory or
-  // its reader is gone, so no Done may publish a copy read from it (and its pins end).
+  // its reader is gone, so no Done may publish a copy read from it (and its pins end). Drops
+  // the peer reads waiting for the node too.
   size_t DropGetsOf(uint32_t node, uint64_t generation);
 
   const MasterOptions options_;
@@ -198,6 +204,8 @@ class MasterCore final : public MasterApi {
   RouteTable routes_;
   mutable Mutex gets_mu_;
   InflightGets inflight_ ABSL_GUARDED_BY(gets_mu_);
+  // Client remote gets' reads of each source owner, for its next heartbeat (its own lock).
+  PeerReadLog peer_reads_;
   MasterCounters counters_;
   StopSignal stop_;
   std::thread maintenance_;

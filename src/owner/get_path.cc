@@ -79,6 +79,24 @@ void GetPath::HoldKeys(const std::vector<std::string>& keys, GetStartOutcome* ou
   counters_->leader_started.fetch_add(out->leader_started, std::memory_order_relaxed);
 }
 
+void GetPath::NotePeerReads(const google::protobuf::RepeatedPtrField<v1::PeerRead>& reads) {
+  int64_t touched_keys = 0;
+  std::vector<uint64_t> touched;
+  for (const v1::PeerRead& read : reads) {
+    // Tail first, as a restore touches (the head stays warmest).
+    touched.clear();
+    const int n = std::min(read.keys_size(), read.put_ids_size());
+    for (int i = n; i-- > 0;) {
+      const uint64_t cohort = keys_->CommittedCohort(read.keys(i), read.put_ids(i));
+      if (cohort == 0) continue;
+      ++touched_keys;
+      if (touched.empty() || touched.back() != cohort) touched.push_back(cohort);
+    }
+    if (!touched.empty()) hot_->Touch(touched);
+  }
+  counters_->peer_read_touches.fetch_add(touched_keys, std::memory_order_relaxed);
+}
+
 void GetPath::OpenPrefix(uint64_t client_id, const std::vector<uint32_t>& group_lens,
                          const std::vector<uint64_t>& cohort_of, uint32_t t,
                          std::vector<HolderRef> held, GetStartOutcome* out) {

@@ -59,6 +59,10 @@ class GetPath {
   // Handles past handle_ttl and views past view_lease; returns how many were dropped.
   size_t ExpireDue(std::chrono::steady_clock::time_point now);
   size_t DropSession(uint64_t client_id);
+  // Peers read these values of this owner (the master's hints): each read is one access of the
+  // cohorts it found here, as a local restore of the same prefix would be. Values not here (or
+  // of another put_id) are skipped.
+  void NotePeerReads(const google::protobuf::RepeatedPtrField<v1::PeerRead>& reads);
 
  private:
   // Holds every key of the batch it can (G1: a local pin, a lookup it leads, or a flight it

@@ -33,6 +33,7 @@ absl::Status MasterRegistration::Register() {
     NoteClock(r->hlc());
     NoteEpoch(r->master_epoch());
     SetRegistered(true);
+    if (peer_reads_ && r->peer_reads_size() > 0) peer_reads_(r->peer_reads());
     if (r->republish()) {
       // A newer version of one of our keys replaced our route: republishing drops what was
       // superseded (a value no reader may be served any more).

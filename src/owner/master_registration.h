@@ -53,6 +53,9 @@ class MasterRegistration {
   using GenerationListener = std::function<absl::Status(uint64_t generation)>;
   // The owner's memory now, sent with every registration and heartbeat.
   using CapacitySource = std::function<v1::OwnerCapacity()>;
+  // Hears the reads peers made of this owner's values (heartbeat answers; hints).
+  using PeerReadSink =
+      std::function<void(const google::protobuf::RepeatedPtrField<v1::PeerRead>& reads)>;
 
   MasterRegistration(OwnerIdentity identity, MasterApi* master, OwnerCounters* counters,
                      StopSignal* stop)
@@ -71,6 +74,8 @@ class MasterRegistration {
   void SetGenerationListener(GenerationListener listener) { listener_ = std::move(listener); }
   // Set before the first Register (not synchronised with the heartbeat thread).
   void SetCapacitySource(CapacitySource source) { capacity_ = std::move(source); }
+  // Set before the first Register (not synchronised with the heartbeat thread).
+  void SetPeerReadSink(PeerReadSink sink) { peer_reads_ = std::move(sink); }
   // This owner's peer service (where sources send PullReplicas); set before the first Register
   // (the admin server binds before the owner starts). Empty: it takes no replicas.
   void SetPeerAddress(std::string address) { peer_address_ = std::move(address); }
@@ -147,6 +152,7 @@ class MasterRegistration {
   StopSignal* const stop_;
   GenerationListener listener_;
   CapacitySource capacity_;
+  PeerReadSink peer_reads_;
   HybridClock clock_;
   std::atomic<uint64_t> generation_;
   std::atomic<bool> registered_{false};

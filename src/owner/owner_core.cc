@@ -79,6 +79,11 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   c.gets_ = std::make_unique<GetPath>(kJoinTimeout, registration, master, c.keys_.get(),
                                       c.flights_.get(), c.handles_.get(), c.hot_.get(), counters,
                                       c.evictor_.get(), c.remote_.get());
+  // Peers' reads of this owner's values rank them in its hot tier (heartbeat answers).
+  registration->SetPeerReadSink(
+      [gets = c.gets_.get()](const google::protobuf::RepeatedPtrField<v1::PeerRead>& reads) {
+        gets->NotePeerReads(reads);
+      });
   return core;
 }
 

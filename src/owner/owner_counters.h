@@ -80,6 +80,8 @@ enum class CounterKind { kCounter, kGauge, kMicros };
     "Leader keys routed to another owner and sent in a BatchGetStart.")                           \
   X(remote_hits, kCounter, "fluxon_remote_hits_total", "",                                        \
     "Keys read from another owner and installed here as a cached copy.")                          \
+  X(peer_read_touches, kCounter, "fluxon_peer_read_touches_total", "",                            \
+    "Values of this owner that peers read (reported by the master), counted as accesses here.")   \
   X(replica_pulls_completed, kCounter, "fluxon_replica_pulls_total", "outcome=completed",         \
     "Replica pulls this owner served as a target, by outcome (owner/replica_puller.h).")          \
   X(replica_pulls_already_held, kCounter, "fluxon_replica_pulls_total", "outcome=already_held",   \

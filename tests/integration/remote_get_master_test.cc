@@ -613,5 +613,108 @@ TEST(RemoteGetMaster, HeartbeatWithAnotherAddressIsRefused) {
   EXPECT_EQ(owners->owners(0).address(), "127.0.0.1:40001");
 }
 
+// A heartbeat of (node, gen) as RegisterOwner answers it.
+v1::RegisterOwnerReply Heartbeat(MasterCore& m, uint32_t node, uint64_t gen) {
+  v1::RegisterOwnerRequest r;
+  r.set_node_id(node);
+  r.set_generation(gen);
+  r.set_address("127.0.0.1:" + std::to_string(40000 + node));
+  r.add_transports("tcp");
+  auto reply = m.RegisterOwner(r);
+  EXPECT_TRUE(reply.ok()) << reply.status();
+  return reply.ok() ? *reply : v1::RegisterOwnerReply{};
+}
+
+// A client's remote get that completed is reported to its source with the source's next
+// heartbeat, once, in the batch's order: the source's eviction policy hears of peer reads.
+TEST(RemoteGetMaster, ClientReadsReachTheSourceWithItsNextHeartbeatOnce) {
+  MasterCore m;
+  const auto [start, s] = StartGetFromOwnerOne(m, 100, {"a", "b", "c"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Heartbeat(m, 1, 11).peer_reads_size(), 0);  // started is not read
+  auto d = m.BatchGetDone(Done(start, *s));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(Heartbeat(m, 2, 22).peer_reads_size(), 0);  // the reader hears nothing
+  v1::RegisterOwnerReply beat = Heartbeat(m, 1, 11);
+  ASSERT_EQ(beat.peer_reads_size(), 1);
+  EXPECT_THAT(beat.peer_reads(0).keys(), ::testing::ElementsAre("a", "b", "c"));
+  EXPECT_THAT(beat.peer_reads(0).put_ids(), ::testing::ElementsAre(7, 7, 7));
+  EXPECT_EQ(Heartbeat(m, 1, 11).peer_reads_size(), 0);  // handed over once
+  EXPECT_EQ(m.counters().peer_read_keys.load(), 3);
+
+  // A retried Done (the copy is already published) reads nothing new.
+  ASSERT_TRUE(m.BatchGetDone(Done(start, *s)).ok());
+  EXPECT_EQ(Heartbeat(m, 1, 11).peer_reads_size(), 0);
+}
+
+// A replica pull is not a client's read; a revoked get read nothing; a source that comes back
+// under a new generation never hears of reads of its old memory.
+TEST(RemoteGetMaster, OnlyCompletedClientReadsOfTheLiveGenerationAreReported) {
+  MasterCore m;
+  PublishOnOwnerOne(m, {"r", "v", "g"});
+  v1::BatchGetStartRequest replica = Start(2, 22, 1, {"r"}, 7);
+  replica.set_replica(true);
+  auto rs = m.BatchGetStart(replica);
+  ASSERT_TRUE(rs.ok()) << rs.status();
+  ASSERT_TRUE(m.BatchGetDone(Done(replica, *rs)).ok());
+  auto vs = m.BatchGetStart(Start(2, 22, 2, {"v"}, 7));
+  ASSERT_TRUE(vs.ok());
+  ASSERT_TRUE(m.BatchGetRevoke(Revoke(2, 22, {vs->results(0).get_id()})).ok());
+  EXPECT_EQ(Heartbeat(m, 1, 11).peer_reads_size(), 0);
+
+  const v1::BatchGetStartRequest get = Start(2, 22, 3, {"g"}, 7);
+  auto gs = m.BatchGetStart(get);
+  ASSERT_TRUE(gs.ok());
+  ASSERT_TRUE(m.BatchGetDone(Done(get, *gs)).ok());
+  // Owner 1 stops (unregisters) before its heartbeat and comes back as generation 12.
+  v1::UnregisterOwnerRequest bye;
+  bye.set_node_id(1);
+  bye.set_generation(11);
+  ASSERT_TRUE(m.UnregisterOwner(bye).ok());
+  Register(m, 1, 12);
+  EXPECT_EQ(Heartbeat(m, 1, 12).peer_reads_size(), 0);
+  EXPECT_EQ(m.counters().peer_read_keys_dropped.load(), 1);
+}
+
+// The log is bounded per owner (the oldest reads go first) and per answer (the rest wait for
+// the next heartbeat); every dropped key is counted.
+TEST(PeerReadLog, BoundedPerOwnerAndPerAnswer) {
+  PeerReadLog log;
+  const std::string key(1000, 'k');
+  auto read_of = [&](int n, int first) {
+    v1::PeerRead r;
+    for (int i = 0; i < n; ++i) {
+      r.add_keys(key + std::to_string(first + i));
+      r.add_put_ids(1);
+    }
+    return r;
+  };
+  // 1,100 keys of ~1 KB: more than one answer's bytes (1 MiB).
+  for (int i = 0; i < 11; ++i) EXPECT_EQ(log.Record(1, 5, read_of(100, i * 100)), 0u);
+  google::protobuf::RepeatedPtrField<v1::PeerRead> out;
+  size_t dropped = 0;
+  const size_t first = log.Drain(1, 5, &out, &dropped);
+  EXPECT_LT(first, 1100u);
+  EXPECT_GT(first, 0u);
+  EXPECT_EQ(out[0].keys(0), key + "0");  // oldest first
+  out.Clear();
+  EXPECT_EQ(log.Drain(1, 5, &out, &dropped), 1100u - first);
+  EXPECT_EQ(dropped, 0u);
+  EXPECT_EQ(log.waiting_keys(1), 0u);
+
+  // Past kMaxKeysPerNode the oldest reads are dropped.
+  const int per_read = 4096;
+  const int reads = static_cast<int>(PeerReadLog::kMaxKeysPerNode / per_read) + 2;
+  size_t over = 0;
+  for (int i = 0; i < reads; ++i) over += log.Record(2, 5, read_of(per_read, i * per_read));
+  EXPECT_EQ(over, 2u * per_read);
+  EXPECT_EQ(log.waiting_keys(2), PeerReadLog::kMaxKeysPerNode);
+  // A heartbeat of another generation gets nothing, and the old generation's reads are dropped.
+  out.Clear();
+  EXPECT_EQ(log.Drain(2, 6, &out, &dropped), 0u);
+  EXPECT_EQ(dropped, PeerReadLog::kMaxKeysPerNode);
+  EXPECT_EQ(log.waiting_keys(2), 0u);
+}
+
 }  // namespace
 }  // namespace fluxon

@@ -183,6 +183,14 @@ def test_a_page_written_on_owner_a_is_restored_on_owner_b_and_cached_there(clust
     owners = cluster.owners()
     assert owners[1]["address"] and owners[1]["transports"] == ["tcp"]
     assert owners[1]["lease_ms_left"] > 0
+    # A heard of B's read with its next heartbeat (1 s): an access of the 16 values in its hot
+    # tier, once (B's later local hits never reach the master).
+    deadline = time.time() + 10
+    while a.stats()["peer_read_touches"] < 16 and time.time() < deadline:
+        time.sleep(0.1)
+    assert a.stats()["peer_read_touches"] == 16
+    assert cluster.master_stats()["master_peer_read_keys"] == 16
+    assert b.stats()["peer_read_touches"] == 0
     wait_baseline(cluster, {1: a, 2: b})
 
 

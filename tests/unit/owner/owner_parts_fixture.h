@@ -167,6 +167,10 @@ class OwnerParts {
     p->gets = std::make_unique<GetPath>(o.join_timeout, p->registration.get(), master,
                                         p->keys.get(), p->flights.get(), p->handles.get(),
                                         p->hot.get(), counters, p->evictor.get(), p->remote.get());
+    p->registration->SetPeerReadSink(
+        [gets = p->gets.get()](const google::protobuf::RepeatedPtrField<v1::PeerRead>& reads) {
+          gets->NotePeerReads(reads);
+        });
     if (o.register_at_master) {
       const absl::Status registered = p->registration->Register();
       if (!registered.ok()) {

@@ -120,6 +120,35 @@ TEST_F(RemoteFetcherTest, GetStartFetchesLeadersRoutedToAnotherOwner) {
   EXPECT_TRUE(a_->gets->Cancel(1, got->handle_id).ok());
 }
 
+// A peer's read reaches the source's hot tier with the source's next heartbeat: the values read
+// count as an access there (their chain leaves probation, the one-hit filter; the unread batch
+// stays on it).
+TEST_F(RemoteFetcherTest, PeerReadsReachTheSourcesHotTierWithItsHeartbeat) {
+  TwoOwners();
+  const std::vector<std::string> read = Keys("read", 4), unread = Keys("unread", 4);
+  ASSERT_TRUE(PutAndPublish(*b_, read, {4}).ok());
+  ASSERT_TRUE(PutAndPublish(*b_, unread, {4}).ok());
+  const uint64_t total = b_->hot->weight();
+  auto on_probation = [&] {
+    return b_->hot->InspectPolicy(
+        [](const AdaptiveChainPolicy& p) { return p.probation_weight(); });
+  };
+  ASSERT_EQ(on_probation(), total);  // neither was accessed
+  auto got = a_->gets->Start(1, read, {4}, false);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->prefix.transferable_len, 4u);
+  EXPECT_TRUE(a_->gets->Cancel(1, got->handle_id).ok());
+  EXPECT_EQ(b_->counters->peer_read_touches.load(), 0);
+  EXPECT_EQ(on_probation(), total);                // not before the heartbeat
+  ASSERT_TRUE(b_->registration->Register().ok());  // the heartbeat
+  EXPECT_EQ(b_->counters->peer_read_touches.load(), 4);
+  EXPECT_EQ(mc().peer_read_keys.load(), 4);
+  EXPECT_EQ(on_probation(), total / 2);  // the unread batch only
+  // Handed over once: the next heartbeat touches nothing more.
+  ASSERT_TRUE(b_->registration->Register().ok());
+  EXPECT_EQ(b_->counters->peer_read_touches.load(), 4);
+}
+
 // A route whose owner is no longer live (not heard within the master's owner_lease), or has no
 // data plane, has no source: a miss, and nothing stays reserved or claimed.
 TEST_F(RemoteFetcherTest, RouteToAnOwnerThatIsNotLiveIsAMiss) {
