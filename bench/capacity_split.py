@@ -266,8 +266,16 @@ def main():
                         "demotions_started", "demoted_pages", "demotion_no_space",
                         "demotion_failed", "evicted_pages", "evicted_copied_pages",
                         "remote_get_keys")}
-                    extra[r]["cache_evicted_pages"] = side.cache_stats().get(
-                        "owner_evicted_pages", 0)
+                    cache = side.cache_stats()
+                    extra[r]["cache_evicted_pages"] = cache.get("owner_evicted_pages", 0)
+                    # How the demotions' pulls ended at the remote_cache, and the demoting
+                    # owner's side of them.
+                    for name, n in sorted(cache.items()):
+                        if name.startswith("owner_replica_pulls_") and n:
+                            extra[r]["cache_" + name[len("owner_"):]] = n
+                    for name, n in sorted(s.items()):
+                        if name.startswith("replica_tasks_") and n:
+                            extra[r][name] = n
                 results[name].append(res)
             finally:
                 side.close()

@@ -153,6 +153,18 @@ void ReplicaQueue::Run() {
   }
 }
 
+void ReplicaQueue::EndInFlight(const ReplicaGroup& g, ReplicaGroupEnd end) {
+  {
+    MutexLock lock(&mu_);
+    for (const ReplicaTask& t : g) {
+      if (queued_.erase(TaskId{t.key, t.put_id}) > 0) --keys_queued_;
+    }
+    counters_->replica_queue_keys.store(static_cast<int64_t>(keys_queued_),
+                                        std::memory_order_relaxed);
+  }
+  Ended(g, end);
+}
+
 void ReplicaQueue::Finished(const std::vector<ReplicaGroup>& batch) {
   MutexLock lock(&mu_);
   for (const ReplicaGroup& g : batch) {
@@ -188,7 +200,7 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
   for (const ReplicaGroup& g : batch) {
     ReplicaGroup held = StillHeld(g);
     if (held.empty()) {
-      Ended(g, ReplicaGroupEnd::kGone);
+      EndInFlight(g, ReplicaGroupEnd::kGone);
     } else {
       groups.push_back(std::move(held));
     }
@@ -218,7 +230,7 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
                    placed.status().ToString());
     }
     Add(counters_->replica_tasks_failed, static_cast<int64_t>(tasks));
-    for (const ReplicaGroup& g : groups) Ended(g, ReplicaGroupEnd::kFailed);
+    for (const ReplicaGroup& g : groups) EndInFlight(g, ReplicaGroupEnd::kFailed);
     return;
   }
   // One call per target, its groups' items in order, each group of several keys numbered.
@@ -232,7 +244,7 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
     const v1::PlacedGroup& p = placed->groups(static_cast<int>(g));
     if (!p.placed() || p.peer_address().empty()) {
       Add(counters_->replica_tasks_no_space, static_cast<int64_t>(groups[g].size()));
-      Ended(groups[g], ReplicaGroupEnd::kNoSpace);
+      EndInFlight(groups[g], ReplicaGroupEnd::kNoSpace);
       continue;
     }
     Add(p.role() == "remote_cache" ? counters_->replica_targets_remote_cache
@@ -337,9 +349,9 @@ void ReplicaQueue::EndGroups(const std::vector<ReplicaTask>& items,
                                 : no_space ? ReplicaGroupEnd::kNoSpace
                                 : gone     ? ReplicaGroupEnd::kGone
                                            : ReplicaGroupEnd::kFailed;
-    Ended(ReplicaGroup(items.begin() + static_cast<std::ptrdiff_t>(b),
-                       items.begin() + static_cast<std::ptrdiff_t>(e)),
-          end);
+    const auto first = items.begin() + static_cast<std::ptrdiff_t>(b);
+    const auto last = items.begin() + static_cast<std::ptrdiff_t>(e);
+    EndInFlight(ReplicaGroup(first, last), end);
     b = e;
   }
 }

@@ -113,11 +113,15 @@ class ReplicaQueue {
   void PullOn(const std::string& peer_address, const std::vector<ReplicaTask>& items,
               const std::vector<uint32_t>& groups);
   void Finished(const std::vector<ReplicaGroup>& batch);
-  // Ends every group of one call by its members' final outcomes.
+  // Ends every group of one call by its members' final outcomes (EndInFlight).
   void EndGroups(const std::vector<ReplicaTask>& items, const std::vector<uint32_t>& groups,
                  const std::vector<v1::PullOutcome>& final);
   // Tells `ends_` how group `g` ended.
   void Ended(const ReplicaGroup& g, ReplicaGroupEnd end);
+  // Ends a group taken from the queue: its identities leave the queue first (its keys stay in
+  // flight until Finished), so a listener that enqueues it again at once (a demotion readmitted
+  // and chosen again by another round) is not refused as a duplicate of itself.
+  void EndInFlight(const ReplicaGroup& g, ReplicaGroupEnd end);
 
   const Options options_;
   MasterRegistration* const registration_;

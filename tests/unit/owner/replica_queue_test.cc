@@ -62,7 +62,9 @@ class InProcessPeers final : public PeerApi {
 
 class ReplicaQueueTest : public OwnerPartsTest {
  protected:
-  void TwoOwners(ReplicaQueue::Options options = {}, std::string target_role = "embedded") {
+  // `ends`: who hears how each group ended (the source's evictor unless given).
+  void TwoOwners(ReplicaQueue::Options options = {}, std::string target_role = "embedded",
+                 EvictionSignals* ends = nullptr) {
     PartsOptions target, source;
     target.role = std::move(target_role);
     target.node_id = 1;
@@ -84,7 +86,7 @@ class ReplicaQueueTest : public OwnerPartsTest {
     peers_ = std::make_unique<InProcessPeers>(puller_.get());
     queue_ = std::make_unique<ReplicaQueue>(options, b_->registration.get(), &master(),
                                             peers_.get(), b_->keys.get(), b_->counters.get(),
-                                            &stop_, b_->evictor.get());
+                                            &stop_, ends != nullptr ? ends : b_->evictor.get());
   }
   void TearDown() override {
     StopActor();
@@ -275,6 +277,39 @@ TEST_F(ReplicaQueueTest, NoTargetIsNoSpace) {
   WaitIdle();
   EXPECT_EQ(src().replica_tasks_no_space.load(), 1);
   EXPECT_EQ(peers_->calls.load(), 0);
+  ExpectAccounted();
+}
+
+// Enqueues the group again the first time a group ends, from inside the end (as an evictor
+// does that readmits a demoted cohort and has another round choose it at once).
+class EnqueueAgainOnce final : public EvictionSignals {
+ public:
+  std::function<void()> again;
+  std::atomic<int> ends{0};
+  void CandidatesChanged() override {}
+  void SignalPressure() override {}
+  void ReplicaGroupEnded(const std::vector<std::string>&, uint64_t, uint64_t,
+                         ReplicaGroupEnd) override {
+    if (ends.fetch_add(1) == 0) again();
+  }
+};
+
+// A group leaves the queue before its end is told: enqueued again from there, it is queued (and
+// found held by the target), not refused as a duplicate of itself.
+TEST_F(ReplicaQueueTest, AGroupEnqueuedAgainAsItEndsIsNotADuplicate) {
+  EnqueueAgainOnce listener;
+  TwoOwners({}, "embedded", &listener);
+  ASSERT_TRUE(PutAndPublish(*b_, {"re0", "re1"}, {2}).ok());
+  const ReplicaGroup g = GroupOf({"re0", "re1"});
+  listener.again = [&] { queue_->Enqueue({g}); };
+  queue_->Enqueue({g});
+  StartActor();
+  ASSERT_TRUE(WaitUntil([&] { return listener.ends.load() == 2; }));
+  WaitIdle();
+  EXPECT_EQ(src().replica_tasks_duplicate.load(), 0);
+  EXPECT_EQ(src().replica_tasks_enqueued.load(), 4);
+  EXPECT_EQ(src().replica_tasks_completed.load(), 2);
+  EXPECT_EQ(src().replica_tasks_already_held.load(), 2);
   ExpectAccounted();
 }
 
