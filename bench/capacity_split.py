@@ -114,7 +114,7 @@ owner:
   data_address: "127.0.0.1:0"
   local_reserve:
     expected_capacity: {{value_len: {args.value_len}, payload_capacity_bytes: {int(local * 0.9)}}}
-  demotion: {{enabled: true}}
+  demotion: {{enabled: true, start_ratio: {args.demotion_start}}}
 """)
         self.cache_admin = free_port()
         self._start(args, tmp, "remote-cache", f"""
@@ -207,6 +207,8 @@ def main():
     ap.add_argument("--pages-per-turn", type=int, default=8)
     ap.add_argument("--turn-ms", type=float, default=0,
                     help="the GPU's time per turn between requests (0: back to back)")
+    ap.add_argument("--demotion-start", type=float, default=0.85,
+                    help="the owner's owner.demotion.start_ratio")
     ap.add_argument("--cache-heartbeat-ms", type=int, default=1000,
                     help="the remote_cache's heartbeat (it hears of peer reads with each)")
     ap.add_argument("--configs", default="owner-L,owner-L+rc-R,owner-L+R,mooncake-L+R")
@@ -270,12 +272,12 @@ def main():
                     extra[r]["cache_evicted_pages"] = cache.get("owner_evicted_pages", 0)
                     # How the demotions' pulls ended at the remote_cache, and the demoting
                     # owner's side of them.
-                    for name, n in sorted(cache.items()):
-                        if name.startswith("owner_replica_pulls_") and n:
-                            extra[r]["cache_" + name[len("owner_"):]] = n
-                    for name, n in sorted(s.items()):
-                        if name.startswith("replica_tasks_") and n:
-                            extra[r][name] = n
+                    for stat, n in sorted(cache.items()):
+                        if stat.startswith("owner_replica_pulls_") and n:
+                            extra[r]["cache_" + stat[len("owner_"):]] = n
+                    for stat, n in sorted(s.items()):
+                        if stat.startswith("replica_tasks_") and n:
+                            extra[r][stat] = n
                 results[name].append(res)
             finally:
                 side.close()

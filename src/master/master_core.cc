@@ -247,11 +247,19 @@ absl::StatusOr<v1::LookupReply> MasterCore::Lookup(const v1::LookupRequest& r) {
   v1::LookupReply reply;
   reply.set_master_epoch(epoch_);
   reply.set_hlc(clock_.Now());
+  const std::map<uint32_t, uint64_t> live =
+      r.with_liveness() ? LiveGenerations() : std::map<uint32_t, uint64_t>{};
   for (const std::string& key : r.keys()) {
     std::optional<Route> route = routes_.Lookup(key);
     reply.add_found(route.has_value());
     v1::Route* out = reply.add_routes();
-    if (route) FillRoute(key, *route, out);
+    if (!route) continue;
+    FillRoute(key, *route, out);
+    if (!r.with_liveness()) continue;
+    for (v1::RouteLocation& l : *out->mutable_locations()) {
+      auto g = live.find(l.node_id());
+      l.set_live(g != live.end() && g->second == l.generation());
+    }
   }
   return reply;
 }
@@ -405,6 +413,16 @@ absl::StatusOr<v1::PlaceReplicasReply> MasterCore::PlaceReplicas(
     g->set_peer_address(c.peer_address);
   }
   return reply;
+}
+
+std::map<uint32_t, uint64_t> MasterCore::LiveGenerations() const {
+  std::map<uint32_t, uint64_t> out;
+  MutexLock lock(&owners_mu_);
+  const auto now = Clock::now();
+  for (const auto& [id, rec] : owners_) {
+    if (now - rec.last_heard < options_.owner_lease) out[id] = rec.info.generation();
+  }
+  return out;
 }
 
 std::map<uint32_t, MasterCore::Peer> MasterCore::LivePeers() const {

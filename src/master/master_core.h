@@ -186,6 +186,8 @@ class MasterCore final : public MasterApi {
   };
   // Live owners with a data plane, by node.
   std::map<uint32_t, Peer> LivePeers() const;
+  // Every live owner's (heard within owner_lease) current generation, by node.
+  std::map<uint32_t, uint64_t> LiveGenerations() const;
 
   // Ends every in-flight get requested by, or reading from, (node, generation): its memory or
   // its reader is gone, so no Done may publish a copy read from it (and its pins end). Drops

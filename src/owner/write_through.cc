@@ -168,11 +168,14 @@ std::shared_ptr<WriteThroughPut> WriteThroughTracker::InFlight(const std::string
 bool WriteThroughTracker::BackedElsewhere(const std::string& key) const {
   v1::LookupRequest req;
   req.add_keys(key);
+  req.set_with_liveness(true);
   absl::StatusOr<v1::LookupReply> r = master_->Lookup(req);
   if (!r.ok() || r->found_size() != 1 || !r->found(0)) return false;
   const uint32_t me = registration_->identity().node_id;
+  // Backed: a location on another node whose owner could serve it now (a dead owner's location
+  // is still routed until its lease and grace pass, but backs nothing).
   for (const auto& l : r->routes(0).locations()) {
-    if (l.node_id() != me) return true;
+    if (l.node_id() != me && l.live()) return true;
   }
   return false;
 }

@@ -716,5 +716,34 @@ TEST(PeerReadLog, BoundedPerOwnerAndPerAnswer) {
   EXPECT_EQ(log.waiting_keys(2), 0u);
 }
 
+// A Lookup that asks with_liveness says per location whether its owner is live on that
+// generation; a silent owner's location stays routed through its grace but is not live.
+TEST(RemoteGetMaster, LookupWithLivenessMarksLocationsOfLiveOwners) {
+  MasterOptions o;
+  o.owner_lease = milliseconds(200);
+  o.owner_grace = milliseconds(60'000);
+  MasterCore m(o);
+  const auto [start, s] = StartGetFromOwnerOne(m, 1, {"k"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(m.BatchGetDone(Done(start, *s)).ok());
+  auto live_of = [&](bool ask) {
+    v1::LookupRequest r;
+    r.add_keys("k");
+    r.set_with_liveness(ask);
+    auto reply = m.Lookup(r);
+    std::map<uint32_t, bool> out;
+    if (reply.ok() && reply->found(0)) {
+      for (const auto& l : reply->routes(0).locations()) out[l.node_id()] = l.live();
+    }
+    return out;
+  };
+  EXPECT_EQ(live_of(true), (std::map<uint32_t, bool>{{1, true}, {2, true}}));
+  EXPECT_EQ(live_of(false), (std::map<uint32_t, bool>{{1, false}, {2, false}}));  // not asked
+  std::this_thread::sleep_for(milliseconds(150));
+  Heartbeat(m, 2, 22);
+  std::this_thread::sleep_for(milliseconds(100));  // node 1 silent for 250 ms > its lease
+  EXPECT_EQ(live_of(true), (std::map<uint32_t, bool>{{1, false}, {2, true}}));
+}
+
 }  // namespace
 }  // namespace fluxon

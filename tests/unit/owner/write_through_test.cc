@@ -139,5 +139,42 @@ TEST_F(WriteThroughTest, AParentNotInFlightMustBeRoutedOnAnotherNode) {
   }
 }
 
+// A parent routed on another node backs nothing once that node's owner is no longer live (its
+// location stays routed until its lease and grace pass): the child's put fails.
+class WriteThroughLeaseTest : public WriteThroughTest {
+ protected:
+  void SetUp() override {
+    OwnerPartsTest::SetUp();
+    MasterOptions options;
+    options.owner_lease = milliseconds(300);
+    options.owner_grace = milliseconds(60'000);
+    UseMaster(options);
+    PartsOptions o;
+    o.heartbeat_interval = milliseconds(50);  // this owner stays live
+    o_ = &Make(o);
+    tracker_ = std::make_unique<WriteThroughTracker>(o_->registration.get(), &master());
+  }
+};
+
+TEST_F(WriteThroughLeaseTest, AParentOnlyOnAnOwnerPastItsLeaseIsNotBacked) {
+  ASSERT_TRUE(RegisterPeer(master(), 9, 90).ok());
+  ASSERT_TRUE(PublishOne(master(), 9, 90, 5, "parent").ok());
+  auto child_of_parent = [&] {
+    std::vector<absl::Status> done;
+    auto put = tracker_->Start({"child"}, "parent");
+    put->Queued(1);
+    put->GroupEnded(ReplicaGroupEnd::kCopied, 1);
+    put->Published(absl::OkStatus(), Record(&done));
+    EXPECT_EQ(done.size(), 1u);
+    return done.empty() ? absl::UnknownError("no outcome") : done[0];
+  };
+  EXPECT_TRUE(child_of_parent().ok());
+  std::this_thread::sleep_for(milliseconds(400));        // node 9 is silent past its lease
+  ASSERT_TRUE(RouteOf(master(), "parent").has_value());  // still routed (grace)
+  const absl::Status late = child_of_parent();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_NE(late.message().find("parent_key 'parent'"), std::string::npos) << late;
+}
+
 }  // namespace
 }  // namespace fluxon::testing
