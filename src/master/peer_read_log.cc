@@ -4,6 +4,12 @@
 
 namespace fluxon {
 
+size_t PeerReadLog::BytesOf(const v1::PeerRead& read) {
+  size_t bytes = 0;
+  for (const std::string& k : read.keys()) bytes += k.size() + sizeof(uint64_t);
+  return bytes;
+}
+
 size_t PeerReadLog::Record(uint32_t node, uint64_t generation, v1::PeerRead read) {
   if (read.keys_size() == 0) return 0;
   size_t dropped = 0;
@@ -12,13 +18,15 @@ size_t PeerReadLog::Record(uint32_t node, uint64_t generation, v1::PeerRead read
   if (p.generation != generation) {
     // Reads of an older generation name memory that is gone; a newer one is answered first.
     dropped += p.keys;
-    p = Pending{generation, 0, {}};
+    p = Pending{generation, 0, 0, {}};
   }
   p.keys += static_cast<size_t>(read.keys_size());
+  p.bytes += BytesOf(read);
   p.reads.push_back(std::move(read));
-  while (p.keys > kMaxKeysPerNode) {
+  while (p.keys > kMaxKeysPerNode || p.bytes > kMaxBytesPerNode) {
     const size_t n = static_cast<size_t>(p.reads.front().keys_size());
     p.keys -= n;
+    p.bytes -= BytesOf(p.reads.front());
     dropped += n;
     p.reads.pop_front();
   }
@@ -38,14 +46,14 @@ size_t PeerReadLog::Drain(uint32_t node, uint64_t generation,
   }
   size_t bytes = 0, moved = 0;
   while (!p.reads.empty()) {
-    size_t read_bytes = 0;
-    for (const std::string& k : p.reads.front().keys()) read_bytes += k.size() + 8;
+    const size_t read_bytes = BytesOf(p.reads.front());
     // Always at least one read per answer, so a read larger than the bound still goes.
     if (moved > 0 && bytes + read_bytes > kMaxBytesPerAnswer) break;
     bytes += read_bytes;
     const size_t n = static_cast<size_t>(p.reads.front().keys_size());
     moved += n;
     p.keys -= n;
+    p.bytes -= read_bytes;
     *out->Add() = std::move(p.reads.front());
     p.reads.pop_front();
   }

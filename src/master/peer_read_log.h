@@ -6,9 +6,9 @@
 // Invariants:
 // - Hints only: nothing depends on their delivery. A heartbeat answer that is lost loses the
 //   reads it carried; a master restart loses them all.
-// - Bounded: at most kMaxKeysPerNode keys wait per owner (past it the oldest reads are dropped
-//   and counted), and one answer carries at most kMaxBytesPerAnswer bytes of keys (the rest wait
-//   for the next heartbeat).
+// - Bounded: at most kMaxKeysPerNode keys and kMaxBytesPerNode bytes of them wait per owner
+//   (past either the oldest reads are dropped and counted), and one answer carries at most
+//   kMaxBytesPerAnswer bytes of keys (the rest wait for the next heartbeat).
 // - Reads are kept per (node, generation): a new generation of the node (a restart, an
 //   expiry) holds none of the old one's values, so its reads are dropped (Forget).
 // - All state is guarded by mu_; no other lock is taken under it.
@@ -26,6 +26,7 @@ namespace fluxon {
 class PeerReadLog {
  public:
   static constexpr size_t kMaxKeysPerNode = 65'536;
+  static constexpr size_t kMaxBytesPerNode = 4 << 20;  // key bytes + 8 per put_id
   static constexpr size_t kMaxBytesPerAnswer = 1 << 20;
 
   // One remote get batch read `read` (keys aligned with put_ids) from (node, generation);
@@ -44,11 +45,19 @@ class PeerReadLog {
     auto it = nodes_.find(node);
     return it == nodes_.end() ? 0 : it->second.keys;
   }
+  size_t waiting_bytes(uint32_t node) const {
+    MutexLock lock(&mu_);
+    auto it = nodes_.find(node);
+    return it == nodes_.end() ? 0 : it->second.bytes;
+  }
+  // What one read costs against the bounds: its keys' bytes and 8 per put_id.
+  static size_t BytesOf(const v1::PeerRead& read);
 
  private:
   struct Pending {
     uint64_t generation = 0;
     size_t keys = 0;
+    size_t bytes = 0;
     std::deque<v1::PeerRead> reads;
   };
   mutable Mutex mu_;

@@ -681,10 +681,10 @@ TEST(RemoteGetMaster, OnlyCompletedClientReadsOfTheLiveGenerationAreReported) {
 TEST(PeerReadLog, BoundedPerOwnerAndPerAnswer) {
   PeerReadLog log;
   const std::string key(1000, 'k');
-  auto read_of = [&](int n, int first) {
+  auto read_of = [&](int n, int first, const std::string& base = std::string(1000, 'k')) {
     v1::PeerRead r;
     for (int i = 0; i < n; ++i) {
-      r.add_keys(key + std::to_string(first + i));
+      r.add_keys(base + std::to_string(first + i));
       r.add_put_ids(1);
     }
     return r;
@@ -701,12 +701,29 @@ TEST(PeerReadLog, BoundedPerOwnerAndPerAnswer) {
   EXPECT_EQ(log.Drain(1, 5, &out, &dropped), 1100u - first);
   EXPECT_EQ(dropped, 0u);
   EXPECT_EQ(log.waiting_keys(1), 0u);
+  EXPECT_EQ(log.waiting_bytes(1), 0u);
+
+  // Long keys: the bytes bound drops the oldest reads first (100 keys of ~1 KB per read).
+  size_t long_dropped = 0;
+  for (int i = 0; i < 60; ++i) long_dropped += log.Record(3, 5, read_of(100, i * 100));
+  EXPECT_GT(long_dropped, 0u);
+  EXPECT_LE(log.waiting_bytes(3), PeerReadLog::kMaxBytesPerNode);
+  EXPECT_EQ(log.waiting_keys(3) + long_dropped, 6000u);
+  out.Clear();
+  log.Drain(3, 5, &out, &dropped);
+  EXPECT_EQ(out[0].keys(0), key + std::to_string(long_dropped));  // the oldest kept first
+  const size_t left = log.waiting_keys(3);
+  EXPECT_GT(left, 0u);  // one answer carries at most kMaxBytesPerAnswer
+  EXPECT_EQ(log.Forget(3), left);
+  EXPECT_EQ(log.waiting_bytes(3), 0u);
 
   // Past kMaxKeysPerNode the oldest reads are dropped.
   const int per_read = 4096;
   const int reads = static_cast<int>(PeerReadLog::kMaxKeysPerNode / per_read) + 2;
   size_t over = 0;
-  for (int i = 0; i < reads; ++i) over += log.Record(2, 5, read_of(per_read, i * per_read));
+  for (int i = 0; i < reads; ++i) {
+    over += log.Record(2, 5, read_of(per_read, i * per_read, "k"));  // short keys: the key bound
+  }
   EXPECT_EQ(over, 2u * per_read);
   EXPECT_EQ(log.waiting_keys(2), PeerReadLog::kMaxKeysPerNode);
   // A heartbeat of another generation gets nothing, and the old generation's reads are dropped.
