@@ -28,6 +28,10 @@
 // - Every registration and heartbeat carries the owner's capacity (free, committed bytes of its
 //   segment); ListOwners shows it and PlaceReplicas places by it (master/replica_placement.h).
 // - Lock order: owners_mu_ is never held while gets_mu_ is taken (snapshots are taken first).
+//   The peer-read log's lock is a leaf: taken under gets_mu_ (BatchGetDone records), never
+//   around another lock.
+// - Peer reads (master/peer_read_log.h): every client remote get that completes is reported to
+//   its source owner with that owner's next heartbeat answer, a bounded hint.
 #pragma once
 
 #include <atomic>
