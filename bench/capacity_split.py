@@ -15,13 +15,20 @@ Configurations, each started fresh, in an order that alternates per round (the V
   segment (the client drives the first; puts land in either segment).
 
 Reported per configuration (medians over rounds): hit rate, pages/s, and the put batch p50/p99 as
-the client sees it (start + copy + commit call). Goals (issue 36): owner-L+rc-R at >= 95 % of
+the client sees it (start + copy + commit call). Goals: owner-L+rc-R at >= 95 % of
 owner-L+R's hit rate and above Mooncake's at equal total bytes; its put p99 not worse than
 owner-L's.
 
     pip install mooncake-transfer-engine-non-cuda tqdm
     PYTHONPATH=build/python python3 bench/capacity_split.py [--local 1GiB --remote 1GiB] \\
-        [--rounds 3] [--sessions 16 --turns 4] [--json FILE]
+        [--rounds 3] [--sessions 16 --turns 4] [--turn-ms 200] [--json FILE]
+
+The eviction traces instead of the multi-turn sessions (sizes as shares of the trace's working
+set, rounded to 512 MiB grants; pick --value-len so that a share is a whole grant):
+
+    build/bench/bench_eviction_policy --dump-traces /tmp/evtraces
+    PYTHONPATH=build/python:bench python3 bench/capacity_split.py --trace /tmp/evtraces/zipf1.1.trace \\
+        --value-len 122880 --local 25% --remote 25% --rounds 3
 """
 
 import argparse
