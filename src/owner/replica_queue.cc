@@ -1,5 +1,6 @@
 #include "owner/replica_queue.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_format.h"
@@ -153,29 +154,28 @@ void ReplicaQueue::Run() {
   }
 }
 
-void ReplicaQueue::EndInFlight(const ReplicaGroup& g, ReplicaGroupEnd end) {
-  {
-    MutexLock lock(&mu_);
-    for (const ReplicaTask& t : g) {
-      if (queued_.erase(TaskId{t.key, t.put_id}) > 0) --keys_queued_;
-    }
-    counters_->replica_queue_keys.store(static_cast<int64_t>(keys_queued_),
-                                        std::memory_order_relaxed);
+void ReplicaQueue::Unqueue(const ReplicaGroup& tasks) {
+  MutexLock lock(&mu_);
+  for (const ReplicaTask& t : tasks) {
+    if (queued_.erase(TaskId{t.key, t.put_id}) > 0) --keys_queued_;
   }
+  counters_->replica_queue_keys.store(static_cast<int64_t>(keys_queued_),
+                                      std::memory_order_relaxed);
+}
+
+void ReplicaQueue::EndInFlight(const ReplicaGroup& g, ReplicaGroupEnd end) {
+  Unqueue(g);
   Ended(g, end);
 }
 
 void ReplicaQueue::Finished(const std::vector<ReplicaGroup>& batch) {
+  // Every task of the batch left queued_ when it ended (Unqueue): an identity queued again
+  // since is a new task, and stays.
   MutexLock lock(&mu_);
   for (const ReplicaGroup& g : batch) {
-    for (const ReplicaTask& t : g) {
-      if (queued_.erase(TaskId{t.key, t.put_id}) > 0) --keys_queued_;
-      keys_in_flight_.erase(t.key);
-    }
+    for (const ReplicaTask& t : g) keys_in_flight_.erase(t.key);
   }
   --batches_in_flight_;
-  counters_->replica_queue_keys.store(static_cast<int64_t>(keys_queued_),
-                                      std::memory_order_relaxed);
   cv_.SignalAll();
 }
 
@@ -201,9 +201,19 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
     ReplicaGroup held = StillHeld(g);
     if (held.empty()) {
       EndInFlight(g, ReplicaGroupEnd::kGone);
-    } else {
-      groups.push_back(std::move(held));
+      continue;
     }
+    if (held.size() != g.size()) {
+      // The members no longer held ended here (StillHeld counted them); the rest go on.
+      ReplicaGroup gone;
+      for (const ReplicaTask& t : g) {
+        const bool kept = std::any_of(held.begin(), held.end(),
+                                      [&](const ReplicaTask& h) { return h.key == t.key; });
+        if (!kept) gone.push_back(t);
+      }
+      Unqueue(gone);
+    }
+    groups.push_back(std::move(held));
   }
   if (groups.empty()) return;
   size_t tasks = 0;

@@ -122,6 +122,9 @@ class ReplicaQueue {
   // flight until Finished), so a listener that enqueues it again at once (a demotion readmitted
   // and chosen again by another round) is not refused as a duplicate of itself.
   void EndInFlight(const ReplicaGroup& g, ReplicaGroupEnd end);
+  // These tasks' identities are no longer queued (each task of a taken batch leaves exactly
+  // once, when it ends; Finished then only releases the keys in flight).
+  void Unqueue(const ReplicaGroup& tasks);
 
   const Options options_;
   MasterRegistration* const registration_;

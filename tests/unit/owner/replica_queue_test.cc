@@ -313,6 +313,27 @@ TEST_F(ReplicaQueueTest, AGroupEnqueuedAgainAsItEndsIsNotADuplicate) {
   ExpectAccounted();
 }
 
+// The batch that ended a group does not take its identities off the queue again when it
+// finishes: the group queued again meanwhile stays queued (and in flight, a duplicate of it is
+// still refused).
+TEST_F(ReplicaQueueTest, AGroupQueuedAgainStaysQueuedAfterTheFirstBatchFinishes) {
+  EnqueueAgainOnce listener;
+  TwoOwners({}, "embedded", &listener);
+  ASSERT_TRUE(PutAndPublish(*b_, {"st0", "st1"}, {2}).ok());
+  const ReplicaGroup g = GroupOf({"st0", "st1"});
+  listener.again = [&] {
+    peers_->block = true;  // the second pull waits (until the actor stops)
+    queue_->Enqueue({g});
+  };
+  queue_->Enqueue({g});
+  StartActor();
+  ASSERT_TRUE(WaitUntil([&] { return peers_->calls.load() == 2; }));  // the second is in flight
+  EXPECT_EQ(queue_->queued_keys(), 2u);
+  queue_->Enqueue({g});
+  EXPECT_EQ(src().replica_tasks_duplicate.load(), 2);
+  EXPECT_EQ(src().replica_tasks_enqueued.load(), 4);
+}
+
 // Stopping ends a call in progress at once (the peer client is cancelled) and the actor returns.
 TEST_F(ReplicaQueueTest, StopEndsACallInProgress) {
   ReplicaQueue::Options slow;
