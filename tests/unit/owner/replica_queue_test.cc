@@ -306,6 +306,7 @@ TEST_F(ReplicaQueueTest, AGroupEnqueuedAgainAsItEndsIsNotADuplicate) {
   StartActor();
   ASSERT_TRUE(WaitUntil([&] { return listener.ends.load() == 2; }));
   WaitIdle();
+  StopActor();  // before `listener` goes
   EXPECT_EQ(src().replica_tasks_duplicate.load(), 0);
   EXPECT_EQ(src().replica_tasks_enqueued.load(), 4);
   EXPECT_EQ(src().replica_tasks_completed.load(), 2);
@@ -332,6 +333,7 @@ TEST_F(ReplicaQueueTest, AGroupQueuedAgainStaysQueuedAfterTheFirstBatchFinishes)
   queue_->Enqueue({g});
   EXPECT_EQ(src().replica_tasks_duplicate.load(), 2);
   EXPECT_EQ(src().replica_tasks_enqueued.load(), 4);
+  StopActor();  // ends the blocked call while `listener` still exists (it hears that end)
 }
 
 // Stopping ends a call in progress at once (the peer client is cancelled) and the actor returns.
