@@ -50,7 +50,7 @@ SHAPES = [(128, 4_718_592), (1024, 65_536)]
 CYCLE_PAGES, CYCLE_LEN = 64, 262_144
 
 
-def start_cluster(fluxond, tmp, cache_gib=8, batch_keys=256):
+def start_cluster(fluxond, tmp, cache_gib=8, batch_keys=256, pulls_in_flight=2):
     mport, madmin = free_port(), free_port()
     master = Proc(fluxond, f"""
 role: master
@@ -75,6 +75,7 @@ owner:
   heartbeat_interval_ms: 200
   data_address: "127.0.0.1:0"
   replica_batch_keys: {batch_keys}
+  replica_pulls_in_flight: {pulls_in_flight}
   local_reserve: {{warm_grants: 8}}
 """, tmp, "owner")
     cache = Proc(fluxond, f"""
@@ -190,10 +191,13 @@ def main():
     ap.add_argument("--cycle-batches", type=int, default=40)
     ap.add_argument("--batch-keys", type=int, default=256,
                     help="the source's owner.replica_batch_keys")
+    ap.add_argument("--pulls-in-flight", type=int, default=2,
+                    help="the source's owner.replica_pulls_in_flight")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fxrepl"))
-    procs, sock, cache_stats = start_cluster(a.fluxond, tmp, batch_keys=a.batch_keys)
+    procs, sock, cache_stats = start_cluster(a.fluxond, tmp, batch_keys=a.batch_keys,
+                                             pulls_in_flight=a.pulls_in_flight)
     rows = {f"{p}x{v}": {"replica_s": [], "read_s": [], "fluxon-tcp": [], "raw-tcp": []}
             for p, v in SHAPES}
     cycles = {"off": [], "on": [], "on-paused": []}

@@ -252,7 +252,7 @@ class Section {
     *out = std::chrono::milliseconds(v);
     return absl::OkStatus();
   }
-  absl::Status PositiveBytes(const std::string& k, uint64_t* out) {
+  absl::Status PositiveBytes(const std::string& k, uint64_t* out, bool zero_ok = false) {
     if (!Has(k)) return absl::OkStatus();
     const YAML::Node n = Get(k);
     if (!n.IsScalar()) return Bad(k, "must be a byte size");
@@ -260,7 +260,7 @@ class Section {
     if (!s.empty() && s[0] == '-') return Bad(k, "must be > 0, got " + s);
     absl::StatusOr<uint64_t> v = ParseByteSize(s);
     if (!v.ok()) return Bad(k, std::string(v.status().message()));
-    if (*v == 0) return Bad(k, "must be > 0");
+    if (*v == 0 && !zero_ok) return Bad(k, "must be > 0");
     *out = *v;
     return absl::OkStatus();
   }
@@ -300,6 +300,9 @@ class Section {
   }
   absl::Status Read(const std::string& k, config_internal::Bytes, uint64_t* out) {
     return PositiveBytes(k, out);
+  }
+  absl::Status Read(const std::string& k, config_internal::BytesOrZero, uint64_t* out) {
+    return PositiveBytes(k, out, /*zero_ok=*/true);
   }
   absl::Status Read(const std::string& k, config_internal::Ratio, double* out) {
     return Ratio(k, out);
@@ -515,7 +518,14 @@ absl::Status CheckOwnerCapacity(const Section& sec, const OwnerConfig& o,
 // Demotion runs ahead of pressure, and moves values to another node through the master.
 absl::Status CheckDemotion(const Section& sec, const OwnerConfig& o) {
   const DemotionConfig& d = o.demotion;
-  if (!d.enabled) return absl::OkStatus();
+  if (!d.enabled) {
+    if (d.remote_budget_bytes > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: ranks demoted values, so it needs %s: true",
+                          sec.Key("demotion.remote_budget_bytes"), sec.Key("demotion.enabled")));
+    }
+    return absl::OkStatus();
+  }
   if (d.start_ratio <= 0 || d.start_ratio >= o.hot_capacity_ratio) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: %g must be above 0 and below owner.hot_capacity_ratio (%g): demotion runs ahead of "
@@ -989,6 +999,7 @@ std::string Describe(config_internal::Millis k) {
   return absl::StrFormat("milliseconds, %d .. %d", k.min_ms, kMaxSettingMs);
 }
 std::string Describe(config_internal::Bytes) { return "byte size > 0 (4GiB, 512MiB, 4096)"; }
+std::string Describe(config_internal::BytesOrZero) { return "byte size (4GiB, 512MiB); 0: off"; }
 std::string Describe(config_internal::Ratio) { return "number in (0, 1)"; }
 std::string Describe(config_internal::Text) { return "text"; }
 std::string Describe(config_internal::NonEmptyText) { return "path (non-empty when set)"; }

@@ -39,6 +39,9 @@ struct Millis {
 struct Bytes {
   using Type = uint64_t;
 };
+struct BytesOrZero {  // 0 turns the setting off
+  using Type = uint64_t;
+};
 struct Ratio {
   using Type = double;
 };
@@ -127,7 +130,12 @@ struct OneOf {
     "demotion runs while used slots exceed this fraction of the capacity; below "                 \
     "owner.hot_capacity_ratio")                                                                   \
   X(max_bytes_in_flight, "max_bytes_in_flight", Bytes{}, 256ull << 20,                            \
-    "slot bytes being demoted at once (out of the hot tier, still readable)")
+    "slot bytes being demoted at once (still ranked and readable here until the copy is routed)") \
+  X(remote_budget_bytes, "remote_budget_bytes", BytesOrZero{}, 0,                                      \
+    "one ranking for both tiers: this owner's eviction policy keeps ranking the values it "       \
+    "demoted, up to this many bytes on remote_caches, and asks the remote_cache to drop those "   \
+    "it evicts; set it to this owner's share of the remote_caches' memory. 0: a demoted value "   \
+    "is ranked by the remote_cache that holds it")
 
 #define FLUXON_OWNER_SETTINGS(X)                                                                  \
   X(hot_capacity_ratio, "hot_capacity_ratio", Ratio{}, 0.95,                                      \

@@ -212,6 +212,21 @@ class PeerServiceImpl final : public v1::PeerService::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status DropCopies(grpc::ServerContext* ctx, const v1::DropCopiesRequest* r,
+                          v1::DropCopiesReply* out) override {
+    if (const std::optional<uint32_t> named = PeerCertificateNode(*ctx);
+        named && *named != r->requester_node_id()) {
+      return ToGrpcStatus(absl::PermissionDeniedError(
+          absl::StrFormat("the certificate of node %d may not drop copies as node %d", *named,
+                          r->requester_node_id())));
+    }
+    *out = owner_->DropCopies(*r);
+    spdlog::debug("node {} asked to drop {} copies: {} dropped, {} kept, {} not held",
+                  r->requester_node_id(), r->items_size(), out->dropped(), out->kept(),
+                  out->not_held());
+    return grpc::Status::OK;
+  }
+
  private:
   OwnerCore* const owner_;
 };

@@ -173,6 +173,10 @@ class NodeStateCollectable : public prometheus::Collectable {
                         Get(s, "hot_cohorts")));
     out.push_back(Gauge("fluxon_hot_bytes", "Slot bytes of the cohorts in the hot tier.",
                         Get(s, "hot_weight_bytes")));
+    out.push_back(Gauge("fluxon_remote_ranked_bytes",
+                        "One ranking: slot bytes of the values this owner demoted and still "
+                        "ranks on remote_caches.",
+                        Get(s, "remote_ranked_bytes")));
     out.push_back(Gauge("fluxon_hot_copied_cohorts",
                         "Cohorts in the hot tier with a copy on another node (evicted first).",
                         Get(s, "hot_copied_cohorts")));

@@ -26,9 +26,11 @@ class EvictionSignals {
   virtual void SignalPressure() = 0;
   // A replica group ended (once per group the replica queue was given): `keys` (put_id, one
   // atomic group); `demoted_cohort`: the cohort it demotes (0: a replica the client asked for).
-  // kCopied: every member has a complete copy on another node now.
+  // kCopied: every member has a complete copy on another node now, the owner whose peer service
+  // is at `target` (empty when no target was asked).
   virtual void ReplicaGroupEnded(const std::vector<std::string>& keys, uint64_t put_id,
-                                 uint64_t demoted_cohort, ReplicaGroupEnd end) = 0;
+                                 uint64_t demoted_cohort, ReplicaGroupEnd end,
+                                 const std::string& target) = 0;
 };
 
 }  // namespace fluxon

@@ -56,6 +56,12 @@ Evictor::Need Evictor::Measure() const {
   if (demotions_ != nullptr) {
     const uint64_t start = static_cast<uint64_t>(demotion_.start_ratio * capacity);
     if (used > start) need.over_demotion = used - start;
+    if (one_ranking()) {
+      // A cohort held here and on a remote_cache takes room in both.
+      const uint64_t ranked = hot_->weight() + hot_->remote_weight();
+      const uint64_t budget = start + demotion_.remote_budget_bytes;
+      if (ranked > budget) need.over_budget = ranked - budget;
+    }
   }
   return need;
 }
@@ -68,6 +74,10 @@ void Evictor::RunRound() {
   }
   Need need = Measure();
   const auto now = Clock::now();
+  if (need.over_budget > 0) {
+    Trim(need.over_budget);
+    need = Measure();
+  }
   if (need.over_demotion > 0) {
     Demote(need.over_demotion);
     need = Measure();
@@ -94,7 +104,10 @@ uint64_t Evictor::EvictSome(uint64_t bytes) {
   counters_->eviction_rounds.fetch_add(1, std::memory_order_relaxed);
   // Recoverable first: cohorts with a complete copy elsewhere leave nothing behind.
   uint64_t evicted = Settle(hot_->TakeCopied(bytes), /*only_if_copied=*/true);
-  if (evicted < bytes) evicted += Settle(hot_->TakeVictims(bytes - evicted), false);
+  if (evicted >= bytes) return evicted;
+  // One ranking: what pressure frees must be held here, so it comes from the local cold end.
+  evicted += one_ranking() ? MoveLocal(bytes - evicted, /*demote=*/false)
+                           : Settle(hot_->TakeVictims(bytes - evicted), false);
   return evicted;
 }
 
@@ -113,9 +126,12 @@ bool Evictor::NoteCopiedElsewhere(const std::vector<std::string>& keys, uint64_t
   return true;
 }
 
-void Evictor::EnableDemotion(ReplicaQueue* queue, DemotionOptions options) {
+void Evictor::EnableDemotion(ReplicaQueue* queue, DemotionOptions options, PeerApi* peers) {
   demotion_ = options;
   demotions_ = queue;
+  peers_ = peers;
+  if (peers_ == nullptr) demotion_.remote_budget_bytes = 0;
+  if (demotion_.remote_budget_bytes > 0) hot_->EnableOneRanking();
 }
 
 void Evictor::Demote(uint64_t bytes) {
@@ -123,6 +139,16 @@ void Evictor::Demote(uint64_t bytes) {
   const uint64_t released = Settle(hot_->TakeCopied(bytes), /*only_if_copied=*/true);
   if (released >= bytes) return;
   uint64_t want = bytes - released;
+  if (one_ranking()) {
+    // What is on its way out already counts; a cohort with a copy on a remote_cache is released
+    // even while demotion pauses.
+    {
+      MutexLock lock(&demote_mu_);
+      want = want > demoting_bytes_ ? want - demoting_bytes_ : 0;
+    }
+    if (want > 0) MoveLocal(want, /*demote=*/true);
+    return;
+  }
   {
     MutexLock lock(&demote_mu_);
     if (Clock::now() < demotion_paused_until_) return;
@@ -132,7 +158,15 @@ void Evictor::Demote(uint64_t bytes) {
     want = std::min(want, room);
   }
   if (want == 0) return;
-  std::vector<Cohort> cold = hot_->TakeVictims(want);
+  for (Cohort& c : QueueDemotions(hot_->TakeVictims(want))) hot_->Readmit(std::move(c));
+}
+
+void Evictor::Undemoting(uint64_t weight) {
+  demoting_bytes_ -= weight;
+  counters_->demoting_bytes.store(static_cast<int64_t>(demoting_bytes_), std::memory_order_relaxed);
+}
+
+std::vector<Cohort> Evictor::QueueDemotions(std::vector<Cohort> cold) {
   std::vector<ReplicaGroup> groups;
   std::vector<Cohort> demoting, back;  // back: a member no longer held as committed
   int64_t pages = 0;
@@ -160,14 +194,199 @@ void Evictor::Demote(uint64_t bytes) {
     counters_->demoting_bytes.store(static_cast<int64_t>(demoting_bytes_),
                                     std::memory_order_relaxed);
   }
-  for (Cohort& c : back) hot_->Readmit(std::move(c));
   counters_->demotions_started.fetch_add(pages, std::memory_order_relaxed);
   // Outside demote_mu_: a group the queue cannot take ends (kFailed) right here.
   if (!groups.empty()) demotions_->Enqueue(std::move(groups));
+  return back;
+}
+
+void Evictor::Trim(uint64_t bytes) {
+  std::vector<Cohort> here;
+  std::map<std::string, std::vector<Cohort>> there;  // by remote_cache
+  for (Cohort& v : hot_->TakeVictims(bytes)) {
+    if (v.moving) continue;  // the end of its move evicts it (EndMove finds it gone)
+    if (!v.remote_address.empty()) there[v.remote_address].push_back(v);
+    if (v.local) {
+      v.remote_address.clear();  // dropped below: a member kept here is ranked as local only
+      here.push_back(std::move(v));
+    }
+  }
+  Settle(std::move(here), /*only_if_copied=*/false);
+  for (const auto& [address, cohorts] : there) DropRemote(address, cohorts);
+}
+
+uint64_t Evictor::MoveLocal(uint64_t bytes, bool demote) {
+  uint64_t room = 0;
+  if (demote) {
+    // Within the demotions' bound, and within the remote budget: what this owner ranks on
+    // remote_caches, with what is on its way there, never exceeds it.
+    const uint64_t remote = hot_->remote_weight();
+    MutexLock lock(&demote_mu_);
+    const uint64_t committed = remote + demoting_bytes_;
+    if (Clock::now() >= demotion_paused_until_ && demotion_.max_bytes_in_flight > demoting_bytes_ &&
+        demotion_.remote_budget_bytes > committed) {
+      room = std::min(demotion_.max_bytes_in_flight - demoting_bytes_,
+                      demotion_.remote_budget_bytes - committed);
+    }
+  }
+  std::vector<Cohort> release, demoting, deleting, back;
+  for (Cohort& c : hot_->TakeLocal(bytes)) {
+    if (!c.remote_address.empty()) {
+      release.push_back(std::move(c));
+    } else if (!demote) {
+      deleting.push_back(std::move(c));
+    } else if (c.weight <= room) {
+      room -= c.weight;
+      demoting.push_back(std::move(c));
+    } else {
+      back.push_back(std::move(c));
+    }
+  }
+  uint64_t freed = ReleaseLocal(std::move(release));
+  for (Cohort& c : QueueDemotions(std::move(demoting))) back.push_back(std::move(c));
+  // Back to the cold end, in their order.
+  for (auto it = back.rbegin(); it != back.rend(); ++it) {
+    if (!hot_->EndMove(it->id, /*local_freed=*/false, {})) deleting.push_back(std::move(*it));
+  }
+  std::vector<Cohort> out;
+  for (Cohort& c : deleting) {
+    // Out of the ranking first (a victim: its ghost stays); gone already when the policy evicted
+    // it meanwhile, and then its description here is all that is left of it.
+    std::optional<Cohort> taken = hot_->Take(c.id);
+    Cohort victim = taken ? std::move(*taken) : std::move(c);
+    victim.moving = false;
+    out.push_back(std::move(victim));
+  }
+  freed += Settle(std::move(out), /*only_if_copied=*/false);
+  return freed;
+}
+
+uint64_t Evictor::ReleaseLocal(std::vector<Cohort> cohorts, uint64_t* pages) {
+  if (cohorts.empty()) return 0;
+  const std::vector<Removal> removals =
+      RemoveCohorts(cohorts, kEvictRemoveAttempts, /*only_if_copied=*/true);
+  uint64_t freed = 0;
+  std::vector<Cohort> orphans;
+  for (size_t i = 0; i < cohorts.size(); ++i) {
+    Cohort& c = cohorts[i];
+    const Removal& r = removals[i];
+    const bool all_freed = r.result != RemoveResult::kInUse && r.pinned_keys.empty();
+    counters_->evicted_copied_pages.fetch_add(r.pages, std::memory_order_relaxed);
+    counters_->evicted_pages.fetch_add(r.pages, std::memory_order_relaxed);
+    counters_->evicted_bytes.fetch_add(c.weight * r.pages / std::max<size_t>(c.keys.size(), 1),
+                                       std::memory_order_relaxed);
+    if (pages != nullptr) *pages += r.pages;
+    if (all_freed) freed += c.weight;
+    const std::string address = c.remote_address;
+    if (r.sole > 0) {
+      // The master knows no other live copy: the one on the remote_cache is gone (its own
+      // eviction, a restart). Nothing was removed here; the cohort stays, as local only.
+      if (hot_->EndMove(c.id, /*local_freed=*/false, {})) {
+        hot_->ForgetRemoteCopy(c.id);
+        continue;
+      }
+    } else if (hot_->EndMove(c.id, all_freed, address)) {
+      continue;
+    } else {
+      DropRemote(address, {c});  // the policy evicted it while it moved: its copy there goes
+    }
+    if (!all_freed) {  // ... and what is left here
+      c.remote_address.clear();
+      c.moving = false;
+      orphans.push_back(std::move(c));
+    }
+  }
+  return freed + Settle(std::move(orphans), /*only_if_copied=*/false);
+}
+
+void Evictor::DropRemote(const std::string& address, const std::vector<Cohort>& cohorts) {
+  if (peers_ == nullptr || address.empty() || cohorts.empty()) return;
+  v1::DropCopiesRequest req;
+  req.set_requester_node_id(registration_->identity().node_id);
+  const auto send = [&] {
+    if (req.items_size() == 0) return;
+    const int64_t n = req.items_size();
+    absl::StatusOr<v1::DropCopiesReply> r =
+        peers_->DropCopies(address, req, demotion_.drop_timeout);
+    if (r.ok()) {
+      counters_->remote_drops_dropped.fetch_add(static_cast<int64_t>(r->dropped()),
+                                                std::memory_order_relaxed);
+      counters_->remote_drops_kept.fetch_add(static_cast<int64_t>(r->kept()),
+                                             std::memory_order_relaxed);
+      counters_->remote_drops_not_held.fetch_add(static_cast<int64_t>(r->not_held()),
+                                                 std::memory_order_relaxed);
+    } else {
+      // The copies stay routed and readable there; that owner's own eviction takes them.
+      counters_->remote_drops_failed.fetch_add(n, std::memory_order_relaxed);
+      spdlog::warn("dropping {} demoted copies on {}: {}; they stay there until it evicts them", n,
+                   address, r.status().ToString());
+    }
+    req.clear_items();
+  };
+  for (const Cohort& c : cohorts) {
+    for (const std::string& key : c.keys) {
+      v1::DropItem* item = req.add_items();
+      item->set_key(key);
+      item->set_put_id(c.put_id);
+      if (static_cast<size_t>(req.items_size()) >= kRouteRemoveBatch) send();
+    }
+  }
+  send();
+}
+
+v1::DropCopiesReply Evictor::DropCopies(const v1::DropCopiesRequest& req) {
+  v1::DropCopiesReply out;
+  // The named members of each cohort held here.
+  std::map<uint64_t, std::vector<std::string>> named;
+  for (const v1::DropItem& item : req.items()) {
+    const uint64_t cohort = keys_->CommittedCohort(item.key(), item.put_id());
+    if (cohort == 0) {
+      out.set_not_held(out.not_held() + 1);
+      continue;
+    }
+    named[cohort].push_back(item.key());
+  }
+  std::vector<Cohort> victims;
+  uint64_t asked = 0;
+  for (auto& [id, keys] : named) {
+    std::optional<Cohort> c = hot_->Take(id);
+    if (!c) {  // being evicted or demoted here: that ends it
+      out.set_kept(out.kept() + keys.size());
+      continue;
+    }
+    // Members not named stay, as a cohort of their own weight share.
+    std::vector<std::string> drop, stay;
+    for (std::string& k : c->keys) {
+      (std::find(keys.begin(), keys.end(), k) != keys.end() ? drop : stay).push_back(std::move(k));
+    }
+    out.set_kept(out.kept() + keys.size() - drop.size());  // not members any more
+    const uint64_t members = drop.size() + stay.size();
+    const uint64_t stay_weight = members == 0 ? 0 : c->weight * stay.size() / members;
+    if (!stay.empty()) {
+      Cohort rest = *c;
+      rest.keys = std::move(stay);
+      rest.weight = stay_weight;
+      hot_->Readmit(std::move(rest));
+    }
+    if (drop.empty()) continue;
+    c->keys = std::move(drop);
+    c->weight -= stay_weight;
+    asked += c->keys.size();
+    victims.push_back(std::move(*c));
+  }
+  uint64_t pages = 0;
+  Settle(std::move(victims), /*only_if_copied=*/false, &pages);
+  out.set_dropped(pages);
+  out.set_kept(out.kept() + (asked - std::min(asked, pages)));
+  counters_->dropped_on_request_pages.fetch_add(static_cast<int64_t>(pages),
+                                                std::memory_order_relaxed);
+  if (pages > 0) CandidatesChanged();
+  return out;
 }
 
 void Evictor::ReplicaGroupEnded(const std::vector<std::string>& keys, uint64_t put_id,
-                                uint64_t demoted_cohort, ReplicaGroupEnd end) {
+                                uint64_t demoted_cohort, ReplicaGroupEnd end,
+                                const std::string& target) {
   if (demoted_cohort == 0) {
     if (end == ReplicaGroupEnd::kCopied) NoteCopiedElsewhere(keys, put_id);
     return;
@@ -179,9 +398,9 @@ void Evictor::ReplicaGroupEnded(const std::vector<std::string>& keys, uint64_t p
     if (it == demoting_.end()) return;
     cohort = std::move(it->second);
     demoting_.erase(it);
-    demoting_bytes_ -= cohort.weight;
-    counters_->demoting_bytes.store(static_cast<int64_t>(demoting_bytes_),
-                                    std::memory_order_relaxed);
+    // One ranking: its bytes stay counted until the cohort's copy counts as remote (EndMove),
+    // so a round in between never sees room the remote budget does not have.
+    if (!one_ranking()) Undemoting(cohort.weight);
     if (end == ReplicaGroupEnd::kNoSpace) {
       // No remote_cache has room: pause, and let pressure delete as without demotion.
       demotion_paused_until_ = Clock::now() + demotion_backoff_;
@@ -191,6 +410,29 @@ void Evictor::ReplicaGroupEnded(const std::vector<std::string>& keys, uint64_t p
     }
   }
   const auto members = static_cast<int64_t>(cohort.keys.size());
+  const uint64_t demoted_weight = cohort.weight;
+  if (one_ranking()) {
+    // The cohort stayed ranked while it moved (HotTier::EndMove ends the move).
+    if (end == ReplicaGroupEnd::kCopied && !target.empty()) {
+      cohort.remote_address = target;
+      uint64_t pages = 0;
+      ReleaseLocal({std::move(cohort)}, &pages);
+      counters_->demoted_pages.fetch_add(static_cast<int64_t>(pages), std::memory_order_relaxed);
+    } else {
+      (end == ReplicaGroupEnd::kNoSpace ? counters_->demotion_no_space : counters_->demotion_failed)
+          .fetch_add(members, std::memory_order_relaxed);
+      if (!hot_->EndMove(cohort.id, /*local_freed=*/false, {})) {
+        cohort.moving = false;  // the policy evicted it meanwhile: it goes now
+        Settle({std::move(cohort)}, /*only_if_copied=*/false);
+      }
+    }
+    {
+      MutexLock lock(&demote_mu_);
+      Undemoting(demoted_weight);
+    }
+    CandidatesChanged();
+    return;
+  }
   switch (end) {
     case ReplicaGroupEnd::kCopied: {
       // The copy is routed: now this location goes (only while the copy stays), then the slots.

@@ -34,6 +34,17 @@
 //   location only while another live location of the value stays, atomically per key), so this
 //   pass never takes a value out of the cluster; a member the master finds sole is kept and its
 //   cohort readmitted unmarked (the hint was stale). Only then cold cohorts without a copy.
+// - One ranking for both tiers (demotion with remote_budget_bytes > 0; HotTier's one-ranking
+//   invariants): the policy ranks what is here and what this owner demoted, together, within
+//   start_ratio of the capacity plus the remote budget. A round first trims that set to its
+//   budget with the policy's victims: a victim held here is evicted (route first, then slots);
+//   this owner's copy of it on a remote_cache is dropped there (DropCopies: that owner evicts
+//   it the same way; a failed drop leaves a routed copy its own eviction takes later). Then,
+//   above start_ratio, the least recently used local cohorts move out: one with a copy on a
+//   remote_cache is released (removed here only if copied), one without is demoted (as above)
+//   and stays ranked with its copy's place. Pressure above hot_capacity_ratio deletes local
+//   cohorts from the same cold end. A cohort the policy evicts while it moves is evicted by
+//   the move's end: what is left here is removed, the copy made meanwhile is dropped.
 #pragma once
 
 #include <chrono>
@@ -52,6 +63,7 @@
 #include "owner/publisher.h"
 #include "owner/replica_queue.h"
 #include "rpc/master_api.h"
+#include "rpc/peer_api.h"
 #include "slot/slot_pool.h"
 
 namespace fluxon {
@@ -67,6 +79,11 @@ struct DemotionOptions {
   // hot_capacity_ratio, so it runs ahead of the pressure that deletes).
   double start_ratio = 0.85;
   uint64_t max_bytes_in_flight = 256ull << 20;  // slot bytes being demoted at once
+  // One ranking for both tiers when nonzero: the bytes of demoted values this owner keeps
+  // ranked on remote_caches (and drops there when its policy evicts them).
+  uint64_t remote_budget_bytes = 0;
+  // Bounds one DropCopies call.
+  std::chrono::milliseconds drop_timeout{2'000};
 };
 
 class Evictor final : public EvictionSignals {
@@ -97,10 +114,17 @@ class Evictor final : public EvictionSignals {
   void CandidatesChanged() override { candidates_changed_.store(true, std::memory_order_relaxed); }
   void SignalPressure() override;
   void ReplicaGroupEnded(const std::vector<std::string>& keys, uint64_t put_id,
-                         uint64_t demoted_cohort, ReplicaGroupEnd end) override;
+                         uint64_t demoted_cohort, ReplicaGroupEnd end,
+                         const std::string& target) override;
   // Turns demotion on (owner.demotion): cold cohorts go to a remote_cache through `queue`
-  // before pressure deletes them. Call before the maintenance actor starts.
-  void EnableDemotion(ReplicaQueue* queue, DemotionOptions options);
+  // before pressure deletes them. With options.remote_budget_bytes, one ranking for both tiers:
+  // `peers` (not null) carries the drops. Call before the maintenance actor starts (and before
+  // the hot tier's first admission).
+  void EnableDemotion(ReplicaQueue* queue, DemotionOptions options, PeerApi* peers = nullptr);
+  // The other side of one ranking: drops the copies named (a remote_cache asked by the owner
+  // that demoted them), each as eviction removes a value; counts what was dropped, kept and
+  // not held.
+  v1::DropCopiesReply DropCopies(const v1::DropCopiesRequest& req);
   // Waits up to `interval` unless pressure was signalled; false when stopping.
   bool WaitForWork(std::chrono::milliseconds interval);
   void Interrupt();
@@ -126,9 +150,26 @@ class Evictor final : public EvictionSignals {
     uint64_t over_watermark = 0;  // used bytes above hot_capacity_ratio of the capacity
     uint64_t deficit = 0;         // bytes waiting claims lack when the pool cannot grow
     uint64_t over_demotion = 0;   // used bytes above demotion's start_ratio (demotion on)
+    uint64_t over_budget = 0;     // one ranking: ranked bytes above both tiers' budget
   };
   // One demotion round: releases copied cohorts, then queues cold ones, up to `bytes`.
   void Demote(uint64_t bytes);
+  bool one_ranking() const { return demotions_ != nullptr && demotion_.remote_budget_bytes > 0; }
+  // One ranking: evicts the policy's victims worth `bytes` from both tiers.
+  void Trim(uint64_t bytes);
+  // One ranking: moves local cohorts worth `bytes` out of this owner, coldest first: released
+  // (copy elsewhere), demoted (`demote`, within the demotions' bound) or deleted. Returns the
+  // bytes freed here at once.
+  uint64_t MoveLocal(uint64_t bytes, bool demote);
+  // One ranking: removes the local values of moving cohorts whose remote copy exists (only if
+  // copied) and ends their moves; returns bytes freed.
+  uint64_t ReleaseLocal(std::vector<Cohort> cohorts, uint64_t* pages = nullptr);
+  // Asks the remote_cache at `address` to drop this owner's copies of `cohorts`.
+  void DropRemote(const std::string& address, const std::vector<Cohort>& cohorts);
+  // A demotion of `weight` bytes ended.
+  void Undemoting(uint64_t weight) ABSL_EXCLUSIVE_LOCKS_REQUIRED(demote_mu_);
+  // Queues `cold` (taken from the hot tier, or moving) for demotion; returns what could not go.
+  std::vector<Cohort> QueueDemotions(std::vector<Cohort> cold);
   Need Measure() const;
   enum class RemoveResult { kRemoved, kInUse, kGone };
   struct Removal {
@@ -168,6 +209,7 @@ class Evictor final : public EvictionSignals {
   // Demotion (off while demotions_ is null; both set before the maintenance actor starts).
   ReplicaQueue* demotions_ = nullptr;
   DemotionOptions demotion_;
+  PeerApi* peers_ = nullptr;  // one ranking: drops
   Mutex demote_mu_;
   absl::flat_hash_map<uint64_t, Cohort> demoting_ ABSL_GUARDED_BY(demote_mu_);  // by cohort id
   uint64_t demoting_bytes_ ABSL_GUARDED_BY(demote_mu_) = 0;

@@ -25,6 +25,16 @@
 //   policy forgets them without a ghost (a later miss costs a remote get, not a recompute). The
 //   mark is a hint: the other copy may be gone by then, which the master's only-if-copied route
 //   removal decides; a cohort it refuses is readmitted unmarked.
+// - One ranking for both tiers (EnableOneRanking; owner.demotion.remote_budget_bytes): a cohort
+//   this owner demoted stays in the policy with its copy's place (remote_address), so the policy
+//   ranks what is here and what this owner keeps on remote_caches as one set (its chains,
+//   periods and ghosts intact). Residency is chosen apart from the ranking: the local cohorts
+//   form a least-recently-used list (TakeLocal hands out its cold end for demotion or release;
+//   the cohort stays ranked while it moves, and EndMove says where it is then); weight() is
+//   what is held here, remote_weight() what this owner keeps elsewhere (a cohort with both
+//   counts in both). A get that fetches a value of such a cohort back installs it under the
+//   same cohort (RemoteCohortOf, Relocalised). TakeVictims may hand out a cohort that is moving
+//   (Cohort::moving): whoever moves it then finds it gone at EndMove and evicts it.
 #pragma once
 
 #include <algorithm>
@@ -40,6 +50,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
+#include "common/check.h"
 #include "common/mutex.h"
 #include "owner/eviction/adaptive_chain_policy.h"
 
@@ -55,6 +66,13 @@ struct Cohort {
   // Identifies the cohort's content across lifetimes (ghost lists); 0: HotTier derives it from
   // the first key.
   uint64_t fingerprint = 0;
+  // One ranking: the values are held here (some members may be missing after a partial
+  // re-localisation: removal skips them) ...
+  bool local = true;
+  // ... and/or this owner's demoted copy of them is on the remote_cache whose peer service is
+  // here (empty: none).
+  std::string remote_address;
+  bool moving = false;  // taken by TakeLocal, not ended yet (still ranked)
 };
 
 template <typename Policy = AdaptiveChainPolicy>
@@ -73,8 +91,14 @@ class HotTier {
       policy_.Insert(cohort.id, after, now, /*refresh=*/true, cohort.fingerprint, cohort.weight);
       after = cohort.id;
       if (cohort.copied_elsewhere) ListCopied(cohort.id);
+      ListLocal(cohort, /*cold=*/false);
       cohorts_.emplace(cohort.id, std::move(cohort));
     }
+  }
+  // One ranking for both tiers (see the invariants). Call before the first admission.
+  void EnableOneRanking() {
+    MutexLock lock(&mu_);
+    one_ranking_ = true;
   }
   // The values `copied` have a complete copy on another node now (a replica completed): cohort
   // `id` is marked when every member it has is among them. False when the cohort is not here
@@ -86,8 +110,9 @@ class HotTier {
     for (const std::string& k : it->second.keys) {
       if (std::find(copied.begin(), copied.end(), k) == copied.end()) return false;
     }
-    if (!it->second.copied_elsewhere) {
+    if (!it->second.copied_elsewhere && it->second.remote_address.empty() && !it->second.moving) {
       it->second.copied_elsewhere = true;
+      UnlistLocal(id);
       ListCopied(id);
     }
     return true;
@@ -106,7 +131,7 @@ class HotTier {
       it->second.after = policy_.Predecessor(id);
       policy_.Erase(id);
       taken += it->second.weight;
-      weight_ -= it->second.weight;
+      Unaccount(it->second);
       out.push_back(std::move(it->second));
       cohorts_.erase(it);
     }
@@ -120,6 +145,12 @@ class HotTier {
   void Touch(const std::vector<uint64_t>& ids) {
     MutexLock lock(&mu_);
     policy_.Touch(ids, ++clock_);
+    if (one_ranking_) {
+      for (uint64_t id : ids) {
+        auto l = local_.find(id);
+        if (l != local_.end()) local_order_.splice(local_order_.end(), local_order_, l->second);
+      }
+    }
     if (copied_.empty()) return;
     for (uint64_t id : ids) {
       auto c = copied_.find(id);
@@ -135,10 +166,9 @@ class HotTier {
       if (!id) break;
       const uint64_t after = policy_.Predecessor(*id);
       policy_.Evict(*id);
-      UnlistCopied(*id);
       auto it = cohorts_.find(*id);
       taken += it->second.weight;
-      weight_ -= it->second.weight;
+      Unaccount(it->second);
       it->second.after = after;
       out.push_back(std::move(it->second));
       cohorts_.erase(it);
@@ -149,10 +179,10 @@ class HotTier {
   // its chain (a new chain if its predecessor is gone), without counting as an access.
   void Readmit(Cohort cohort) {
     MutexLock lock(&mu_);
-    weight_ += cohort.weight;
     policy_.Insert(cohort.id, cohort.after, clock_, /*refresh=*/false, cohort.fingerprint,
                    cohort.weight);
-    if (cohort.copied_elsewhere) ListCopied(cohort.id);
+    cohort.moving = false;
+    Account(cohort, /*cold=*/true);
     cohorts_.emplace(cohort.id, std::move(cohort));
   }
   // Drops a cohort whose every key starts with `prefix` (its values were deleted on request);
@@ -165,11 +195,100 @@ class HotTier {
       if (k.compare(0, prefix.size(), prefix) != 0) return false;
     }
     policy_.Erase(id);
-    UnlistCopied(id);
-    weight_ -= it->second.weight;
+    Unaccount(it->second);
     cohorts_.erase(it);
     return true;
   }
+
+  // One ranking: takes local cohorts worth at least `bytes` (or all of them) from the cold end
+  // of the local list, none copied elsewhere and none already moving, for demotion or release.
+  // They stay ranked (and counted here) until EndMove; the caller gets their descriptions.
+  std::vector<Cohort> TakeLocal(uint64_t bytes) {
+    std::vector<Cohort> out;
+    MutexLock lock(&mu_);
+    uint64_t taken = 0;
+    while (taken < bytes && !local_order_.empty()) {
+      const uint64_t id = local_order_.front();
+      UnlistLocal(id);
+      Cohort& c = cohorts_.find(id)->second;
+      c.moving = true;
+      taken += c.weight;
+      out.push_back(c);
+    }
+    return out;
+  }
+  // Ends the move of cohort `id`: `local_freed`, its values left this owner; `remote_address`
+  // (not empty): this owner's copy of it is on that remote_cache now. A cohort still here goes
+  // back to the cold end of the local list. False when the cohort is not here any more (the
+  // policy evicted it meanwhile: the mover evicts what is left of it).
+  bool EndMove(uint64_t id, bool local_freed, const std::string& remote_address) {
+    MutexLock lock(&mu_);
+    auto it = cohorts_.find(id);
+    if (it == cohorts_.end() || !it->second.moving) return false;
+    Cohort& c = it->second;
+    Unaccount(c);
+    c.moving = false;
+    if (local_freed) c.local = false;
+    if (!remote_address.empty()) c.remote_address = remote_address;
+    FLUXON_DCHECK(c.local || !c.remote_address.empty(), "a ranked cohort is held somewhere");
+    Account(c, /*cold=*/true);
+    return true;
+  }
+  // One ranking: the cohort whose remote copy holds `key` with `put_id` (0: none), so a fetch of
+  // it back here installs the value under that cohort.
+  uint64_t RemoteCohortOf(const std::string& key, uint64_t put_id) const {
+    MutexLock lock(&mu_);
+    auto r = remote_keys_.find(key);
+    if (r == remote_keys_.end()) return 0;
+    auto it = cohorts_.find(r->second);
+    return it != cohorts_.end() && it->second.put_id == put_id ? r->second : 0;
+  }
+  // Values of cohort `id` were fetched back here: it is local again (the most recently used
+  // end). False when the cohort is not here.
+  bool Relocalised(uint64_t id) {
+    MutexLock lock(&mu_);
+    auto it = cohorts_.find(id);
+    if (it == cohorts_.end()) return false;
+    if (it->second.local) return true;
+    Unaccount(it->second);
+    it->second.local = true;
+    Account(it->second, /*cold=*/false);
+    return true;
+  }
+  // Takes cohort `id` out of the tier (as a victim: its ghost is remembered), e.g. a moving
+  // cohort that pressure deletes instead. Nullopt when it is not here.
+  std::optional<Cohort> Take(uint64_t id) {
+    MutexLock lock(&mu_);
+    auto it = cohorts_.find(id);
+    if (it == cohorts_.end()) return std::nullopt;
+    it->second.after = policy_.Predecessor(id);
+    policy_.Evict(id);
+    Unaccount(it->second);
+    Cohort out = std::move(it->second);
+    cohorts_.erase(it);
+    return out;
+  }
+  // This owner's copy of cohort `id` on a remote_cache is gone (the master knows no other
+  // copy): it stays ranked while held here, and leaves (as a victim) when it is not.
+  void ForgetRemoteCopy(uint64_t id) {
+    MutexLock lock(&mu_);
+    auto it = cohorts_.find(id);
+    if (it == cohorts_.end() || it->second.remote_address.empty()) return;
+    Unaccount(it->second);
+    it->second.remote_address.clear();
+    if (it->second.local) {
+      Account(it->second, /*cold=*/true);
+      return;
+    }
+    policy_.Evict(id);
+    cohorts_.erase(it);
+  }
+  // Bytes of the cohorts this owner keeps on remote_caches (one ranking).
+  uint64_t remote_weight() const {
+    MutexLock lock(&mu_);
+    return remote_weight_;
+  }
+  // Bytes of the cohorts held here.
   uint64_t weight() const {
     MutexLock lock(&mu_);
     return weight_;
@@ -192,6 +311,43 @@ class HotTier {
     return h == 0 ? 1 : h;
   }
 
+  // Counts `c` (not in cohorts_ yet, or just changed) in the weights and lists.
+  void Account(const Cohort& c, bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (c.local) weight_ += c.weight;
+    if (c.copied_elsewhere) ListCopied(c.id);
+    ListLocal(c, cold);
+    if (!c.remote_address.empty()) {
+      remote_weight_ += c.weight;
+      for (const std::string& k : c.keys) remote_keys_[k] = c.id;
+    }
+  }
+  // Undoes Account (the cohort leaves, or is about to change).
+  void Unaccount(const Cohort& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (c.local) weight_ -= c.weight;
+    UnlistCopied(c.id);
+    UnlistLocal(c.id);
+    if (!c.remote_address.empty()) {
+      remote_weight_ -= c.weight;
+      for (const std::string& k : c.keys) {
+        auto r = remote_keys_.find(k);
+        if (r != remote_keys_.end() && r->second == c.id) remote_keys_.erase(r);
+      }
+    }
+  }
+  // One ranking: a local cohort that is not copied elsewhere nor moving is on the local list.
+  void ListLocal(const Cohort& c, bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!one_ranking_ || !c.local || c.copied_elsewhere || c.moving || local_.contains(c.id)) {
+      return;
+    }
+    auto pos = local_order_.insert(cold ? local_order_.begin() : local_order_.end(), c.id);
+    local_.emplace(c.id, pos);
+  }
+  void UnlistLocal(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto l = local_.find(id);
+    if (l == local_.end()) return;
+    local_order_.erase(l->second);
+    local_.erase(l);
+  }
   void ListCopied(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (copied_.contains(id)) return;
     copied_order_.push_back(id);
@@ -210,6 +366,13 @@ class HotTier {
   std::list<uint64_t> copied_order_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> copied_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Cohort> cohorts_ ABSL_GUARDED_BY(mu_);
+  // One ranking: the local cohorts not copied elsewhere nor moving, least recently used first;
+  // the keys of the remote copies this owner keeps, and their bytes.
+  bool one_ranking_ ABSL_GUARDED_BY(mu_) = false;
+  std::list<uint64_t> local_order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> local_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> remote_keys_ ABSL_GUARDED_BY(mu_);
+  uint64_t remote_weight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t weight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // logical time: one tick per admission or access
 };

@@ -61,7 +61,9 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   if (config.demotion.enabled) {
     c.evictor_->EnableDemotion(
         c.replicas_.get(),
-        DemotionOptions{config.demotion.start_ratio, config.demotion.max_bytes_in_flight});
+        DemotionOptions{config.demotion.start_ratio, config.demotion.max_bytes_in_flight,
+                        config.demotion.remote_budget_bytes},
+        rt.peers);
   }
   c.publisher_ = std::make_unique<Publisher>(
       Publisher::Options{kPublishQueueCapacity, config.commit_wait_timeout}, registration, master,
@@ -207,6 +209,7 @@ std::map<std::string, int64_t> OwnerCore::Stats() const {
   m["hot_cohorts"] = static_cast<int64_t>(hot_->size());
   m["hot_weight_bytes"] = static_cast<int64_t>(hot_->weight());
   m["hot_copied_cohorts"] = static_cast<int64_t>(hot_->copied_cohorts());
+  m["remote_ranked_bytes"] = static_cast<int64_t>(hot_->remote_weight());
   m["write_through_puts"] =
       write_through_ ? static_cast<int64_t>(write_through_->in_flight()) : int64_t{0};
   m["publish_queue"] = static_cast<int64_t>(publisher_->backlog());

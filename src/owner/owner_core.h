@@ -157,6 +157,10 @@ class OwnerCore {
   absl::StatusOr<std::vector<PullOutcome>> PullReplicas(const std::vector<PullItem>& items) {
     return puller_->Pull(items);
   }
+  // Drops the copies an owner demoted here and its policy evicted (one ranking).
+  v1::DropCopiesReply DropCopies(const v1::DropCopiesRequest& req) {
+    return evictor_->DropCopies(req);
+  }
   // Where this owner serves the peer service (registered with the master; sources send their
   // PullReplicas there). Set before Start; empty: it takes no replicas.
   void SetPeerAddress(std::string address) { registration_->SetPeerAddress(std::move(address)); }

@@ -65,6 +65,18 @@ enum class CounterKind { kCounter, kGauge, kMicros };
   X(demotion_failed, kCounter, "fluxon_demotions_total", "stage=failed", "")                      \
   X(demoting_bytes, kGauge, "fluxon_demoting_bytes", "",                                          \
     "Slot bytes of cohorts being demoted (out of the hot tier, still committed and readable).")   \
+  X(remote_drops_dropped, kCounter, "fluxon_remote_drops_total", "outcome=dropped",               \
+    "One ranking: demoted copies this owner's policy evicted and asked their remote_cache to "    \
+    "drop, by outcome: dropped, kept (pinned by a reader there, or busy), not_held (gone "        \
+    "already), failed (the call failed: the copy stays until that remote_cache evicts it).")      \
+  X(remote_drops_kept, kCounter, "fluxon_remote_drops_total", "outcome=kept", "")                 \
+  X(remote_drops_not_held, kCounter, "fluxon_remote_drops_total", "outcome=not_held", "")         \
+  X(remote_drops_failed, kCounter, "fluxon_remote_drops_total", "outcome=failed", "")             \
+  X(relocalised_pages, kCounter, "fluxon_relocalised_pages_total", "",                            \
+    "One ranking: values of this owner's demoted cohorts fetched back here (the same cohort "     \
+    "again, its rank kept).")                                                                     \
+  X(dropped_on_request_pages, kCounter, "fluxon_dropped_on_request_pages_total", "",              \
+    "Copies removed because the owner that demoted them here asked (DropCopies).")                \
   X(eviction_rounds, kCounter, "fluxon_eviction_rounds_total", "",                                \
     "Capacity eviction rounds run.")                                                              \
   X(eviction_skipped_pinned, kCounter, "fluxon_eviction_skipped_pinned_total", "",                \

@@ -488,11 +488,14 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
   }
   registration_->NoteEpoch(reply->master_epoch());
   std::vector<Cohort> chain;
+  std::vector<Cohort> relocalised;  // values of cohorts this owner ranks, fetched back
   for (size_t j = 0; j < items.size(); ++j) {
     Target& t = *items[j];
     switch (reply->outcomes(static_cast<int>(j))) {
       case v1::GET_DONE: {
-        if (chain.empty() || chain.back().put_id != t.put_id) {
+        // One ranking: a value of a cohort this owner demoted comes back under that cohort.
+        const uint64_t ranked = hot_->RemoteCohortOf(t.key, t.put_id);
+        if (ranked == 0 && (chain.empty() || chain.back().put_id != t.put_id)) {
           Cohort c;
           c.id = publisher_->NewCohortId();
           c.put_id = t.put_id;
@@ -501,10 +504,10 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
           c.copied_elsewhere = true;
           chain.push_back(std::move(c));
         }
-        Cohort& c = chain.back();
+        const uint64_t cohort_id = ranked != 0 ? ranked : chain.back().id;
         const SlotRef slot = t.holder->slot;
         HolderRef canonical = t.holder;
-        if (!keys_->CommitCopy(t.key, t.put_id, &t.holder, c.id, t.version)) {
+        if (!keys_->CommitCopy(t.key, t.put_id, &t.holder, cohort_id, t.version)) {
           // Cannot happen while our reservation stands. The master routes readers to this slot
           // now (GET_DONE), so it must never return to Free and be reused for another value:
           // its route is marked live on the slot (it then outlives its holder) and stays until
@@ -519,10 +522,16 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
         t.reserved = false;
         counters_->remote_pending_targets.fetch_sub(1, std::memory_order_relaxed);
         t.slot.reset();
+        if (ranked != 0 && (relocalised.empty() || relocalised.back().id != ranked)) {
+          relocalised.emplace_back();
+          relocalised.back().id = ranked;
+          relocalised.back().put_id = t.put_id;
+        }
+        Cohort& c = ranked != 0 ? relocalised.back() : chain.back();
         c.keys.push_back(t.key);
         c.weight += pool_->SlotSizeOf(slot);
         t.result = background ? HolderRef() : std::move(canonical);
-        t.cohort = c.id;
+        t.cohort = cohort_id;
         t.fate = Target::Fate::kInstalled;
         break;
       }
@@ -531,7 +540,16 @@ bool RemoteFetcher::TryDone(std::vector<Target*>& items, Clock::time_point until
         break;
     }
   }
-  if (!chain.empty()) {
+  // A cohort the policy evicted meanwhile is not here any more: its values fetched back stay
+  // as a cohort of their own, like any copy of a peer's value.
+  for (Cohort& c : relocalised) {
+    counters_->relocalised_pages.fetch_add(static_cast<int64_t>(c.keys.size()),
+                                           std::memory_order_relaxed);
+    if (hot_->Relocalised(c.id)) continue;
+    c.copied_elsewhere = true;
+    chain.push_back(std::move(c));
+  }
+  if (!chain.empty() || !relocalised.empty()) {
     hot_->AdmitChain(std::move(chain), 0);
     signals_->CandidatesChanged();
     // Installed after a republish may have scanned: republish again if the routes moved on.

@@ -7,7 +7,8 @@
 //   ONE data-plane read per source peer (descriptor batching)
 //   targets read in time -> Pending (hidden) -> ONE BatchGetDone, retried until certain (T1)
 //     GET_DONE: Pending -> Committed, the key becomes a Committed copy in a new cohort of the
-//     hot tier, and the holder is the canonical MemoryInfo every joiner shares (G7)
+//     hot tier (one ranking: the cohort this owner demoted it with, local again), and the holder
+//     is the canonical MemoryInfo every joiner shares (G7)
 //   everything else -> ONE BatchGetRevoke, retried until acknowledged; then the slot is freed
 //
 // Invariants:

@@ -65,14 +65,14 @@ void ReplicaQueue::Enqueue(std::vector<ReplicaGroup> groups) {
   for (const ReplicaGroup& g : dropped) Ended(g, ReplicaGroupEnd::kFailed);
 }
 
-void ReplicaQueue::Ended(const ReplicaGroup& g, ReplicaGroupEnd end) {
+void ReplicaQueue::Ended(const ReplicaGroup& g, ReplicaGroupEnd end, const std::string& target) {
   if (g.empty()) return;
   if (g.front().write_through) g.front().write_through->GroupEnded(end, g.size());
   if (ends_ == nullptr) return;
   std::vector<std::string> keys;
   keys.reserve(g.size());
   for (const ReplicaTask& t : g) keys.push_back(t.key);
-  ends_->ReplicaGroupEnded(keys, g.front().put_id, g.front().demoted_cohort, end);
+  ends_->ReplicaGroupEnded(keys, g.front().put_id, g.front().demoted_cohort, end, target);
 }
 
 size_t ReplicaQueue::queued_keys() const {
@@ -163,9 +163,10 @@ void ReplicaQueue::Unqueue(const ReplicaGroup& tasks) {
                                       std::memory_order_relaxed);
 }
 
-void ReplicaQueue::EndInFlight(const ReplicaGroup& g, ReplicaGroupEnd end) {
+void ReplicaQueue::EndInFlight(const ReplicaGroup& g, ReplicaGroupEnd end,
+                               const std::string& target) {
   Unqueue(g);
-  Ended(g, end);
+  Ended(g, end, target);
 }
 
 void ReplicaQueue::Finished(const std::vector<ReplicaGroup>& batch) {
@@ -273,7 +274,7 @@ void ReplicaQueue::PullOn(const std::string& peer_address, const std::vector<Rep
   std::vector<v1::PullOutcome> final(items.size(), v1::PULL_FAILED);
   if (peers_ == nullptr) {
     Add(counters_->replica_tasks_failed, static_cast<int64_t>(items.size()));
-    EndGroups(items, groups, final);
+    EndGroups(peer_address, items, groups, final);
     return;
   }
   std::vector<size_t> open(items.size());  // items whose outcome is not final yet
@@ -336,10 +337,10 @@ void ReplicaQueue::PullOn(const std::string& peer_address, const std::vector<Rep
         break;
     }
   }
-  EndGroups(items, groups, final);
+  EndGroups(peer_address, items, groups, final);
 }
 
-void ReplicaQueue::EndGroups(const std::vector<ReplicaTask>& items,
+void ReplicaQueue::EndGroups(const std::string& target, const std::vector<ReplicaTask>& items,
                              const std::vector<uint32_t>& groups,
                              const std::vector<v1::PullOutcome>& final) {
   for (size_t b = 0; b < items.size();) {
@@ -361,7 +362,7 @@ void ReplicaQueue::EndGroups(const std::vector<ReplicaTask>& items,
                                            : ReplicaGroupEnd::kFailed;
     const auto first = items.begin() + static_cast<std::ptrdiff_t>(b);
     const auto last = items.begin() + static_cast<std::ptrdiff_t>(e);
-    EndInFlight(ReplicaGroup(first, last), end);
+    EndInFlight(ReplicaGroup(first, last), end, target);
     b = e;
   }
 }

@@ -114,14 +114,14 @@ class ReplicaQueue {
               const std::vector<uint32_t>& groups);
   void Finished(const std::vector<ReplicaGroup>& batch);
   // Ends every group of one call by its members' final outcomes (EndInFlight).
-  void EndGroups(const std::vector<ReplicaTask>& items, const std::vector<uint32_t>& groups,
-                 const std::vector<v1::PullOutcome>& final);
-  // Tells `ends_` how group `g` ended.
-  void Ended(const ReplicaGroup& g, ReplicaGroupEnd end);
+  void EndGroups(const std::string& target, const std::vector<ReplicaTask>& items,
+                 const std::vector<uint32_t>& groups, const std::vector<v1::PullOutcome>& final);
+  // Tells `ends_` how group `g` ended (`target`: the peer asked, if any).
+  void Ended(const ReplicaGroup& g, ReplicaGroupEnd end, const std::string& target = {});
   // Ends a group taken from the queue: its identities leave the queue first (its keys stay in
   // flight until Finished), so a listener that enqueues it again at once (a demotion readmitted
   // and chosen again by another round) is not refused as a duplicate of itself.
-  void EndInFlight(const ReplicaGroup& g, ReplicaGroupEnd end);
+  void EndInFlight(const ReplicaGroup& g, ReplicaGroupEnd end, const std::string& target = {});
   // These tasks' identities are no longer queued (each task of a taken batch leaves exactly
   // once, when it ends; Finished then only releases the keys in flight).
   void Unqueue(const ReplicaGroup& tasks);

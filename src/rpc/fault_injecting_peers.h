@@ -18,6 +18,12 @@ class FaultInjectingPeers final : public PeerApi {
     return ApplyFault(faults_, "peer.PullReplicas",
                       [&] { return inner_->PullReplicas(peer_address, r, timeout); });
   }
+  absl::StatusOr<v1::DropCopiesReply> DropCopies(const std::string& peer_address,
+                                                 const v1::DropCopiesRequest& r,
+                                                 std::chrono::milliseconds timeout) override {
+    return ApplyFault(faults_, "peer.DropCopies",
+                      [&] { return inner_->DropCopies(peer_address, r, timeout); });
+  }
   void Cancel() override { inner_->Cancel(); }
 
  private:

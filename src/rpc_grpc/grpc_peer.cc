@@ -25,32 +25,20 @@ class GrpcPeerClient final : public PeerApi {
   absl::StatusOr<v1::PullReplicasReply> PullReplicas(const std::string& peer_address,
                                                      const v1::PullReplicasRequest& r,
                                                      std::chrono::milliseconds timeout) override {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
-    std::shared_ptr<v1::PeerService::Stub> stub;
-    {
-      MutexLock lock(&mu_);
-      if (cancelled_) return absl::CancelledError("the owner is stopping");
-      stub = StubLocked(peer_address);
-      active_.insert(&ctx);
-    }
-    v1::PullReplicasReply reply;
-    const grpc::Status s = stub->PullReplicas(&ctx, r, &reply);
-    {
-      MutexLock lock(&mu_);
-      active_.erase(&ctx);
-    }
-    if (!s.ok()) {
-      const absl::Status st = FromGrpcStatus(s);
-      return absl::Status(st.code(),
-                          absl::StrFormat("peer %s: PullReplicas: %s", peer_address, st.message()));
-    }
-    if (reply.outcomes_size() != r.items_size()) {
+    absl::StatusOr<v1::PullReplicasReply> reply =
+        Call(peer_address, "PullReplicas", &v1::PeerService::Stub::PullReplicas, r, timeout);
+    if (reply.ok() && reply->outcomes_size() != r.items_size()) {
       return absl::DataLossError(absl::StrFormat("peer %s answered %d outcomes for %d items",
-                                                 peer_address, reply.outcomes_size(),
+                                                 peer_address, reply->outcomes_size(),
                                                  r.items_size()));
     }
     return reply;
+  }
+
+  absl::StatusOr<v1::DropCopiesReply> DropCopies(const std::string& peer_address,
+                                                 const v1::DropCopiesRequest& r,
+                                                 std::chrono::milliseconds timeout) override {
+    return Call(peer_address, "DropCopies", &v1::PeerService::Stub::DropCopies, r, timeout);
   }
 
   void Cancel() override {
@@ -60,6 +48,35 @@ class GrpcPeerClient final : public PeerApi {
   }
 
  private:
+  // One unary call on the peer's stub, cancellable by Cancel() and bounded by `timeout`.
+  template <typename Request, typename Reply>
+  absl::StatusOr<Reply> Call(const std::string& peer_address, const char* name,
+                             grpc::Status (v1::PeerService::Stub::*method)(grpc::ClientContext*,
+                                                                           const Request&, Reply*),
+                             const Request& r, std::chrono::milliseconds timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    std::shared_ptr<v1::PeerService::Stub> stub;
+    {
+      MutexLock lock(&mu_);
+      if (cancelled_) return absl::CancelledError("the owner is stopping");
+      stub = StubLocked(peer_address);
+      active_.insert(&ctx);
+    }
+    Reply reply;
+    const grpc::Status s = (stub.get()->*method)(&ctx, r, &reply);
+    {
+      MutexLock lock(&mu_);
+      active_.erase(&ctx);
+    }
+    if (!s.ok()) {
+      const absl::Status st = FromGrpcStatus(s);
+      return absl::Status(st.code(),
+                          absl::StrFormat("peer %s: %s: %s", peer_address, name, st.message()));
+    }
+    return reply;
+  }
+
   std::shared_ptr<v1::PeerService::Stub> StubLocked(const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = stubs_.find(address);

@@ -120,15 +120,18 @@ role: owner
 owner:
   master_address: 10.0.0.1:50151
   data_address: "127.0.0.1:0"
-  demotion: {enabled: true, start_ratio: 0.8, max_bytes_in_flight: 64MiB}
+  demotion: {enabled: true, start_ratio: 0.8, max_bytes_in_flight: 64MiB,
+             remote_budget_bytes: 2GiB}
 )");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->owner->demotion.enabled);
+  EXPECT_EQ(c->owner->demotion.remote_budget_bytes, 2ull << 30);
   EXPECT_DOUBLE_EQ(c->owner->demotion.start_ratio, 0.8);
   EXPECT_EQ(c->owner->demotion.max_bytes_in_flight, 64ull << 20);
   EXPECT_THAT(DumpConfig(*c), HasSubstr("demotion"));
-  // Off by default.
+  // Off by default, and one ranking with it.
   EXPECT_FALSE(ParseConfig("")->owner->demotion.enabled);
+  EXPECT_EQ(ParseConfig("")->owner->demotion.remote_budget_bytes, 0u);
 }
 
 TEST(ConfigRejects, DemotionThatCannotRunAheadOfPressureOrHasNowhereToGo) {
@@ -141,6 +144,11 @@ TEST(ConfigRejects, DemotionThatCannotRunAheadOfPressureOrHasNowhereToGo) {
   EXPECT_THAT(Reject(owner + "demotion: {enabled: true, max_bytes_in_flight: 0}}"),
               HasSubstr("owner.demotion.max_bytes_in_flight"));
   EXPECT_THAT(Reject(owner + "demotion: {enabled: true, speed: 2}}"), HasSubstr("unknown key"));
+  // A remote budget ranks demoted values: without demotion it would be ignored.
+  EXPECT_THAT(Reject(owner + "demotion: {remote_budget_bytes: 1GiB}}"),
+              HasSubstr("needs owner.demotion.enabled: true"));
+  EXPECT_THAT(Reject(owner + "demotion: {enabled: true, remote_budget_bytes: -1}}"),
+              HasSubstr("owner.demotion.remote_budget_bytes"));
   // The embedded default has no master to place a demotion, and no data plane to serve it.
   EXPECT_THAT(Reject("owner: {demotion: {enabled: true}}"), HasSubstr("owner.master_address"));
   EXPECT_THAT(Reject("role: owner\nowner: {master_address: a:1, demotion: {enabled: true}}"),

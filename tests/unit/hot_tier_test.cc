@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "cohort_test_util.h"
@@ -153,6 +154,109 @@ TEST(HotTierTest, LruPolicyEvictsLeastRecentlyUsed) {
   tier.AdmitChain({Make(3)});
   tier.Touch({1});
   EXPECT_EQ(Ids(tier.TakeVictims(2)), (std::vector<uint64_t>{2, 3}));
+}
+
+// One ranking for both tiers: a cohort keyed "k<id>", put_id 7.
+Cohort Keyed(uint64_t id, uint64_t weight = 10) {
+  Cohort c = Make(id, weight);
+  c.put_id = 7;
+  c.keys = {"k" + std::to_string(id)};
+  return c;
+}
+
+TEST(HotTierOneRankingTest, ADemotedCohortStaysRankedAndCountsInTheRemoteTier) {
+  HotTier<> tier;
+  tier.EnableOneRanking();
+  tier.AdmitChain({Keyed(1), Keyed(2), Keyed(3)});
+  // The local list's cold end is the least recently used: the first admitted.
+  std::vector<Cohort> moving = tier.TakeLocal(10);
+  ASSERT_EQ(Ids(moving), (std::vector<uint64_t>{1}));
+  EXPECT_TRUE(moving[0].moving);
+  EXPECT_EQ(tier.weight(), 30u);  // held here until the move ends
+  ASSERT_TRUE(tier.EndMove(1, /*local_freed=*/true, "rc:1"));
+  EXPECT_EQ(tier.weight(), 20u);
+  EXPECT_EQ(tier.remote_weight(), 10u);
+  EXPECT_EQ(tier.size(), 3u);  // still ranked
+  EXPECT_EQ(tier.RemoteCohortOf("k1", 7), 1u);
+  EXPECT_EQ(tier.RemoteCohortOf("k1", 8), 0u);  // another identity of the key
+  EXPECT_EQ(tier.RemoteCohortOf("k2", 7), 0u);  // held here only
+  // A remote cohort is not local: the next move takes the next coldest.
+  EXPECT_EQ(Ids(tier.TakeLocal(10)), (std::vector<uint64_t>{2}));
+  ASSERT_TRUE(tier.EndMove(2, /*local_freed=*/false, {}));  // kept: back to the cold end
+  EXPECT_EQ(Ids(tier.TakeLocal(10)), (std::vector<uint64_t>{2}));
+  ASSERT_TRUE(tier.EndMove(2, false, {}));
+  // The policy still sees all three: its victims come from the tail, wherever it is held.
+  std::vector<Cohort> victims = tier.TakeVictims(30);
+  EXPECT_EQ(Ids(victims), (std::vector<uint64_t>{3, 2, 1}));
+  EXPECT_EQ(victims[2].remote_address, "rc:1");
+  EXPECT_FALSE(victims[2].local);
+  EXPECT_EQ(tier.weight(), 0u);
+  EXPECT_EQ(tier.remote_weight(), 0u);
+  EXPECT_EQ(tier.RemoteCohortOf("k1", 7), 0u);
+}
+
+TEST(HotTierOneRankingTest, AFetchedBackCohortIsLocalAgainAndMostRecentlyUsed) {
+  HotTier<> tier;
+  tier.EnableOneRanking();
+  tier.AdmitChain({Keyed(1), Keyed(2)});
+  ASSERT_EQ(Ids(tier.TakeLocal(10)), (std::vector<uint64_t>{1}));
+  ASSERT_TRUE(tier.EndMove(1, true, "rc:1"));
+  ASSERT_TRUE(tier.Relocalised(1));
+  EXPECT_EQ(tier.weight(), 20u);
+  EXPECT_EQ(tier.remote_weight(), 10u);  // held in both tiers
+  // Cohort 2 is now the coldest here; cohort 1 keeps its copy's place while moving again.
+  std::vector<Cohort> moving = tier.TakeLocal(20);
+  ASSERT_EQ(Ids(moving), (std::vector<uint64_t>{2, 1}));
+  EXPECT_EQ(moving[1].remote_address, "rc:1");
+  ASSERT_TRUE(tier.EndMove(1, true, {}));  // released: the copy there stays
+  EXPECT_EQ(tier.remote_weight(), 10u);
+  EXPECT_EQ(tier.RemoteCohortOf("k1", 7), 1u);
+  EXPECT_FALSE(tier.Relocalised(3));  // not here
+}
+
+TEST(HotTierOneRankingTest, AVictimTakenWhileItMovesEndsItsMove) {
+  HotTier<> tier;
+  tier.EnableOneRanking();
+  tier.AdmitChain({Keyed(1)});
+  ASSERT_EQ(Ids(tier.TakeLocal(10)), (std::vector<uint64_t>{1}));
+  std::vector<Cohort> victims = tier.TakeVictims(10);
+  ASSERT_EQ(Ids(victims), (std::vector<uint64_t>{1}));
+  EXPECT_TRUE(victims[0].moving);  // whoever moves it evicts it
+  EXPECT_FALSE(tier.EndMove(1, true, "rc:1"));
+  EXPECT_EQ(tier.weight(), 0u);
+  EXPECT_EQ(tier.remote_weight(), 0u);
+  EXPECT_EQ(tier.size(), 0u);
+}
+
+TEST(HotTierOneRankingTest, ALostRemoteCopyLeavesTheRankingUnlessHeldHere) {
+  HotTier<> tier;
+  tier.EnableOneRanking();
+  tier.AdmitChain({Keyed(1), Keyed(2)});
+  ASSERT_EQ(tier.TakeLocal(20).size(), 2u);
+  ASSERT_TRUE(tier.EndMove(1, true, "rc:1"));
+  ASSERT_TRUE(tier.EndMove(2, false, "rc:1"));  // copied, but still held here (pinned)
+  EXPECT_EQ(tier.remote_weight(), 20u);
+  tier.ForgetRemoteCopy(1);
+  tier.ForgetRemoteCopy(2);
+  EXPECT_EQ(tier.size(), 1u);
+  EXPECT_EQ(tier.remote_weight(), 0u);
+  EXPECT_EQ(tier.weight(), 10u);
+  EXPECT_EQ(Ids(tier.TakeLocal(10)), (std::vector<uint64_t>{2}));
+}
+
+TEST(HotTierOneRankingTest, AnAccessMovesALocalCohortToTheWarmEnd) {
+  HotTier<> tier;
+  tier.EnableOneRanking();
+  tier.AdmitChain({Keyed(1), Keyed(2), Keyed(3)});
+  tier.Touch({1});
+  EXPECT_EQ(Ids(tier.TakeLocal(20)), (std::vector<uint64_t>{2, 3}));
+}
+
+TEST(HotTierOneRankingTest, OffByDefaultNothingIsListed) {
+  HotTier<> tier;
+  tier.AdmitChain({Keyed(1)});
+  EXPECT_TRUE(tier.TakeLocal(10).empty());
+  EXPECT_EQ(tier.remote_weight(), 0u);
 }
 
 }  // namespace

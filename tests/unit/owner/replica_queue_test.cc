@@ -43,6 +43,10 @@ class InProcessPeers final : public PeerApi {
     }
     return PullReplyOf(*got);
   }
+  absl::StatusOr<v1::DropCopiesReply> DropCopies(const std::string&, const v1::DropCopiesRequest&,
+                                                 std::chrono::milliseconds) override {
+    return absl::UnimplementedError("not used here");
+  }
   void Cancel() override {
     MutexLock lock(&mu_);
     cancelled_ = true;
@@ -288,8 +292,8 @@ class EnqueueAgainOnce final : public EvictionSignals {
   std::atomic<int> ends{0};
   void CandidatesChanged() override {}
   void SignalPressure() override {}
-  void ReplicaGroupEnded(const std::vector<std::string>&, uint64_t, uint64_t,
-                         ReplicaGroupEnd) override {
+  void ReplicaGroupEnded(const std::vector<std::string>&, uint64_t, uint64_t, ReplicaGroupEnd,
+                         const std::string&) override {
     if (ends.fetch_add(1) == 0) again();
   }
 };

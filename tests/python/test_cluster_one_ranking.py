@@ -1,0 +1,76 @@
+"""One ranking for both tiers, with real processes (design §7, docs/replicas.md): owner 1
+(1 GiB) demotes to a remote_cache (node 3) from half full and keeps ranking what it demoted, up to
+`remote_budget_bytes` there; owner 2 reads; a master restricted to remote_cache targets.
+
+What it checks: a demoted value stays ranked by owner 1 (its remote bytes counted there, one
+copy on the remote_cache each); a get through owner 1 fetches a demoted value back under the same
+cohort (counted relocalised); when what owner 1 ranks outgrows half its segment plus the budget,
+its policy's victims go from both tiers — the remote_cache drops exactly the copies owner 1 asks
+it to (counted on both sides) and holds what owner 1 still ranks; every reader gets the bytes
+that were written; temporary state ends at baseline; every wait is bounded.
+"""
+
+from test_cluster_demotion_faults import expect_all_readable, put_batches, settled
+from test_cluster_remote_get import expect_pages, get_pages
+from test_cluster_replica_faults import wait_until
+from test_cluster_replicas import CacheStats, ReplicaCluster, wait_baseline
+
+MIB = 1 << 20
+VALUE_LEN = 256 << 10
+BUDGET = 256 * MIB
+RANKING = f"""\
+  demotion: {{enabled: true, start_ratio: 0.5, max_bytes_in_flight: 64MiB,
+              remote_budget_bytes: {BUDGET}}}"""
+
+
+def located(c, prefix):
+    return c.all_locations(prefix)
+
+
+def test_demoted_values_stay_ranked_and_the_owners_victims_leave_both_tiers(daemon_factory,
+                                                                              tmp):
+    c = ReplicaCluster(daemon_factory, tmp, owner_extra=RANKING)
+    a, b = c.client(1), c.client(2)
+    # 640 MiB into half of 1 GiB plus 256 MiB on the remote_cache: everything stays ranked.
+    batches = put_batches(a, "or", 10)
+    wait_until(lambda: a.stats()["demoted_pages"] > 0 and settled(a.stats()), 30,
+               "the demotions to end")
+    s = a.stats()
+    on_cache = c.cache_stats()["committed_entries"]
+    assert on_cache == s["demoted_pages"] > 0, (on_cache, str(s))
+    assert s["remote_ranked_bytes"] == on_cache * VALUE_LEN, str(s)
+    assert s["remote_drops_dropped"] == 0 and s["evicted_pages"] == s["demoted_pages"], str(s)
+    assert len(located(c, "or")) == 10 * 256  # nothing left the cluster
+    expect_all_readable(b, batches)
+
+    # The coldest batch went first; owner 1 reads it back: the same cohorts, local again.
+    n, data = get_pages(a, batches[0])
+    assert n == 256
+    expect_pages(data, n, seed=0)
+    s = a.stats()
+    assert s["relocalised_pages"] > 0, s
+
+    # 384 MiB more: the ranked set outgrows 768 MiB, so owner 1's policy evicts from both tiers.
+    more = put_batches(a, "os", 6)
+    budget_keys = (512 * MIB + BUDGET) // VALUE_LEN
+
+    def trimmed():
+        s = a.stats()
+        return settled(s) and s["remote_drops_dropped"] > 0 and \
+            len(located(c, "o")) <= budget_keys + 256
+    wait_until(trimmed, 30, "owner 1's victims to leave both tiers")
+    s, cs = a.stats(), c.cache_stats()
+    assert s["remote_drops_failed"] == 0, str(s)
+    assert cs["dropped_on_request_pages"] == s["remote_drops_dropped"], (cs, s)
+    # The remote_cache holds what owner 1 ranks there, nothing else.
+    wait_until(lambda: c.cache_stats()["committed_entries"] * VALUE_LEN ==
+               a.stats()["remote_ranked_bytes"], 10, "the ranked bytes to match the copies")
+    assert a.stats()["remote_ranked_bytes"] <= BUDGET
+    # Whatever a reader finds has the bytes that were written.
+    found = 0
+    for j, keys in enumerate(batches + more):
+        n, data = get_pages(b, keys)
+        expect_pages(data, n, seed=j if j < len(batches) else j - len(batches))
+        found += n
+    assert found > 0
+    wait_baseline(c, {1: a, 2: b, 3: CacheStats(c)})
