@@ -10,6 +10,9 @@ Configurations, each started fresh, in an order that alternates per round (the V
 - owner-L+rc-R: a master, an owner of L bytes with owner.demotion on (cold values move to the
   remote_cache before pressure deletes them) and a remote_cache of R bytes, each its own
   fluxond on loopback; the client talks to the owner, a demoted page comes back by remote get;
+- owner-L+rc-R-ranked: the same with one ranking for both tiers (owner.demotion.
+  remote_budget_bytes = --remote-budget of R): the owner's policy keeps ranking what it demoted
+  and asks the remote_cache to drop what it evicts;
 - owner-L+R: an embedded fluxond with an (L + R)-byte segment (the single-machine ceiling);
 - mooncake-L+R: a mooncake_master and two store clients contributing L and R bytes of global
   segment (the client drives the first; puts land in either segment).
@@ -95,8 +98,9 @@ class TimedPuts:
 class ClusterSide(mc.FluxonSide):
     """Master + owner (L, demotion on) + remote_cache (R); the client uses the owner."""
 
-    def __init__(self, args, tmp, local, remote):
+    def __init__(self, args, tmp, local, remote, ranked=False):
         self.procs = []
+        budget = f", remote_budget_bytes: {int(remote * args.remote_budget)}" if ranked else ""
         mport, madmin = free_port(), free_port()
         self._start(args, tmp, "master", f"""
 role: master
@@ -121,7 +125,7 @@ owner:
   data_address: "127.0.0.1:0"
   local_reserve:
     expected_capacity: {{value_len: {args.value_len}, payload_capacity_bytes: {int(local * 0.9)}}}
-  demotion: {{enabled: true, start_ratio: {args.demotion_start}}}
+  demotion: {{enabled: true, start_ratio: {args.demotion_start}{budget}}}
 """)
         self.cache_admin = free_port()
         self._start(args, tmp, "remote-cache", f"""
@@ -216,6 +220,8 @@ def main():
                     help="the GPU's time per turn between requests (0: back to back)")
     ap.add_argument("--demotion-start", type=float, default=0.85,
                     help="the owner's owner.demotion.start_ratio")
+    ap.add_argument("--remote-budget", type=float, default=0.9,
+                    help="owner-L+rc-R-ranked: the owner's remote budget as a share of R")
     ap.add_argument("--cache-heartbeat-ms", type=int, default=1000,
                     help="the remote_cache's heartbeat (it hears of peer reads with each)")
     ap.add_argument("--configs", default="owner-L,owner-L+rc-R,owner-L+R,mooncake-L+R")
@@ -246,8 +252,8 @@ def main():
         if name == "owner-L+R":
             args.capacity_bytes = local + remote
             return mc.FluxonSide(args, tmp)
-        if name == "owner-L+rc-R":
-            return ClusterSide(args, tmp, local, remote)
+        if name.startswith("owner-L+rc-R"):
+            return ClusterSide(args, tmp, local, remote, ranked=name.endswith("-ranked"))
         side = MooncakeTwoSegments(args, pool, local, remote)
         side.s.register_buffer(out.ctypes.data, out.nbytes)
         return side
@@ -269,22 +275,30 @@ def main():
                        else mc.multiturn(timed, args, pool, out, Quiet()))
                 res["put p50 ms"] = pct(timed.lat, 50)
                 res["put p99 ms"] = pct(timed.lat, 99)
-                if name == "owner-L+rc-R":
+                if name.startswith("owner-L+rc-R"):
                     s = side.c.stats()
-                    extra[r] = {k: s.get(k, 0) for k in (
+                    extra[f"{name} {r}"] = e = {k: s.get(k, 0) for k in (
                         "demotions_started", "demoted_pages", "demotion_no_space",
                         "demotion_failed", "evicted_pages", "evicted_copied_pages",
-                        "remote_get_keys")}
+                        "remote_get_keys", "remote_ranked_bytes", "remote_drops_dropped",
+                        "remote_drops_kept", "remote_drops_not_held", "remote_drops_failed",
+                        "remote_duplicate_pages",
+                        "relocalised_pages")}
+                    if os.environ.get("CAPSPLIT_DUMP"):
+                        Path(os.environ["CAPSPLIT_DUMP"]).write_text(json.dumps(
+                            {"owner": s, "cache": side.cache_stats()}, indent=1))
                     cache = side.cache_stats()
-                    extra[r]["cache_evicted_pages"] = cache.get("owner_evicted_pages", 0)
+                    e["cache_evicted_pages"] = cache.get("owner_evicted_pages", 0)
+                    e["cache_dropped_on_request_pages"] = cache.get(
+                        "owner_dropped_on_request_pages", 0)
                     # How the demotions' pulls ended at the remote_cache, and the demoting
                     # owner's side of them.
                     for stat, n in sorted(cache.items()):
                         if stat.startswith("owner_replica_pulls_") and n:
-                            extra[r]["cache_" + stat[len("owner_"):]] = n
+                            e["cache_" + stat[len("owner_"):]] = n
                     for stat, n in sorted(s.items()):
                         if stat.startswith("replica_tasks_") and n:
-                            extra[r][stat] = n
+                            e[stat] = n
                 results[name].append(res)
             finally:
                 side.close()
@@ -302,12 +316,12 @@ def main():
         s = summary[c]
         print(f"| {c} | {s['hit rate %']:.1f} | {s['pages/s']:.0f} | {s['put p50 ms']:.1f} | "
               f"{s['put p99 ms']:.1f} | {s['failed puts']:.0f} |")
-    if "owner-L+rc-R" in summary and "owner-L+R" in summary:
-        ratio = summary["owner-L+rc-R"]["hit rate %"] / max(summary["owner-L+R"]["hit rate %"],
-                                                             1e-9)
-        print(f"owner-L+rc-R hit rate / owner-L+R: {100 * ratio:.0f} %")
-    for r, e in sorted(extra.items()):
-        print(f"round {r + 1} owner-L+rc-R counters: " + ", ".join(f"{k} {v}" for k, v in e.items()))
+    for split in ("owner-L+rc-R", "owner-L+rc-R-ranked"):
+        if split in summary and "owner-L+R" in summary:
+            ratio = summary[split]["hit rate %"] / max(summary["owner-L+R"]["hit rate %"], 1e-9)
+            print(f"{split} hit rate / owner-L+R: {100 * ratio:.0f} %")
+    for name, e in sorted(extra.items()):
+        print(f"{name} (round) counters: " + ", ".join(f"{k} {v}" for k, v in e.items()))
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "rounds": results,
                                                "counters": extra}, indent=1))

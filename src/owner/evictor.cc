@@ -72,6 +72,7 @@ void Evictor::RunRound() {
     next_fallback_ = std::min(next_fallback_, Clock::now());
     next_watermark_ = Clock::now();
   }
+  if (one_ranking()) DropDuplicates();
   Need need = Measure();
   const auto now = Clock::now();
   if (need.over_budget > 0) {
@@ -105,9 +106,16 @@ uint64_t Evictor::EvictSome(uint64_t bytes) {
   // Recoverable first: cohorts with a complete copy elsewhere leave nothing behind.
   uint64_t evicted = Settle(hot_->TakeCopied(bytes), /*only_if_copied=*/true);
   if (evicted >= bytes) return evicted;
-  // One ranking: what pressure frees must be held here, so it comes from the local cold end.
-  evicted += one_ranking() ? MoveLocal(bytes - evicted, /*demote=*/false)
-                           : Settle(hot_->TakeVictims(bytes - evicted), false);
+  if (!one_ranking()) return evicted + Settle(hot_->TakeVictims(bytes - evicted), false);
+  // One ranking: first what has a copy on a remote_cache (its rank stays), then the policy's
+  // victims from both tiers until enough was freed here (a victim there is dropped there: the
+  // set keeps the policy's order, and demotion refills the remote share from the local cold end).
+  evicted += MoveLocal(bytes - evicted, /*demote=*/false);
+  for (int i = 0; i < kPressureTrims && evicted < bytes; ++i) {
+    const TrimResult t = Trim(bytes - evicted);
+    evicted += t.freed_here;
+    if (t.taken == 0) break;
+  }
   return evicted;
 }
 
@@ -200,10 +208,24 @@ std::vector<Cohort> Evictor::QueueDemotions(std::vector<Cohort> cold) {
   return back;
 }
 
-void Evictor::Trim(uint64_t bytes) {
+void Evictor::DropDuplicates() {
+  std::map<std::string, std::vector<Cohort>> there;  // by remote_cache
+  int64_t pages = 0;
+  for (Cohort& c : hot_->TakeRemoteToDrop()) {
+    pages += static_cast<int64_t>(c.keys.size());
+    there[c.remote_address].push_back(std::move(c));
+  }
+  if (pages == 0) return;
+  counters_->remote_duplicate_pages.fetch_add(pages, std::memory_order_relaxed);
+  for (const auto& [address, cohorts] : there) DropRemote(address, cohorts);
+}
+
+Evictor::TrimResult Evictor::Trim(uint64_t bytes) {
+  TrimResult result;
   std::vector<Cohort> here;
   std::map<std::string, std::vector<Cohort>> there;  // by remote_cache
   for (Cohort& v : hot_->TakeVictims(bytes)) {
+    result.taken += v.weight;
     if (v.moving) continue;  // the end of its move evicts it (EndMove finds it gone)
     if (!v.remote_address.empty()) there[v.remote_address].push_back(v);
     if (v.local) {
@@ -211,8 +233,9 @@ void Evictor::Trim(uint64_t bytes) {
       here.push_back(std::move(v));
     }
   }
-  Settle(std::move(here), /*only_if_copied=*/false);
+  result.freed_here = Settle(std::move(here), /*only_if_copied=*/false);
   for (const auto& [address, cohorts] : there) DropRemote(address, cohorts);
+  return result;
 }
 
 uint64_t Evictor::MoveLocal(uint64_t bytes, bool demote) {
@@ -233,8 +256,6 @@ uint64_t Evictor::MoveLocal(uint64_t bytes, bool demote) {
   for (Cohort& c : hot_->TakeLocal(bytes)) {
     if (!c.remote_address.empty()) {
       release.push_back(std::move(c));
-    } else if (!demote) {
-      deleting.push_back(std::move(c));
     } else if (c.weight <= room) {
       room -= c.weight;
       demoting.push_back(std::move(c));

@@ -155,11 +155,22 @@ class Evictor final : public EvictionSignals {
   // One demotion round: releases copied cohorts, then queues cold ones, up to `bytes`.
   void Demote(uint64_t bytes);
   bool one_ranking() const { return demotions_ != nullptr && demotion_.remote_budget_bytes > 0; }
+  // One ranking: drops the remote copies of values fetched back here or put here again since
+  // (HotTier::TakeRemoteToDrop): a duplicate at rest, or an older identity, would hold budget
+  // it does not serve.
+  void DropDuplicates();
   // One ranking: evicts the policy's victims worth `bytes` from both tiers.
-  void Trim(uint64_t bytes);
-  // One ranking: moves local cohorts worth `bytes` out of this owner, coldest first: released
-  // (copy elsewhere), demoted (`demote`, within the demotions' bound) or deleted. Returns the
-  // bytes freed here at once.
+  struct TrimResult {
+    uint64_t taken = 0;       // bytes of the victims taken (either tier)
+    uint64_t freed_here = 0;  // bytes freed on this owner
+  };
+  TrimResult Trim(uint64_t bytes);
+  // Pressure's rounds of Trim per EvictSome (one ranking): bounds one call when the victims are
+  // mostly on remote_caches.
+  static constexpr int kPressureTrims = 8;
+  // One ranking: moves local cohorts worth `bytes` out of this owner, least recently used
+  // first: released where a copy is on a remote_cache, demoted (`demote`: within the demotions'
+  // bound and the remote budget) where not, else kept. Returns the bytes freed here at once.
   uint64_t MoveLocal(uint64_t bytes, bool demote);
   // One ranking: removes the local values of moving cohorts whose remote copy exists (only if
   // copied) and ends their moves; returns bytes freed.

@@ -33,7 +33,8 @@
 //   the cohort stays ranked while it moves, and EndMove says where it is then); weight() is
 //   what is held here, remote_weight() what this owner keeps elsewhere (a cohort with both
 //   counts in both). A get that fetches a value of such a cohort back installs it under the
-//   same cohort (RemoteCohortOf, Relocalised). TakeVictims may hand out a cohort that is moving
+//   same cohort (RemoteCohortOf, Relocalised), and its copy there is dropped (TakeRemoteToDrop):
+//   a value is held in one tier at rest. TakeVictims may hand out a cohort that is moving
 //   (Cohort::moving): whoever moves it then finds it gone at EndMove and evicts it.
 #pragma once
 
@@ -86,6 +87,7 @@ class HotTier {
     const uint64_t now = ++clock_;
     uint64_t after = parent;
     for (Cohort& cohort : chain) {
+      if (!remote_keys_.empty()) NoteSuperseded(cohort);
       weight_ += cohort.weight;
       if (cohort.fingerprint == 0 && !cohort.keys.empty()) cohort.fingerprint = Fingerprint(cohort);
       policy_.Insert(cohort.id, after, now, /*refresh=*/true, cohort.fingerprint, cohort.weight);
@@ -253,6 +255,8 @@ class HotTier {
     Unaccount(it->second);
     it->second.local = true;
     Account(it->second, /*cold=*/false);
+    // Held in both tiers now: the copy there is a duplicate at rest (TakeDuplicates).
+    remote_drops_.push_back(id);
     return true;
   }
   // Takes cohort `id` out of the tier (as a victim: its ghost is remembered), e.g. a moving
@@ -266,6 +270,30 @@ class HotTier {
     Unaccount(it->second);
     Cohort out = std::move(it->second);
     cohorts_.erase(it);
+    return out;
+  }
+  // One ranking: the remote copies to drop, and their cohorts' descriptions: those of cohorts
+  // fetched back here since (capacity is counted once: a value is not held in both tiers at
+  // rest), and those that hold a key put here again since (another identity). A cohort held
+  // here keeps its local values (removal skips the members put again) and only loses its
+  // copy's place; one held only there leaves the ranking.
+  std::vector<Cohort> TakeRemoteToDrop() {
+    std::vector<Cohort> out;
+    MutexLock lock(&mu_);
+    for (uint64_t id : remote_drops_) {
+      auto it = cohorts_.find(id);
+      if (it == cohorts_.end() || it->second.moving || it->second.remote_address.empty()) continue;
+      Unaccount(it->second);
+      out.push_back(it->second);
+      if (it->second.local) {
+        it->second.remote_address.clear();
+        Account(it->second, /*cold=*/true);
+        continue;
+      }
+      policy_.Erase(id);
+      cohorts_.erase(it);
+    }
+    remote_drops_.clear();
     return out;
   }
   // This owner's copy of cohort `id` on a remote_cache is gone (the master knows no other
@@ -334,6 +362,15 @@ class HotTier {
       }
     }
   }
+  // A key of `c` that a remote copy holds under another cohort was put again.
+  void NoteSuperseded(const Cohort& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const std::string& k : c.keys) {
+      auto r = remote_keys_.find(k);
+      if (r == remote_keys_.end() || r->second == c.id) continue;
+      if (remote_drops_.empty() || remote_drops_.back() != r->second)
+        remote_drops_.push_back(r->second);
+    }
+  }
   // One ranking: a local cohort that is not copied elsewhere nor moving is on the local list.
   void ListLocal(const Cohort& c, bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!one_ranking_ || !c.local || c.copied_elsewhere || c.moving || local_.contains(c.id)) {
@@ -373,6 +410,7 @@ class HotTier {
   absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> local_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> remote_keys_ ABSL_GUARDED_BY(mu_);
   uint64_t remote_weight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> remote_drops_ ABSL_GUARDED_BY(mu_);  // see TakeRemoteToDrop
   uint64_t weight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // logical time: one tick per admission or access
 };

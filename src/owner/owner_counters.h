@@ -72,6 +72,9 @@ enum class CounterKind { kCounter, kGauge, kMicros };
   X(remote_drops_kept, kCounter, "fluxon_remote_drops_total", "outcome=kept", "")                 \
   X(remote_drops_not_held, kCounter, "fluxon_remote_drops_total", "outcome=not_held", "")         \
   X(remote_drops_failed, kCounter, "fluxon_remote_drops_total", "outcome=failed", "")             \
+  X(remote_duplicate_pages, kCounter, "fluxon_remote_duplicate_pages_total", "",                  \
+    "One ranking: demoted copies dropped because their value is held here again (fetched back, "  \
+    "or its key put again): capacity counted once.")                                              \
   X(relocalised_pages, kCounter, "fluxon_relocalised_pages_total", "",                            \
     "One ranking: values of this owner's demoted cohorts fetched back here (the same cohort "     \
     "again, its rank kept).")                                                                     \

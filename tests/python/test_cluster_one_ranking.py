@@ -4,7 +4,7 @@
 
 What it checks: a demoted value stays ranked by owner 1 (its remote bytes counted there, one
 copy on the remote_cache each); a get through owner 1 fetches a demoted value back under the same
-cohort (counted relocalised); when what owner 1 ranks outgrows half its segment plus the budget,
+cohort (counted relocalised) and its copy on the remote_cache is dropped (one copy at rest); when what owner 1 ranks outgrows half its segment plus the budget,
 its policy's victims go from both tiers — the remote_cache drops exactly the copies owner 1 asks
 it to (counted on both sides) and holds what owner 1 still ranks; every reader gets the bytes
 that were written; temporary state ends at baseline; every wait is bounded.
@@ -49,6 +49,9 @@ def test_demoted_values_stay_ranked_and_the_owners_victims_leave_both_tiers(daem
     expect_pages(data, n, seed=0)
     s = a.stats()
     assert s["relocalised_pages"] > 0, s
+    # Held here again, its copy there is a duplicate at rest: dropped (capacity counted once).
+    wait_until(lambda: a.stats()["remote_duplicate_pages"] > 0, 10,
+               "the fetched-back values' remote copies to be dropped")
 
     # 384 MiB more: the ranked set outgrows 768 MiB, so owner 1's policy evicts from both tiers.
     more = put_batches(a, "os", 6)

@@ -203,15 +203,39 @@ TEST(HotTierOneRankingTest, AFetchedBackCohortIsLocalAgainAndMostRecentlyUsed) {
   ASSERT_TRUE(tier.EndMove(1, true, "rc:1"));
   ASSERT_TRUE(tier.Relocalised(1));
   EXPECT_EQ(tier.weight(), 20u);
-  EXPECT_EQ(tier.remote_weight(), 10u);  // held in both tiers
+  EXPECT_EQ(tier.remote_weight(), 10u);  // held in both tiers until its copy there is dropped
   // Cohort 2 is now the coldest here; cohort 1 keeps its copy's place while moving again.
   std::vector<Cohort> moving = tier.TakeLocal(20);
   ASSERT_EQ(Ids(moving), (std::vector<uint64_t>{2, 1}));
   EXPECT_EQ(moving[1].remote_address, "rc:1");
-  ASSERT_TRUE(tier.EndMove(1, true, {}));  // released: the copy there stays
+  EXPECT_TRUE(tier.TakeRemoteToDrop().empty());  // not while it moves
+  ASSERT_TRUE(tier.EndMove(1, true, {}));        // released: the copy there stays
   EXPECT_EQ(tier.remote_weight(), 10u);
   EXPECT_EQ(tier.RemoteCohortOf("k1", 7), 1u);
   EXPECT_FALSE(tier.Relocalised(3));  // not here
+  ASSERT_TRUE(tier.EndMove(2, false, {}));
+}
+
+TEST(HotTierOneRankingTest, ACohortFetchedBackOrPutAgainGivesUpItsRemoteCopy) {
+  HotTier<> tier;
+  tier.EnableOneRanking();
+  tier.AdmitChain({Keyed(1), Keyed(2)});
+  ASSERT_EQ(tier.TakeLocal(20).size(), 2u);
+  ASSERT_TRUE(tier.EndMove(1, true, "rc:1"));
+  ASSERT_TRUE(tier.EndMove(2, true, "rc:2"));
+  ASSERT_TRUE(tier.Relocalised(1));  // fetched back: a duplicate at rest
+  Cohort again = Keyed(3);
+  again.keys = {"k2"};  // k2 put again: another identity
+  tier.AdmitChain({again});
+  std::vector<Cohort> drop = tier.TakeRemoteToDrop();
+  ASSERT_EQ(Ids(drop), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(drop[0].remote_address, "rc:1");
+  EXPECT_EQ(drop[1].remote_address, "rc:2");
+  EXPECT_EQ(tier.remote_weight(), 0u);
+  EXPECT_EQ(tier.size(), 2u);  // 1 (held here) and 3; 2 was held only there
+  EXPECT_EQ(tier.weight(), 20u);
+  EXPECT_EQ(tier.RemoteCohortOf("k1", 7), 0u);
+  EXPECT_TRUE(tier.TakeRemoteToDrop().empty());
 }
 
 TEST(HotTierOneRankingTest, AVictimTakenWhileItMovesEndsItsMove) {
