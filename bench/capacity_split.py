@@ -284,9 +284,6 @@ def main():
                         "remote_drops_kept", "remote_drops_not_held", "remote_drops_failed",
                         "remote_duplicate_pages",
                         "relocalised_pages")}
-                    if os.environ.get("CAPSPLIT_DUMP"):
-                        Path(os.environ["CAPSPLIT_DUMP"]).write_text(json.dumps(
-                            {"owner": s, "cache": side.cache_stats()}, indent=1))
                     cache = side.cache_stats()
                     e["cache_evicted_pages"] = cache.get("owner_evicted_pages", 0)
                     e["cache_dropped_on_request_pages"] = cache.get(

@@ -320,8 +320,10 @@ uint64_t Evictor::ReleaseLocal(std::vector<Cohort> cohorts, uint64_t* pages) {
   return freed + Settle(std::move(orphans), /*only_if_copied=*/false);
 }
 
-void Evictor::DropRemote(const std::string& address, const std::vector<Cohort>& cohorts) {
-  if (peers_ == nullptr || address.empty() || cohorts.empty()) return;
+Evictor::DropCounts Evictor::DropRemote(const std::string& address,
+                                        const std::vector<Cohort>& cohorts) {
+  DropCounts counts;
+  if (peers_ == nullptr || address.empty() || cohorts.empty()) return counts;
   v1::DropCopiesRequest req;
   req.set_requester_node_id(registration_->identity().node_id);
   const auto send = [&] {
@@ -330,6 +332,8 @@ void Evictor::DropRemote(const std::string& address, const std::vector<Cohort>& 
     absl::StatusOr<v1::DropCopiesReply> r =
         peers_->DropCopies(address, req, demotion_.drop_timeout);
     if (r.ok()) {
+      counts.dropped += r->dropped();
+      counts.kept += r->kept();
       counters_->remote_drops_dropped.fetch_add(static_cast<int64_t>(r->dropped()),
                                                 std::memory_order_relaxed);
       counters_->remote_drops_kept.fetch_add(static_cast<int64_t>(r->kept()),
@@ -338,6 +342,7 @@ void Evictor::DropRemote(const std::string& address, const std::vector<Cohort>& 
                                                  std::memory_order_relaxed);
     } else {
       // The copies stay routed and readable there; that owner's own eviction takes them.
+      counts.failed += static_cast<uint64_t>(n);
       counters_->remote_drops_failed.fetch_add(n, std::memory_order_relaxed);
       spdlog::warn("dropping {} demoted copies on {}: {}; they stay there until it evicts them", n,
                    address, r.status().ToString());
@@ -353,6 +358,7 @@ void Evictor::DropRemote(const std::string& address, const std::vector<Cohort>& 
     }
   }
   send();
+  return counts;
 }
 
 v1::DropCopiesReply Evictor::DropCopies(const v1::DropCopiesRequest& req) {
@@ -519,6 +525,21 @@ uint64_t Evictor::Settle(std::vector<Cohort> victims, bool only_if_copied, uint6
 
 absl::StatusOr<DeleteOutcome> Evictor::DeletePrefix(const std::string& prefix) {
   FLUXON_RETURN_IF_ERROR(ValidateDeletePrefix(prefix));
+  DeleteOutcome remote;
+  if (one_ranking()) {
+    // The copies this owner demoted under the prefix go too (first: a cohort held in both
+    // tiers then loses its copy's place before its local values go).
+    std::map<std::string, std::vector<Cohort>> there;  // by remote_cache
+    for (Cohort& c : hot_->TakeRemoteUnder(prefix)) {
+      there[c.remote_address].push_back(std::move(c));
+    }
+    for (const auto& [address, cohorts] : there) {
+      const DropCounts d = DropRemote(address, cohorts);
+      remote.deleted += d.dropped;
+      remote.skipped_in_use += d.kept;
+      remote.unconfirmed += d.failed;
+    }
+  }
   // Eviction cohorts (one atomic group each) go together, so a group is never split; keys not
   // committed yet have no cohort and count as in use.
   std::map<std::pair<uint64_t, uint64_t>, Cohort> by_cohort;  // (put_id, cohort id)
@@ -548,6 +569,9 @@ absl::StatusOr<DeleteOutcome> Evictor::DeletePrefix(const std::string& prefix) {
     }
     out.deleted += removals[i].pages;
   }
+  out.deleted += remote.deleted;
+  out.skipped_in_use += remote.skipped_in_use + remote.unconfirmed;
+  out.unconfirmed += remote.unconfirmed;
   counters_->deleted_pages.fetch_add(out.deleted, std::memory_order_relaxed);
   if (out.unconfirmed > 0) {
     spdlog::warn(

@@ -175,8 +175,14 @@ class Evictor final : public EvictionSignals {
   // One ranking: removes the local values of moving cohorts whose remote copy exists (only if
   // copied) and ends their moves; returns bytes freed.
   uint64_t ReleaseLocal(std::vector<Cohort> cohorts, uint64_t* pages = nullptr);
-  // Asks the remote_cache at `address` to drop this owner's copies of `cohorts`.
-  void DropRemote(const std::string& address, const std::vector<Cohort>& cohorts);
+  // Asks the remote_cache at `address` to drop this owner's copies of `cohorts`; what it
+  // answered (failed: values of calls that failed).
+  struct DropCounts {
+    uint64_t dropped = 0;
+    uint64_t kept = 0;
+    uint64_t failed = 0;
+  };
+  DropCounts DropRemote(const std::string& address, const std::vector<Cohort>& cohorts);
   // A demotion of `weight` bytes ended.
   void Undemoting(uint64_t weight) ABSL_EXCLUSIVE_LOCKS_REQUIRED(demote_mu_);
   // Queues `cold` (taken from the hot tier, or moving) for demotion; returns what could not go.

@@ -296,6 +296,39 @@ class HotTier {
     remote_drops_.clear();
     return out;
   }
+  // One ranking: the cohorts whose every key starts with `prefix` and whose copy is on a
+  // remote_cache (deleted on request): out of the ranking where held only there, their copy's
+  // place forgotten where held here too. The caller drops the copies.
+  std::vector<Cohort> TakeRemoteUnder(std::string_view prefix) {
+    std::vector<uint64_t> ids;
+    MutexLock lock(&mu_);
+    for (const auto& [key, id] : remote_keys_) {
+      if (key.compare(0, prefix.size(), prefix) == 0) ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::vector<Cohort> out;
+    for (uint64_t id : ids) {
+      auto it = cohorts_.find(id);
+      if (it == cohorts_.end() || it->second.moving) continue;
+      const std::vector<std::string>& keys = it->second.keys;
+      if (!std::all_of(keys.begin(), keys.end(), [&](const std::string& k) {
+            return k.compare(0, prefix.size(), prefix) == 0;
+          })) {
+        continue;
+      }
+      Unaccount(it->second);
+      out.push_back(it->second);
+      if (it->second.local) {
+        it->second.remote_address.clear();
+        Account(it->second, /*cold=*/true);
+        continue;
+      }
+      policy_.Erase(id);
+      cohorts_.erase(it);
+    }
+    return out;
+  }
   // This owner's copy of cohort `id` on a remote_cache is gone (the master knows no other
   // copy): it stays ranked while held here, and leaves (as a victim) when it is not.
   void ForgetRemoteCopy(uint64_t id) {

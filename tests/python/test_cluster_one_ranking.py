@@ -77,3 +77,25 @@ def test_demoted_values_stay_ranked_and_the_owners_victims_leave_both_tiers(daem
         found += n
     assert found > 0
     wait_baseline(c, {1: a, 2: b, 3: CacheStats(c)})
+
+
+def test_a_delete_through_the_owner_removes_its_demoted_copies_too(daemon_factory, tmp):
+    c = ReplicaCluster(daemon_factory, tmp, owner_extra=RANKING)
+    a, b = c.client(1), c.client(2)
+    batches = put_batches(a, "od", 10)
+    wait_until(lambda: a.stats()["demoted_pages"] > 0 and settled(a.stats()), 30,
+               "the demotions to end")
+    demoted = a.stats()["demoted_pages"]
+    assert c.cache_stats()["committed_entries"] == demoted > 0
+    deleted, kept = a.delete_prefix("od")
+    assert (deleted, kept) == (10 * 256, 0)
+    # Gone from both tiers: no route, no copy on the remote_cache, nothing ranked there.
+    assert c.all_locations("od") == {}
+    assert c.cache_stats()["committed_entries"] == 0
+    s = a.stats()
+    assert s["committed_entries"] == 0 and s["remote_ranked_bytes"] == 0, str(s)
+    assert s["remote_drops_dropped"] == demoted, str(s)
+    for keys in batches:
+        n, _ = get_pages(b, keys)
+        assert n == 0
+    wait_baseline(c, {1: a, 2: b, 3: CacheStats(c)})

@@ -283,5 +283,23 @@ TEST(HotTierOneRankingTest, OffByDefaultNothingIsListed) {
   EXPECT_EQ(tier.remote_weight(), 0u);
 }
 
+TEST(HotTierOneRankingTest, ADeleteTakesTheRemoteCopiesUnderItsPrefix) {
+  HotTier<> tier;
+  tier.EnableOneRanking();
+  Cohort both = Keyed(3);
+  both.keys = {"k3", "x3"};  // one key outside the prefix: its copy stays
+  tier.AdmitChain({Keyed(1), Keyed(2), both});
+  ASSERT_EQ(tier.TakeLocal(30).size(), 3u);
+  ASSERT_TRUE(tier.EndMove(1, true, "rc:1"));
+  ASSERT_TRUE(tier.EndMove(2, false, "rc:1"));  // held in both tiers
+  ASSERT_TRUE(tier.EndMove(3, true, "rc:1"));
+  std::vector<Cohort> taken = tier.TakeRemoteUnder("k");
+  EXPECT_EQ(Ids(taken), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(tier.size(), 2u);  // 2 stays, held here; 1 was held only there
+  EXPECT_EQ(tier.remote_weight(), 10u);
+  EXPECT_EQ(tier.RemoteCohortOf("k3", 7), 3u);
+  EXPECT_EQ(tier.RemoteCohortOf("k2", 7), 0u);
+}
+
 }  // namespace
 }  // namespace fluxon
