@@ -329,8 +329,22 @@ Evictor::DropCounts Evictor::DropRemote(const std::string& address,
   const auto send = [&] {
     if (req.items_size() == 0) return;
     const int64_t n = req.items_size();
+    // A remote_cache that failed a drop is not asked again for a while: eviction (this may be
+    // the maintenance round) never waits on an unreachable peer call after call.
+    const auto now = Clock::now();
+    bool backing_off = false;
+    {
+      MutexLock lock(&demote_mu_);
+      auto b = drop_backoff_.find(address);
+      if (b != drop_backoff_.end() && now < b->second) {
+        backing_off = true;
+      } else if (b != drop_backoff_.end()) {
+        drop_backoff_.erase(b);
+      }
+    }
     absl::StatusOr<v1::DropCopiesReply> r =
-        peers_->DropCopies(address, req, demotion_.drop_timeout);
+        backing_off ? absl::UnavailableError("backing off after a failed drop")
+                    : peers_->DropCopies(address, req, demotion_.drop_timeout);
     if (r.ok()) {
       counts.dropped += r->dropped();
       counts.kept += r->kept();
@@ -344,8 +358,15 @@ Evictor::DropCounts Evictor::DropRemote(const std::string& address,
       // The copies stay routed and readable there; that owner's own eviction takes them.
       counts.failed += static_cast<uint64_t>(n);
       counters_->remote_drops_failed.fetch_add(n, std::memory_order_relaxed);
-      spdlog::warn("dropping {} demoted copies on {}: {}; they stay there until it evicts them", n,
-                   address, r.status().ToString());
+      if (!backing_off) {
+        spdlog::warn(
+            "dropping {} demoted copies on {}: {}; they stay there until it evicts them (no "
+            "drops there for {} ms)",
+            n, address, r.status().ToString(), kDropBackoff.count());
+        MutexLock lock(&demote_mu_);
+        if (drop_backoff_.size() < kMaxDropBackoffPeers)
+          drop_backoff_[address] = now + kDropBackoff;
+      }
     }
     req.clear_items();
   };

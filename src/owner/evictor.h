@@ -183,6 +183,10 @@ class Evictor final : public EvictionSignals {
     uint64_t failed = 0;
   };
   DropCounts DropRemote(const std::string& address, const std::vector<Cohort>& cohorts);
+  // After a failed drop, that remote_cache is not asked again for this long (its drops count
+  // failed at once); at most this many peers are remembered so.
+  static constexpr std::chrono::milliseconds kDropBackoff{5'000};
+  static constexpr size_t kMaxDropBackoffPeers = 1024;
   // A demotion of `weight` bytes ended.
   void Undemoting(uint64_t weight) ABSL_EXCLUSIVE_LOCKS_REQUIRED(demote_mu_);
   // Queues `cold` (taken from the hot tier, or moving) for demotion; returns what could not go.
@@ -232,6 +236,9 @@ class Evictor final : public EvictionSignals {
   uint64_t demoting_bytes_ ABSL_GUARDED_BY(demote_mu_) = 0;
   std::chrono::steady_clock::time_point demotion_paused_until_ ABSL_GUARDED_BY(demote_mu_);
   std::chrono::milliseconds demotion_backoff_ ABSL_GUARDED_BY(demote_mu_){1000};
+  // One ranking: remote_caches whose last drop failed, and until when they are not asked.
+  absl::flat_hash_map<std::string, std::chrono::steady_clock::time_point> drop_backoff_
+      ABSL_GUARDED_BY(demote_mu_);
   std::atomic<bool> candidates_changed_{false};
 
   // Round state (the maintenance actor's thread only).

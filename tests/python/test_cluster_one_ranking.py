@@ -10,9 +10,11 @@ it to (counted on both sides) and holds what owner 1 still ranks; every reader g
 that were written; temporary state ends at baseline; every wait is bounded.
 """
 
+import time
+
 from test_cluster_demotion_faults import expect_all_readable, put_batches, settled
 from test_cluster_remote_get import expect_pages, get_pages
-from test_cluster_replica_faults import wait_until
+from test_cluster_replica_faults import kill, wait_until
 from test_cluster_replicas import CacheStats, ReplicaCluster, wait_baseline
 
 MIB = 1 << 20
@@ -99,3 +101,36 @@ def test_a_delete_through_the_owner_removes_its_demoted_copies_too(daemon_factor
         n, _ = get_pages(b, keys)
         assert n == 0
     wait_baseline(c, {1: a, 2: b, 3: CacheStats(c)})
+
+
+def test_a_killed_remote_cache_fails_the_drops_and_the_owner_keeps_serving(daemon_factory, tmp):
+    c = ReplicaCluster(daemon_factory, tmp, owner_extra=RANKING)
+    a, b = c.client(1), c.client(2)
+    batches = put_batches(a, "ok", 10)
+    wait_until(lambda: a.stats()["demoted_pages"] >= 256 and settled(a.stats()), 30,
+               "the demotions to end")
+    demoted = sorted(k for k, nodes in c.all_locations("ok").items() if nodes == [3])
+    assert len(demoted) == a.stats()["demoted_pages"]
+    kill(c.daemons[3])
+    # A delete of what owner 1 demoted cannot drop the copies on the dead remote_cache: they are
+    # reported kept (unconfirmed) and counted failed, and leave the ranking; their routes go
+    # with the remote_cache's lease. The next drops there fail at once (backing off).
+    t0 = time.time()
+    deleted, kept = a.delete_prefix("ok0-")
+    assert (deleted, kept) == (0, 256), (deleted, kept)
+    deleted, kept = a.delete_prefix("ok1-")
+    assert time.time() - t0 < 5
+    s = a.stats()
+    assert s["remote_drops_failed"] == 512 and s["remote_drops_dropped"] == 0, str(s)
+    assert s["remote_ranked_bytes"] == (len(demoted) - 512) * VALUE_LEN, str(s)
+    # The owner keeps serving: 384 MiB more put, every reader gets the written bytes or a miss.
+    more = put_batches(a, "ol", 6)
+    wait_until(lambda: settled(a.stats()), 30, "the demotions to end")
+    assert a.stats()["put_commits"] == 16
+    found = 0
+    for j, keys in enumerate(batches + more):
+        n, data = get_pages(b, keys)
+        expect_pages(data, n, seed=j if j < len(batches) else j - len(batches))
+        found += n
+    assert found >= 4 * 256  # the latest puts are held by owner 1
+    wait_baseline(c, {1: a, 2: b})
