@@ -220,7 +220,9 @@ class PeerServiceImpl final : public v1::PeerService::Service {
           absl::StrFormat("the certificate of node %d may not drop copies as node %d", *named,
                           r->requester_node_id())));
     }
-    *out = owner_->DropCopies(*r);
+    absl::StatusOr<v1::DropCopiesReply> dropped = owner_->DropCopies(*r);
+    if (!dropped.ok()) return ToGrpcStatus(dropped.status());
+    *out = *std::move(dropped);
     spdlog::debug("node {} asked to drop {} copies: {} dropped, {} kept, {} not held",
                   r->requester_node_id(), r->items_size(), out->dropped(), out->kept(),
                   out->not_held());

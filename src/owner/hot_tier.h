@@ -283,15 +283,8 @@ class HotTier {
     for (uint64_t id : remote_drops_) {
       auto it = cohorts_.find(id);
       if (it == cohorts_.end() || it->second.moving || it->second.remote_address.empty()) continue;
-      Unaccount(it->second);
       out.push_back(it->second);
-      if (it->second.local) {
-        it->second.remote_address.clear();
-        Account(it->second, /*cold=*/true);
-        continue;
-      }
-      policy_.Erase(id);
-      cohorts_.erase(it);
+      ForgetRemoteLocked(it);
     }
     remote_drops_.clear();
     return out;
@@ -317,15 +310,8 @@ class HotTier {
           })) {
         continue;
       }
-      Unaccount(it->second);
       out.push_back(it->second);
-      if (it->second.local) {
-        it->second.remote_address.clear();
-        Account(it->second, /*cold=*/true);
-        continue;
-      }
-      policy_.Erase(id);
-      cohorts_.erase(it);
+      ForgetRemoteLocked(it);
     }
     return out;
   }
@@ -335,14 +321,7 @@ class HotTier {
     MutexLock lock(&mu_);
     auto it = cohorts_.find(id);
     if (it == cohorts_.end() || it->second.remote_address.empty()) return;
-    Unaccount(it->second);
-    it->second.remote_address.clear();
-    if (it->second.local) {
-      Account(it->second, /*cold=*/true);
-      return;
-    }
-    policy_.Evict(id);
-    cohorts_.erase(it);
+    ForgetRemoteLocked(it, /*as_victim=*/true);
   }
   // Bytes of the cohorts this owner keeps on remote_caches (one ranking).
   uint64_t remote_weight() const {
@@ -372,6 +351,24 @@ class HotTier {
     return h == 0 ? 1 : h;
   }
 
+  // Forgets the place of the cohort's remote copy: a cohort held here keeps its place in the
+  // local list; one held only there leaves the ranking (`as_victim`: its ghost is remembered).
+  void ForgetRemoteLocked(absl::flat_hash_map<uint64_t, Cohort>::iterator it,
+                          bool as_victim = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Cohort& c = it->second;
+    if (!c.local) {
+      if (as_victim) {
+        policy_.Evict(c.id);
+      } else {
+        policy_.Erase(c.id);
+      }
+      Unaccount(c);
+      cohorts_.erase(it);
+      return;
+    }
+    UnindexRemote(c);
+    c.remote_address.clear();
+  }
   // Counts `c` (not in cohorts_ yet, or just changed) in the weights and lists.
   void Account(const Cohort& c, bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (c.local) weight_ += c.weight;
@@ -387,12 +384,14 @@ class HotTier {
     if (c.local) weight_ -= c.weight;
     UnlistCopied(c.id);
     UnlistLocal(c.id);
-    if (!c.remote_address.empty()) {
-      remote_weight_ -= c.weight;
-      for (const std::string& k : c.keys) {
-        auto r = remote_keys_.find(k);
-        if (r != remote_keys_.end() && r->second == c.id) remote_keys_.erase(r);
-      }
+    if (!c.remote_address.empty()) UnindexRemote(c);
+  }
+  // Takes `c`'s remote copy out of the remote weight and the key index.
+  void UnindexRemote(const Cohort& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    remote_weight_ -= c.weight;
+    for (const std::string& k : c.keys) {
+      auto r = remote_keys_.find(k);
+      if (r != remote_keys_.end() && r->second == c.id) remote_keys_.erase(r);
     }
   }
   // A key of `c` that a remote copy holds under another cohort was put again.

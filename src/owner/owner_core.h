@@ -157,8 +157,14 @@ class OwnerCore {
   absl::StatusOr<std::vector<PullOutcome>> PullReplicas(const std::vector<PullItem>& items) {
     return puller_->Pull(items);
   }
-  // Drops the copies an owner demoted here and its policy evicted (one ranking).
-  v1::DropCopiesReply DropCopies(const v1::DropCopiesRequest& req) {
+  // Drops the copies an owner demoted here and its policy evicted (one ranking). Only a
+  // remote_cache holds demoted copies (placement puts demotions nowhere else), so only a
+  // remote_cache drops on request: an owner's own values are its own to evict.
+  absl::StatusOr<v1::DropCopiesReply> DropCopies(const v1::DropCopiesRequest& req) {
+    if (runtime_.role != Role::kRemoteCache) {
+      return absl::FailedPreconditionError(
+          "DropCopies is served by remote_cache nodes only (they hold the demoted copies)");
+    }
     return evictor_->DropCopies(req);
   }
   // Where this owner serves the peer service (registered with the master; sources send their

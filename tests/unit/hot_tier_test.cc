@@ -301,5 +301,17 @@ TEST(HotTierOneRankingTest, ADeleteTakesTheRemoteCopiesUnderItsPrefix) {
   EXPECT_EQ(tier.RemoteCohortOf("k2", 7), 0u);
 }
 
+TEST(HotTierOneRankingTest, GivingUpTheRemoteCopyKeepsTheLocalPlace) {
+  HotTier<> tier;
+  tier.EnableOneRanking();
+  tier.AdmitChain({Keyed(1), Keyed(2), Keyed(3)});
+  ASSERT_EQ(Ids(tier.TakeLocal(10)), (std::vector<uint64_t>{1}));
+  ASSERT_TRUE(tier.EndMove(1, true, "rc:1"));
+  ASSERT_TRUE(tier.Relocalised(1));  // the warm end
+  ASSERT_EQ(Ids(tier.TakeRemoteToDrop()), (std::vector<uint64_t>{1}));
+  // Still the warmest here: the next to move out are 2 and 3, not the value just read.
+  EXPECT_EQ(Ids(tier.TakeLocal(20)), (std::vector<uint64_t>{2, 3}));
+}
+
 }  // namespace
 }  // namespace fluxon
