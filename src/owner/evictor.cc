@@ -4,6 +4,7 @@
 
 #include "common/batch.h"
 #include "common/check.h"
+#include "common/put_id.h"
 #include "fluxon/status.h"
 #include "fluxon/units.h"
 #include "rpc/retry.h"
@@ -138,6 +139,9 @@ void Evictor::EnableDemotion(ReplicaQueue* queue, DemotionOptions options, PeerA
   demotion_ = options;
   demotions_ = queue;
   peers_ = peers;
+  // The daemon always has a peer client; only a test without one may ask for no ranking here.
+  FLUXON_DCHECK(peers_ != nullptr || demotion_.remote_budget_bytes == 0,
+                "one ranking needs a peer client for its drops");
   if (peers_ == nullptr) demotion_.remote_budget_bytes = 0;
   if (demotion_.remote_budget_bytes > 0) hot_->EnableOneRanking();
 }
@@ -209,32 +213,28 @@ std::vector<Cohort> Evictor::QueueDemotions(std::vector<Cohort> cold) {
 }
 
 void Evictor::DropDuplicates() {
-  std::map<std::string, std::vector<Cohort>> there;  // by remote_cache
+  std::vector<Cohort> there = hot_->TakeRemoteToDrop();
   int64_t pages = 0;
-  for (Cohort& c : hot_->TakeRemoteToDrop()) {
-    pages += static_cast<int64_t>(c.keys.size());
-    there[c.remote_address].push_back(std::move(c));
-  }
+  for (const Cohort& c : there) pages += static_cast<int64_t>(c.keys.size());
   if (pages == 0) return;
   counters_->remote_duplicate_pages.fetch_add(pages, std::memory_order_relaxed);
-  for (const auto& [address, cohorts] : there) DropRemote(address, cohorts);
+  DropRemoteCopies(std::move(there));
 }
 
 Evictor::TrimResult Evictor::Trim(uint64_t bytes) {
   TrimResult result;
-  std::vector<Cohort> here;
-  std::map<std::string, std::vector<Cohort>> there;  // by remote_cache
+  std::vector<Cohort> here, there;
   for (Cohort& v : hot_->TakeVictims(bytes)) {
     result.taken += v.weight;
     if (v.moving) continue;  // the end of its move evicts it (EndMove finds it gone)
-    if (!v.remote_address.empty()) there[v.remote_address].push_back(v);
+    if (!v.remote_address.empty()) there.push_back(v);
     if (v.local) {
       v.remote_address.clear();  // dropped below: a member kept here is ranked as local only
       here.push_back(std::move(v));
     }
   }
   result.freed_here = Settle(std::move(here), /*only_if_copied=*/false);
-  for (const auto& [address, cohorts] : there) DropRemote(address, cohorts);
+  DropRemoteCopies(std::move(there));
   return result;
 }
 
@@ -320,6 +320,19 @@ uint64_t Evictor::ReleaseLocal(std::vector<Cohort> cohorts, uint64_t* pages) {
   return freed + Settle(std::move(orphans), /*only_if_copied=*/false);
 }
 
+Evictor::DropCounts Evictor::DropRemoteCopies(std::vector<Cohort> cohorts) {
+  std::map<std::string, std::vector<Cohort>> by_address;
+  for (Cohort& c : cohorts) by_address[c.remote_address].push_back(std::move(c));
+  DropCounts total;
+  for (const auto& [address, group] : by_address) {
+    const DropCounts d = DropRemote(address, group);
+    total.dropped += d.dropped;
+    total.kept += d.kept;
+    total.failed += d.failed;
+  }
+  return total;
+}
+
 Evictor::DropCounts Evictor::DropRemote(const std::string& address,
                                         const std::vector<Cohort>& cohorts) {
   DropCounts counts;
@@ -347,13 +360,15 @@ Evictor::DropCounts Evictor::DropRemote(const std::string& address,
                     : peers_->DropCopies(address, req, demotion_.drop_timeout);
     if (r.ok()) {
       counts.dropped += r->dropped();
-      counts.kept += r->kept();
+      counts.kept += r->kept() + r->refused();
       counters_->remote_drops_dropped.fetch_add(static_cast<int64_t>(r->dropped()),
                                                 std::memory_order_relaxed);
       counters_->remote_drops_kept.fetch_add(static_cast<int64_t>(r->kept()),
                                              std::memory_order_relaxed);
       counters_->remote_drops_not_held.fetch_add(static_cast<int64_t>(r->not_held()),
                                                  std::memory_order_relaxed);
+      counters_->remote_drops_refused.fetch_add(static_cast<int64_t>(r->refused()),
+                                                std::memory_order_relaxed);
     } else {
       // The copies stay routed and readable there; that owner's own eviction takes them.
       counts.failed += static_cast<uint64_t>(n);
@@ -387,6 +402,12 @@ v1::DropCopiesReply Evictor::DropCopies(const v1::DropCopiesRequest& req) {
   // The named members of each cohort held here.
   std::map<uint64_t, std::vector<std::string>> named;
   for (const v1::DropItem& item : req.items()) {
+    // Only the owner that put a value demotes it, so only it may drop the copy (with node-bound
+    // certificates the caller's node is its certificate's).
+    if (PutIdOrigin(item.put_id()) != req.requester_node_id()) {
+      out.set_refused(out.refused() + 1);
+      continue;
+    }
     const uint64_t cohort = keys_->CommittedCohort(item.key(), item.put_id());
     if (cohort == 0) {
       out.set_not_held(out.not_held() + 1);
@@ -550,16 +571,10 @@ absl::StatusOr<DeleteOutcome> Evictor::DeletePrefix(const std::string& prefix) {
   if (one_ranking()) {
     // The copies this owner demoted under the prefix go too (first: a cohort held in both
     // tiers then loses its copy's place before its local values go).
-    std::map<std::string, std::vector<Cohort>> there;  // by remote_cache
-    for (Cohort& c : hot_->TakeRemoteUnder(prefix)) {
-      there[c.remote_address].push_back(std::move(c));
-    }
-    for (const auto& [address, cohorts] : there) {
-      const DropCounts d = DropRemote(address, cohorts);
-      remote.deleted += d.dropped;
-      remote.skipped_in_use += d.kept;
-      remote.unconfirmed += d.failed;
-    }
+    const DropCounts d = DropRemoteCopies(hot_->TakeRemoteUnder(prefix));
+    remote.deleted += d.dropped;
+    remote.skipped_in_use += d.kept;
+    remote.unconfirmed += d.failed;
   }
   // Eviction cohorts (one atomic group each) go together, so a group is never split; keys not
   // committed yet have no cohort and count as in use.

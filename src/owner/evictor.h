@@ -122,8 +122,8 @@ class Evictor final : public EvictionSignals {
   // the hot tier's first admission).
   void EnableDemotion(ReplicaQueue* queue, DemotionOptions options, PeerApi* peers = nullptr);
   // The other side of one ranking: drops the copies named (a remote_cache asked by the owner
-  // that demoted them), each as eviction removes a value; counts what was dropped, kept and
-  // not held.
+  // that demoted them), each as eviction removes a value; counts what was dropped, kept, not
+  // held, and refused (a value another node put: only its owner may drop it).
   v1::DropCopiesReply DropCopies(const v1::DropCopiesRequest& req);
   // Waits up to `interval` unless pressure was signalled; false when stopping.
   bool WaitForWork(std::chrono::milliseconds interval);
@@ -176,13 +176,15 @@ class Evictor final : public EvictionSignals {
   // copied) and ends their moves; returns bytes freed.
   uint64_t ReleaseLocal(std::vector<Cohort> cohorts, uint64_t* pages = nullptr);
   // Asks the remote_cache at `address` to drop this owner's copies of `cohorts`; what it
-  // answered (failed: values of calls that failed).
+  // answered (kept: also those it refused; failed: values of calls that failed).
   struct DropCounts {
     uint64_t dropped = 0;
     uint64_t kept = 0;
     uint64_t failed = 0;
   };
   DropCounts DropRemote(const std::string& address, const std::vector<Cohort>& cohorts);
+  // DropRemote for cohorts on any remote_caches (each to its own).
+  DropCounts DropRemoteCopies(std::vector<Cohort> cohorts);
   // After a failed drop, that remote_cache is not asked again for this long (its drops count
   // failed at once); at most this many peers are remembered so.
   static constexpr std::chrono::milliseconds kDropBackoff{5'000};

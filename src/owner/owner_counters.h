@@ -68,10 +68,12 @@ enum class CounterKind { kCounter, kGauge, kMicros };
   X(remote_drops_dropped, kCounter, "fluxon_remote_drops_total", "outcome=dropped",               \
     "One ranking: demoted copies this owner's policy evicted and asked their remote_cache to "    \
     "drop, by outcome: dropped, kept (pinned by a reader there, or busy), not_held (gone "        \
-    "already), failed (the call failed: the copy stays until that remote_cache evicts it).")      \
+    "already), failed (the call failed: the copy stays until that remote_cache evicts it), "      \
+    "refused (a value another node put).")                                                        \
   X(remote_drops_kept, kCounter, "fluxon_remote_drops_total", "outcome=kept", "")                 \
   X(remote_drops_not_held, kCounter, "fluxon_remote_drops_total", "outcome=not_held", "")         \
   X(remote_drops_failed, kCounter, "fluxon_remote_drops_total", "outcome=failed", "")             \
+  X(remote_drops_refused, kCounter, "fluxon_remote_drops_total", "outcome=refused", "")           \
   X(remote_duplicate_pages, kCounter, "fluxon_remote_duplicate_pages_total", "",                  \
     "One ranking: demoted copies dropped because their value is held here again (fetched back, "  \
     "or its key put again): capacity counted once.")                                              \

@@ -5,6 +5,8 @@
 // copied on another node goes first, and only while the master still routes another live copy).
 #include "owner/evictor.h"
 
+#include "common/put_id.h"
+
 #include "tests/unit/owner/owner_parts_fixture.h"
 
 namespace fluxon::testing {
@@ -273,6 +275,42 @@ TEST_F(EvictorTest, CopiedCohortsGoFirstAndNeverTheLastCopy) {
   for (const std::string k : {"copied", "own"}) {
     EXPECT_EQ(RouteOf(master(), k).has_value(), a.State(k) == "committed") << k;
   }
+}
+
+// One ranking, the remote_cache's side (DropCopies): only values the caller put (the origin in
+// the put_id), only the exact identity named; a named member of a cohort goes route first (S2)
+// while the cohort's other members stay, still routed.
+TEST_F(EvictorTest, DropCopiesDropsOnlyTheCallersValuesByExactIdentity) {
+  OwnerParts& o = Make();                                 // node 1 puts here
+  ASSERT_TRUE(PutAndPublish(o, {"d0", "d1"}, {2}).ok());  // one cohort of two
+  const uint64_t put_id = o.keys->IdentityOf("d0")->put_id;
+  ASSERT_EQ(PutIdOrigin(put_id), 1u);
+  const auto drop = [&](uint32_t requester, uint64_t id) {
+    v1::DropCopiesRequest req;
+    req.set_requester_node_id(requester);
+    v1::DropItem* item = req.add_items();
+    item->set_key("d0");
+    item->set_put_id(id);
+    return o.evictor->DropCopies(req);
+  };
+  v1::DropCopiesReply r = drop(2, put_id);  // another node's drop of node 1's value
+  EXPECT_EQ(r.refused(), 1u);
+  EXPECT_EQ(r.dropped(), 0u);
+  r = drop(1, put_id + 1);  // another identity of the key
+  EXPECT_EQ(r.not_held(), 1u);
+  EXPECT_EQ(o.State("d0"), "committed");
+  EXPECT_TRUE(RouteOf(master(), "d0").has_value());
+
+  r = drop(1, put_id);
+  EXPECT_EQ(r.dropped(), 1u);
+  EXPECT_EQ(r.kept() + r.not_held() + r.refused(), 0u);
+  EXPECT_EQ(o.State("d0"), "absent");
+  EXPECT_FALSE(RouteOf(master(), "d0").has_value());
+  EXPECT_EQ(o.State("d1"), "committed");  // not named: stays, as a cohort of its own
+  EXPECT_TRUE(RouteOf(master(), "d1").has_value());
+  EXPECT_EQ(o.hot->size(), 1u);
+  EXPECT_EQ(o.counters->dropped_on_request_pages.load(), 1);
+  EXPECT_EQ(drop(1, put_id).not_held(), 1u);  // idempotent
 }
 
 }  // namespace
