@@ -8,9 +8,10 @@ modes alternating inside every round (the VM is noisy); the summary gives median
 1. Replica throughput. The source puts a batch with make_replica_task=True (128 x 4,718,592 B
    and 1,024 x 65,536 B); the clock runs from the commit's acknowledgement (the routes are
    published, the tasks queued) until the source counts every task completed (its stats, polled
-   every 2 ms): pages/s and GB/s of pulls, and the share of that time the remote_cache spent
-   in its data-plane reads (the rest is control: placement, the pull call, BatchGetStart/Done,
-   claims, installs). The ceiling in the same round is the data
+   every 0.5 ms): pages/s and GB/s of pulls, and the shares of that time the remote_cache spent
+   in its data-plane reads and in its control steps (claims, BatchGetStart/Done, installs), and
+   the source in its PlaceReplicas and PullReplicas calls (summed over the batches in flight, so
+   a share can pass 100 %). The ceiling in the same round is the data
    plane's own read of the same values between two processes: `bench_transport` (fluxon-tcp and
    raw-tcp at the daemon's 4 connections per peer, --values/--value-len as above).
 2. The put cycle with replicas on and off: batches of 64 x 262,144 B (start, copy, commit, wait
@@ -126,7 +127,10 @@ def settled(s):
 
 def replicate_once(client, cache_stats, tag, pages, value_len, buf):
     """Seconds from the commit's acknowledgement until every task of the batch completed, and
-    the seconds the remote_cache spent in its data-plane reads of them."""
+    where the time went, in seconds summed over the batches in flight: the remote_cache's
+    data-plane reads ("read") and its control steps (claims, BatchGetStart/Done: "control"),
+    the source's PlaceReplicas calls ("place") and its PullReplicas calls ("pull", which
+    contain the remote_cache's read and control)."""
     cache_before = cache_stats()
     before = client.stats()
     keys = [f"{tag}-{i}" for i in range(pages)]
@@ -139,13 +143,18 @@ def replicate_once(client, cache_stats, tag, pages, value_len, buf):
             break
         if time.perf_counter() > deadline:
             raise RuntimeError(f"replicas of {tag} did not settle: {s}")
-        time.sleep(0.002)
+        time.sleep(0.0005)
     elapsed = time.perf_counter() - t0
     done = s["replica_tasks_completed"] - before.get("replica_tasks_completed", 0)
     if done != pages:
         raise RuntimeError(f"{tag}: {done} of {pages} replicas completed: {s}")
-    read_us = cache_stats().get("owner_remote_read_us", 0) - cache_before.get("owner_remote_read_us", 0)
-    return elapsed, read_us / 1e6
+    cache_after = cache_stats()
+    parts = {part: (cache_after.get(f"owner_remote_{part}_us", 0) -
+                    cache_before.get(f"owner_remote_{part}_us", 0)) / 1e6
+             for part in ("read", "control")}
+    for part in ("place", "pull"):
+        parts[part] = (s.get(f"replica_{part}_us", 0) - before.get(f"replica_{part}_us", 0)) / 1e6
+    return elapsed, parts
 
 
 def transport_ceiling(bench, peer, pages, value_len):
@@ -198,7 +207,8 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="fxrepl"))
     procs, sock, cache_stats = start_cluster(a.fluxond, tmp, batch_keys=a.batch_keys,
                                              pulls_in_flight=a.pulls_in_flight)
-    rows = {f"{p}x{v}": {"replica_s": [], "read_s": [], "fluxon-tcp": [], "raw-tcp": []}
+    rows = {f"{p}x{v}": {"replica_s": [], "read": [], "control": [], "place": [], "pull": [],
+                         "fluxon-tcp": [], "raw-tcp": []}
             for p, v in SHAPES}
     cycles = {"off": [], "on": [], "on-paused": []}
     cache_proc = procs[0]
@@ -211,9 +221,10 @@ def main():
         for r in range(a.rounds):
             for p, v in SHAPES:
                 name = f"{p}x{v}"
-                sec, read_s = replicate_once(client, cache_stats, f"r{r}-{name}", p, v, bufs[v])
+                sec, parts = replicate_once(client, cache_stats, f"r{r}-{name}", p, v, bufs[v])
                 rows[name]["replica_s"].append(sec)
-                rows[name]["read_s"].append(read_s)
+                for part, part_s in parts.items():
+                    rows[name][part].append(part_s)
                 for mode, gbps in transport_ceiling(a.bench_transport, a.transport_peer, p, v).items():
                     rows[name][mode].append(gbps)
             modes = ["off", "on", "on-paused"]
@@ -237,9 +248,9 @@ def main():
             p.stop()
     print(f"replica throughput, median of {a.rounds} rounds (pull path vs the data plane's read "
           "of the same values in the same round, 4 connections)")
-    print("| values | replica pages/s | replica GB/s | of it reads | fluxon-tcp GB/s | "
-          "raw-tcp GB/s | vs fluxon-tcp | vs raw-tcp |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| values | replica pages/s | replica GB/s | of it reads | control | place | pull calls "
+          "| fluxon-tcp GB/s | raw-tcp GB/s | vs fluxon-tcp | vs raw-tcp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     summary = {}
     for p, v in SHAPES:
         name = f"{p}x{v}"
@@ -249,9 +260,11 @@ def main():
         raw = statistics.median(rows[name]["raw-tcp"])
         summary[name] = {"replica_s": sec, "replica_gbps": gbps, "fluxon_tcp_gbps": ft,
                          "raw_tcp_gbps": raw, "rounds": rows[name]}
-        reads = statistics.median(rows[name]["read_s"]) / sec
-        print(f"| {p} x {v:,} B | {p / sec:,.0f} | {gbps:.2f} | {100 * reads:.0f} % | {ft:.2f} | "
-              f"{raw:.2f} | {100 * gbps / ft:.0f} % | {100 * gbps / raw:.0f} % |")
+        share = {part: 100 * statistics.median(rows[name][part]) / sec
+                 for part in ("read", "control", "place", "pull")}
+        print(f"| {p} x {v:,} B | {p / sec:,.0f} | {gbps:.2f} | {share['read']:.0f} % | "
+              f"{share['control']:.0f} % | {share['place']:.0f} % | {share['pull']:.0f} % | "
+              f"{ft:.2f} | {raw:.2f} | {100 * gbps / ft:.0f} % | {100 * gbps / raw:.0f} % |")
     print()
     print(f"put cycle, {CYCLE_PAGES} x {CYCLE_LEN:,} B per batch, {a.cycle_batches} batches per "
           f"mode per round, {a.rounds} rounds")

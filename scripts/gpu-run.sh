@@ -32,6 +32,12 @@
 #     replica: bench/replica_bench.py (replicas by pull against bench_transport's read of the
 #            same values, and the put cycle with replicas on and off; CPU only, on the GPU
 #            machine's idle cores; REPLICA_ARGS passes options; not part of all)
+#     capacity: bench/capacity_split.py (an owner of L bytes with a remote_cache of R against one
+#            owner of L and of L + R; CPU only, on the GPU machine's idle cores); CAPACITY_RUNS
+#            lists trace:value_len[:opt,opt] runs (a trace of bench_eviction_policy, or
+#            multiturn; the options after the second colon, comma-separated, are that run's own),
+#            CAPACITY_ARGS passes options (Mooncake is not in the pack: leave mooncake-L+R out of
+#            --configs); not part of all
 #     all  : test and bench (default); quick: tests in quick mode and the benchmark without sweeps
 #     Each step runs in its own process (a GPU fault in one cannot hide the others' results).
 #     Logs and the benchmark CSV go to $OUT (or ./gpu-out); the short tables are printed last.
@@ -59,7 +65,7 @@ case $mode in
       -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$PYBIND_DIR" >/dev/null
     cmake -S . -B "$BUILD_DIR" -DFLUXON_PYTHON=ON >/dev/null
     cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target kv_transfer_bench _fluxon_kernels_testing \
-      bench_transport transport_peer
+      bench_transport transport_peer bench_eviction_policy
     rm -rf "$DEST"
     mkdir -p "$DEST/bin" "$DEST/lib" "$DEST/wheel" "$DEST/tests"
     # The wheel's kernels module and the tests' support module share a class registration
@@ -84,7 +90,12 @@ PY
     # The kernel tests' support module (not in the wheel), beside the test that imports it.
     cp "$BUILD_DIR"/tests/kernels/_fluxon_kernels_testing*.so "$DEST/tests/"
     mkdir -p "$DEST/bench"
-    cp bench/gpu/linker_bench.py bench/replica_bench.py bench/soak_cluster.py "$DEST/bench/"
+    cp bench/gpu/linker_bench.py bench/replica_bench.py bench/soak_cluster.py \
+      bench/capacity_split.py bench/mooncake_compare.py bench/eviction_fluxond_replay.py "$DEST/bench/"
+    # The eviction traces the capacity split replays (bench/eviction_tables.sh's shapes).
+    mkdir -p "$DEST/traces"
+    "$BUILD_DIR"/bench/bench_eviction_policy --dump-traces "$DEST/traces" --capacities 25 \
+      --reps 1 >/dev/null
     # The pinned SGLang (its Python sources; the compiled extensions are for another Python and
     # are not imported on the HiCache path) and Python 3.12 wheels of the modules it imports at
     # start-up that the GPU machine's torch environment lacks. sgl_kernel (SGLang's CUDA kernel
@@ -150,7 +161,7 @@ PY
     step() {  # step NAME LOG COMMAND...: runs one step (bounded), records pass/fail
       local name=$1 log=$2
       shift 2
-      if timeout 420 "$@" >"$OUTDIR/$log" 2>&1; then
+      if timeout "${STEP_TIMEOUT_S:-420}" "$@" >"$OUTDIR/$log" 2>&1; then
         echo "step $name: ok" | tee -a "$OUTDIR/steps.txt"
       else
         echo "step $name: FAILED (exit $?, see $log)" | tee -a "$OUTDIR/steps.txt"
@@ -228,6 +239,17 @@ PY
         --bench-transport "env LD_LIBRARY_PATH=$PACK/lib $PACK/bin/bench_transport" \
         --transport-peer "$PACK/bin/transport_peer" ${REPLICA_ARGS:-}
       cat "$OUTDIR/replica.log"
+    fi
+    if [ "$what" = capacity ]; then
+      for run in ${CAPACITY_RUNS:-cyclic:614400 mix:565248}; do
+        IFS=: read -r trace vlen extra <<<"$run"
+        targs=(--value-len "$vlen")
+        [ "$trace" = multiturn ] || targs+=(--trace "$PACK/traces/$trace.trace")
+        step "capacity-$trace" "capacity-$trace.log" env PYTHONPATH="$PACK/bench" "$PY" \
+          "$PACK/bench/capacity_split.py" --fluxond "$FLUXOND" "${targs[@]}" ${CAPACITY_ARGS:-} \
+          ${extra//,/ } --json "$OUTDIR/capacity-$trace.json"
+        tail -n 12 "$OUTDIR/capacity-$trace.log"
+      done
     fi
     if [ "$what" = bulk ]; then
       step bench-bulk bench-bulk.log "${BENCH[@]}" --quick --bulk --csv "$OUTDIR/bench-bulk.csv"

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <iterator>
 #include <list>
@@ -98,10 +99,7 @@ class HotTier {
     }
   }
   // One ranking for both tiers (see the invariants). Call before the first admission.
-  void EnableOneRanking() {
-    MutexLock lock(&mu_);
-    one_ranking_ = true;
-  }
+  void EnableOneRanking() { one_ranking_.store(true, std::memory_order_relaxed); }
   // The values `copied` have a complete copy on another node now (a replica completed): cohort
   // `id` is marked when every member it has is among them. False when the cohort is not here
   // (evicted, or taken by a round in progress) or has a member not copied.
@@ -147,7 +145,7 @@ class HotTier {
   void Touch(const std::vector<uint64_t>& ids) {
     MutexLock lock(&mu_);
     policy_.Touch(ids, ++clock_);
-    if (one_ranking_) {
+    if (one_ranking_.load(std::memory_order_relaxed)) {
       for (uint64_t id : ids) {
         auto l = local_.find(id);
         if (l != local_.end()) local_order_.splice(local_order_.end(), local_order_, l->second);
@@ -239,6 +237,8 @@ class HotTier {
   // One ranking: the cohort whose remote copy holds `key` with `put_id` (0: none), so a fetch of
   // it back here installs the value under that cohort.
   uint64_t RemoteCohortOf(const std::string& key, uint64_t put_id) const {
+    // Off: nothing is ranked remotely, so no fetched page takes the lock to learn it.
+    if (!one_ranking_.load(std::memory_order_relaxed)) return 0;
     MutexLock lock(&mu_);
     auto r = remote_keys_.find(key);
     if (r == remote_keys_.end()) return 0;
@@ -405,7 +405,8 @@ class HotTier {
   }
   // One ranking: a local cohort that is not copied elsewhere nor moving is on the local list.
   void ListLocal(const Cohort& c, bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!one_ranking_ || !c.local || c.copied_elsewhere || c.moving || local_.contains(c.id)) {
+    if (!one_ranking_.load(std::memory_order_relaxed) || !c.local || c.copied_elsewhere ||
+        c.moving || local_.contains(c.id)) {
       return;
     }
     auto pos = local_order_.insert(cold ? local_order_.begin() : local_order_.end(), c.id);
@@ -437,7 +438,8 @@ class HotTier {
   absl::flat_hash_map<uint64_t, Cohort> cohorts_ ABSL_GUARDED_BY(mu_);
   // One ranking: the local cohorts not copied elsewhere nor moving, least recently used first;
   // the keys of the remote copies this owner keeps, and their bytes.
-  bool one_ranking_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once, before the first admission (EnableOneRanking), and read without the lock.
+  std::atomic<bool> one_ranking_{false};
   std::list<uint64_t> local_order_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> local_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> remote_keys_ ABSL_GUARDED_BY(mu_);

@@ -124,6 +124,10 @@ enum class CounterKind { kCounter, kGauge, kMicros };
   X(replica_targets_other_roles, kCounter, "fluxon_replica_targets_total", "role=other", "")      \
   X(replica_pull_calls, kCounter, "fluxon_replica_pull_calls_total", "",                          \
     "PullReplicas calls this owner sent to targets (retries included).")                          \
+  X(replica_place_us, kMicros, "fluxon_replica_call_seconds_total", "call=place",                 \
+    "Time replication waited on calls, summed over batches in flight: place (PlaceReplicas) "     \
+    "and pull (PullReplicas: the target's claims, reads and installs).")                          \
+  X(replica_pull_us, kMicros, "fluxon_replica_call_seconds_total", "call=pull", "")               \
   X(replica_queue_keys, kGauge, "fluxon_replica_queue_keys", "",                                  \
     "Replica tasks queued or being replicated.")                                                  \
   X(remote_misses, kCounter, "fluxon_remote_misses_total", "",                                    \

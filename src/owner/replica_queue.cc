@@ -12,6 +12,11 @@ namespace fluxon {
 namespace {
 
 void Add(std::atomic<int64_t>& c, int64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
+void AddMicrosSince(std::atomic<int64_t>& c, std::chrono::steady_clock::time_point start) {
+  Add(c, std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start)
+             .count());
+}
 
 }  // namespace
 
@@ -227,10 +232,12 @@ void ReplicaQueue::Replicate(std::vector<ReplicaGroup> batch) {
     place.add_group_bytes(bytes);
     tasks += g.size();
   }
+  const auto place_start = std::chrono::steady_clock::now();
   absl::StatusOr<v1::PlaceReplicasReply> placed =
       RetryUncertain([&] { return master_->PlaceReplicas(place); }, stop_,
                      [](const absl::Status&, std::chrono::milliseconds) {},
                      RetryOptions{.max_attempts = options_.max_attempts});
+  AddMicrosSince(counters_->replica_place_us, place_start);
   if (placed.ok() && placed->groups_size() != static_cast<int>(groups.size())) {
     placed = absl::DataLossError(
         absl::StrFormat("the master placed %d groups of %d", placed->groups_size(), groups.size()));
@@ -295,8 +302,10 @@ void ReplicaQueue::PullOn(const std::string& peer_address, const std::vector<Rep
           it->set_group(groups[i]);
         }
         Add(counters_->replica_pull_calls, 1);
+        const auto pull_start = std::chrono::steady_clock::now();
         absl::StatusOr<v1::PullReplicasReply> r =
             peers_->PullReplicas(peer_address, req, options_.pull_timeout);
+        AddMicrosSince(counters_->replica_pull_us, pull_start);
         if (!r.ok()) return r.status();
         std::vector<size_t> again;
         for (size_t j = 0; j < open.size(); ++j) {

@@ -13,6 +13,7 @@
 
 #include "cohort_test_util.h"
 #include "eviction/eviction_replay.h"
+#include "eviction/trace_suite.h"
 #include "owner/hot_tier.h"
 
 namespace fluxon {
@@ -326,6 +327,49 @@ TEST(AdaptiveChainPolicyTest, ReplayCountsEveryPageAndSharesSystemPrompts) {
   EXPECT_EQ(r.requested, 4u * (16 + 20));
   EXPECT_EQ(r.requested - r.hits, trace.distinct);
   EXPECT_EQ(ReplayBelady(trace, 1000).hits, r.hits);
+}
+
+// The generalisation suite's traces are a function of their seed: the same seed replays the
+// same trace (so a held-out seed stays held out), another seed gives another trace.
+TEST(TraceSuiteTest, ACaseIsAFunctionOfItsSeed) {
+  const std::vector<suite::Case> a = suite::Cases(7, /*quick=*/true);
+  const std::vector<suite::Case> b = suite::Cases(7, /*quick=*/true);
+  const std::vector<suite::Case> c = suite::Cases(8, /*quick=*/true);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), c.size());
+  std::vector<std::string> families;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].trace.pages, b[i].trace.pages) << a[i].trace.name;
+    EXPECT_EQ(a[i].trace.start, b[i].trace.start) << a[i].trace.name;
+    EXPECT_NE(a[i].trace.pages, c[i].trace.pages) << a[i].trace.name;
+    EXPECT_GT(a[i].trace.size(), 0u);
+    families.push_back(a[i].family);
+  }
+  std::sort(families.begin(), families.end());
+  families.erase(std::unique(families.begin(), families.end()), families.end());
+  EXPECT_EQ(families, (std::vector<std::string>{"barrier", "diurnal", "docs", "mix", "zipf"}));
+}
+
+// A barrier trace of parallel groups: every conversation sends one prompt per round, each after
+// the first extending its previous one.
+TEST(TraceSuiteTest, EveryBarrierTurnExtendsItsConversation) {
+  const suite::Case k = suite::Barrier(12, 3, 1, 2, 2, 2, 5);
+  ASSERT_EQ(k.trace.size(), 12u * 3);
+  // Prompts of one conversation share its first page after the system prompt, so a prompt's
+  // predecessor is the longest earlier prompt that is a prefix of it.
+  size_t extended = 0;
+  for (size_t i = 0; i < k.trace.size(); ++i) {
+    const std::vector<uint32_t> p(k.trace.prompt(i), k.trace.prompt(i) + k.trace.length(i));
+    for (size_t j = 0; j < i; ++j) {
+      const size_t n = k.trace.length(j);
+      if (n < p.size() && std::equal(k.trace.prompt(j), k.trace.prompt(j) + n, p.begin()) &&
+          n > 8) {
+        ++extended;
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(extended, 12u * 2);  // every turn after the first extends the conversation's last
 }
 
 }  // namespace
