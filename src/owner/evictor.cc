@@ -187,7 +187,13 @@ std::vector<Cohort> Evictor::QueueDemotions(std::vector<Cohort> cold) {
     for (const std::string& key : c.keys) {
       const std::optional<KeyIndex::Identity> id = keys_->IdentityOf(key);
       if (!id || id->state != KeyIndex::State::kCommitted || id->put_id != c.put_id) continue;
-      g.push_back(ReplicaTask{key, c.put_id, id->version, id->len, c.weight / c.keys.size(), c.id});
+      g.push_back(ReplicaTask{.key = key,
+                              .put_id = c.put_id,
+                              .version = id->version,
+                              .len = id->len,
+                              .slot_bytes = c.weight / c.keys.size(),
+                              .demoted_cohort = c.id,
+                              .write_through = nullptr});
     }
     if (g.size() != c.keys.size()) {
       back.push_back(std::move(c));  // changed meanwhile: eviction sorts it out

@@ -108,6 +108,30 @@ TEST_F(OwnerSemantics, PutThenGetRoundTripsBytes) {
   EXPECT_EQ(node->owner()->Stats()["slots_Committed"], 8);
 }
 
+// DropCopies (one ranking: an owner asks a remote_cache to drop the copies it demoted there) is
+// served by remote_cache nodes only: an owner's values are its own to evict, so an owner refuses
+// the call and keeps every value, whoever names them.
+TEST_F(OwnerSemantics, AnOwnerRefusesToDropCopiesOnRequest) {
+  Start();
+  auto keys = Keys("drop", 4);
+  PutValues(*c, keys);
+  v1::DropCopiesRequest req;
+  req.set_requester_node_id(node->owner()->node_id() + 1);
+  for (const auto& k : keys) {
+    v1::DropItem* item = req.add_items();
+    item->set_key(k);
+    item->set_put_id(1);
+  }
+  absl::StatusOr<v1::DropCopiesReply> reply = node->owner()->DropCopies(req);
+  ASSERT_FALSE(reply.ok());
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kFailedPrecondition) << reply.status();
+  auto s = node->owner()->Stats();
+  EXPECT_EQ(s["slots_Committed"], 4);
+  EXPECT_EQ(s["dropped_on_request_pages"], 0);
+  for (const auto& k : keys) EXPECT_TRUE(RoutePublished(*node, k));
+  ExpectBaseline(*node, c.get());
+}
+
 TEST_F(OwnerSemantics, V1LocalReadBeforeMasterPublishAndFutureAfter) {
   cfg.faults.push_back({"master.PublishBatch", "delay", milliseconds(600), 1});
   Start();
