@@ -27,6 +27,9 @@
 #            (tests/gpu/test_sglang_real.py); part of test and all
 #     linker: fluxon.sglang_linker.FluxonLinker (SGLang's UnifiedCacheLinker) inside the real SGLang
 #            with real device pools (tests/gpu/test_linker_real.py); part of test and all
+#     serve: launched SGLang servers (python -m sglang.launch_server) with fluxon as HiCache
+#            storage backend and as unified cache linker, checked over HTTP
+#            (tests/gpu/test_serve_real.py; part of test and all; SERVE_TIMEOUT_S bounds it)
 #     linkerbench: bench/gpu/linker_bench.py (FluxonLinker restore/offload against the pinned
 #            memcpy ceiling and the HiCacheStorage path, in the real SGLang; not part of all)
 #     replica: bench/replica_bench.py (replicas by pull against bench_transport's read of the
@@ -52,6 +55,10 @@ SGLANG_IMPORT_DEPS="annotated-types asttokens dill executing fastapi gguf intere
   pure-eval pybase64 pydantic pydantic-core python-multipart pyzmq setproctitle stack-data
   starlette traitlets typing-inspection uvicorn wcwidth apache-tvm-ffi==0.1.11
   compressed-tensors==0.18.0 loguru opentelemetry-api truststore httpx2 httpcore2"
+# And what a launched server imports on top (the serve step).
+SGLANG_SERVER_DEPS="attrs cffi decorator distro importlib-metadata jedi jiter jsonschema
+  jsonschema-specifications openai==2.8.0 partial-json-parser pycparser pygments referencing
+  rpds-py sniffio soundfile xgrammar==0.2.7 zipp"
 case $mode in
   pack)
     set -e
@@ -59,7 +66,13 @@ case $mode in
     ROOT=$PWD
     DEST=${2:-$ROOT/.gpupack}
     BUILD_DIR=${BUILD_DIR:-build-gpu}
-    PY=${PYTHON312:-/root/.pyenv/versions/3.12.1/bin/python3}
+    PY=${PYTHON312:-$(command -v python3.12 || ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3 2>/dev/null | tail -1)}
+    [ -x "$PY" ] || { echo "gpu-run pack: no Python 3.12 (set PYTHON312)" >&2; exit 1; }
+    # pybind11 for the tests' support module and the wheel: the one python3 or the 3.12
+    # interpreter has, else installed into the 3.12 interpreter's user site.
+    if ! python3 -m pybind11 --version >/dev/null 2>&1 && ! "$PY" -m pybind11 --version >/dev/null 2>&1; then
+      "$PY" -m pip install -q --user pybind11 scikit-build-core
+    fi
     PYBIND_DIR=$(python3 -m pybind11 --cmakedir 2>/dev/null || "$PY" -m pybind11 --cmakedir)
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUXON_CUDA=ON \
       -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$PYBIND_DIR" >/dev/null
@@ -86,7 +99,11 @@ PY
     cp "$(find "$BUILD_DIR"/tests -name transport_peer -type f | head -1)" "$DEST/bin/"
     strip "$DEST"/bin/*
     cp tests/gpu/gpu_harness.py tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py \
-      tests/gpu/test_sglang_real.py tests/gpu/test_linker_real.py "$DEST/tests/"
+      tests/gpu/test_sglang_real.py tests/gpu/test_linker_real.py tests/gpu/test_serve_real.py \
+      "$DEST/tests/"
+    # Test stand-ins for SGLang's kernel wheel and the CUTLASS DSL (harness only).
+    cp -r tests/gpu/standins "$DEST/tests/"
+    rm -rf "$DEST/tests/standins/__pycache__"
     # The kernel tests' support module (not in the wheel), beside the test that imports it.
     cp "$BUILD_DIR"/tests/kernels/_fluxon_kernels_testing*.so "$DEST/tests/"
     mkdir -p "$DEST/bench"
@@ -113,7 +130,7 @@ PY
     rm -rf "$W"/src/sglang/multimodal_gen "$W"/src/sglang/test
     find "$W"/src -name '*.so' -delete
     tar -C "$W"/src -cJf "$DEST/sglang/sglang.tar.xz" sglang "sglang-$SGLANG_VERSION.dist-info"
-    "${PIPDL[@]}" -d "$DEST/sglang/wheels" $SGLANG_IMPORT_DEPS
+    "${PIPDL[@]}" -d "$DEST/sglang/wheels" $SGLANG_IMPORT_DEPS $SGLANG_SERVER_DEPS
     rm -rf "$W"
     cp scripts/gpu-run.sh "$DEST/"
     # The benchmark's non-system shared libraries (abseil, numa); glibc and libstdc++ come from
@@ -186,9 +203,9 @@ PY
       fi
       ;;
     esac
-    case $what in all | test | quick | sglang | linker | linkerbench)
+    case $what in all | test | quick | sglang | linker | linkerbench | serve)
       SGL=${TMPDIR:-/tmp}/fluxon-sglang-env
-      rm -rf "$SGL" && mkdir -p "$SGL/src" "$SGL/deps" "$SGL/stubs/sgl_kernel"
+      rm -rf "$SGL" && mkdir -p "$SGL/src" "$SGL/deps"
       tar -xJf "$PACK/sglang/sglang.tar.xz" -C "$SGL/src"
       "$PY" - "$PACK/sglang/wheels" >"$SGL/need.txt" <<'PY'
 import importlib.metadata as md, os, sys
@@ -199,29 +216,26 @@ for w in sorted(os.listdir(sys.argv[1])):
 PY
       [ -s "$SGL/need.txt" ] && pip install -q --no-deps --target "$SGL/deps" $(cat "$SGL/need.txt") \
         >"$OUTDIR/sglang-pip.log" 2>&1
-      if ! "$PY" -c "import sgl_kernel" 2>/dev/null; then
-        for d in sgl_kernel sgl_kernel/quantization sgl_kernel/kvcacheio; do
-          mkdir -p "$SGL/stubs/$d"
-          cat >"$SGL/stubs/$d/__init__.py" <<'PY'
-"""Import stub for SGLang's CUDA kernel wheel: names resolve, calls raise."""
-def __getattr__(name):
-    def missing(*args, **kwargs):
-        raise RuntimeError(f"sgl_kernel: {name} called, but sgl_kernel is a stub here")
-    return missing
-PY
-        done
+      # sgl_kernel (SGLang's kernel wheel) and the CUTLASS DSL are not carried: the stand-ins
+      # (tests/standins/sitecustomize.py) serve them only where no real package is found.
+      SGLPATH="$SGL/src:$SGL/deps:$PACK/tests/standins"
+      if [ "$what" = serve ] || [ "$what" = all ] || [ "$what" = test ] || [ "$what" = quick ]; then
+        STEP_TIMEOUT_S=${SERVE_TIMEOUT_S:-560} step serve serve.log env FLUXOND="$FLUXOND" \
+          SERVE_KEEP="$OUTDIR/serve-logs" PYTHONPATH="$SGLPATH" "$PY" "$PACK/tests/test_serve_real.py"
       fi
-      if [ "$what" = linkerbench ]; then
+      if [ "$what" = serve ]; then
+        :
+      elif [ "$what" = linkerbench ]; then
         step linkerbench linkerbench.log env FLUXOND="$FLUXOND" \
-          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs" "$PY" "$PACK/bench/linker_bench.py" \
+          PYTHONPATH="$SGLPATH" "$PY" "$PACK/bench/linker_bench.py" \
           ${LINKERBENCH_ARGS:-} --csv "$OUTDIR/linkerbench.csv"
       elif [ "$what" != linker ]; then
         step sglang sglang.log env FLUXOND="$FLUXOND" \
-          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs" "$PY" "$PACK/tests/test_sglang_real.py"
+          PYTHONPATH="$SGLPATH" "$PY" "$PACK/tests/test_sglang_real.py"
       fi
-      if [ "$what" != sglang ] && [ "$what" != linkerbench ]; then
+      if [ "$what" != sglang ] && [ "$what" != linkerbench ] && [ "$what" != serve ]; then
         step linker linker.log env FLUXOND="$FLUXOND" \
-          PYTHONPATH="$SGL/src:$SGL/deps:$SGL/stubs" "$PY" "$PACK/tests/test_linker_real.py"
+          PYTHONPATH="$SGLPATH" "$PY" "$PACK/tests/test_linker_real.py"
       fi
       ;;
     esac
@@ -263,6 +277,8 @@ PY
     [ -f "$OUTDIR/sglang.log" ] && grep -E "Error|Traceback" "$OUTDIR/sglang.log" | head -10
     [ -f "$OUTDIR/linker.log" ] && sed -n '/^## fluxon.sglang_linker/,$p' "$OUTDIR/linker.log"
     [ -f "$OUTDIR/linker.log" ] && grep -E "Error|Traceback" "$OUTDIR/linker.log" | head -10
+    [ -f "$OUTDIR/serve.log" ] && sed -n '/^## launched SGLang/,$p' "$OUTDIR/serve.log"
+    [ -f "$OUTDIR/serve.log" ] && grep -E "Error|Traceback" "$OUTDIR/serve.log" | head -10
     [ -f "$OUTDIR/linkerbench.log" ] && sed -n '/^set-up and checks/p;/^## FluxonLinker/,$p' \
       "$OUTDIR/linkerbench.log"
     [ -f "$OUTDIR/linkerbench.log" ] && grep -E "Error|Traceback" -A3 "$OUTDIR/linkerbench.log" | tail -30
