@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include "common/mutex.h"
@@ -125,10 +127,63 @@ void BM_PutCycle(benchmark::State& state) {
     futures.push_back(*fut);
   }
   for (auto& f : futures) (void)f.Wait();
+  if (std::getenv("FLUXON_BENCH_SLOW_US") != nullptr) {
+    const double slow = std::atof(std::getenv("FLUXON_BENCH_SLOW_US"));
+    for (size_t i = 0; i < us.size(); ++i) {
+      if (us[i] > slow)
+        std::fprintf(stderr, "slow put %zu (%lld keys before): %.0f us\n", i,
+                     static_cast<long long>(i * n), us[i]);
+    }
+  }
   ReportPercentiles(state, us);
   state.SetItemsProcessed(state.iterations() * n);
 }
 BENCHMARK(BM_PutCycle)->Arg(1)->Arg(32)->Arg(128)->UseRealTime()->Iterations(2000);
+
+// The same put cycle at steady state: each batch is deleted (untimed) `kSteadyDepth` batches
+// later, so puts reuse slots that were written before instead of carving and first-touching
+// fresh memory (BM_PutCycle puts 1 GiB of new values at 128 pages: 2 grants carved and
+// populated during the run). The difference between the two is the cost of fresh memory.
+void BM_PutCycleSteady(benchmark::State& state) {
+  constexpr int64_t kSteadyDepth = 16;
+  Env& env = Shared();
+  const int64_t n = state.range(0);
+  static int64_t next = (static_cast<int64_t>(getpid()) << 32) + (int64_t{1} << 31);
+  const std::string run = "steady" + std::to_string(next) + "-";
+  std::vector<double> us;
+  std::deque<KvFuture> pending;
+  int64_t batch = 0;
+  for (auto _ : state) {
+    auto keys = Keys(run + std::to_string(batch) + "-", n, 0);
+    const auto t0 = Clock::now();
+    auto plan = env.client->LocalFastPutStart(keys, kValueLen, {});
+    if (!plan.ok()) {
+      state.SkipWithError(std::string(plan.status().message()).c_str());
+      break;
+    }
+    auto fut = env.client->LocalFastPutCommit(*plan);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    if (!fut.ok()) {
+      state.SkipWithError("commit failed");
+      break;
+    }
+    state.PauseTiming();
+    pending.push_back(*fut);
+    if (static_cast<int64_t>(pending.size()) > kSteadyDepth) {
+      (void)pending.front().Wait();
+      pending.pop_front();
+      (void)env.client->DeletePrefix(run + std::to_string(batch - kSteadyDepth) + "-");
+    }
+    ++batch;
+    state.ResumeTiming();
+  }
+  for (auto& f : pending) (void)f.Wait();
+  (void)env.client->DeletePrefix(run);
+  next += 1;
+  ReportPercentiles(state, us);
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_PutCycleSteady)->Arg(128)->UseRealTime()->Iterations(2000);
 
 // Baseline: one gRPC unary call carrying 128 keys over a Unix socket (callback-free sync API).
 void BM_GrpcUnaryUnixSocket(benchmark::State& state) {
