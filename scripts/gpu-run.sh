@@ -30,6 +30,9 @@
 #     serve: launched SGLang servers (python -m sglang.launch_server) with fluxon as HiCache
 #            storage backend and as unified cache linker, checked over HTTP
 #            (tests/gpu/test_serve_real.py; part of test and all; SERVE_TIMEOUT_S bounds it)
+#     servebench: bench/gpu/serving_bench.py (multi-turn TTFT and throughput of launched servers:
+#            GPU cache only, SGLang's host L2, fluxon storage backend and linker, ...;
+#            SERVEBENCH_ARGS passes options, e.g. --configs; not part of all)
 #     linkerbench: bench/gpu/linker_bench.py (FluxonLinker restore/offload against the pinned
 #            memcpy ceiling and the HiCacheStorage path, in the real SGLang; not part of all)
 #     replica: bench/replica_bench.py (replicas by pull against bench_transport's read of the
@@ -100,6 +103,7 @@ PY
     strip "$DEST"/bin/*
     cp tests/gpu/gpu_harness.py tests/gpu/test_kv_kernels.py tests/gpu/test_e2e_fluxond.py \
       tests/gpu/test_sglang_real.py tests/gpu/test_linker_real.py tests/gpu/test_serve_real.py \
+      tests/gpu/sglang_launch.py \
       "$DEST/tests/"
     # Test stand-ins for SGLang's kernel wheel and the CUTLASS DSL (harness only).
     cp -r tests/gpu/standins "$DEST/tests/"
@@ -107,7 +111,7 @@ PY
     # The kernel tests' support module (not in the wheel), beside the test that imports it.
     cp "$BUILD_DIR"/tests/kernels/_fluxon_kernels_testing*.so "$DEST/tests/"
     mkdir -p "$DEST/bench"
-    cp bench/gpu/linker_bench.py bench/replica_bench.py bench/soak_cluster.py \
+    cp bench/gpu/linker_bench.py bench/gpu/serving_bench.py bench/replica_bench.py bench/soak_cluster.py \
       bench/capacity_split.py bench/mooncake_compare.py bench/eviction_fluxond_replay.py "$DEST/bench/"
     # The eviction traces the capacity split replays (bench/eviction_tables.sh's shapes).
     mkdir -p "$DEST/traces"
@@ -203,7 +207,7 @@ PY
       fi
       ;;
     esac
-    case $what in all | test | quick | sglang | linker | linkerbench | serve)
+    case $what in all | test | quick | sglang | linker | linkerbench | serve | servebench)
       SGL=${TMPDIR:-/tmp}/fluxon-sglang-env
       rm -rf "$SGL" && mkdir -p "$SGL/src" "$SGL/deps"
       tar -xJf "$PACK/sglang/sglang.tar.xz" -C "$SGL/src"
@@ -225,6 +229,11 @@ PY
       fi
       if [ "$what" = serve ]; then
         :
+      elif [ "$what" = servebench ]; then
+        STEP_TIMEOUT_S=${SERVE_TIMEOUT_S:-560} step servebench servebench.log env \
+          FLUXOND="$FLUXOND" SERVE_KEEP="$OUTDIR/serve-logs" PYTHONPATH="$SGLPATH" "$PY" \
+          "$PACK/bench/serving_bench.py" ${SERVEBENCH_ARGS:-} --csv "$OUTDIR/servebench.csv" \
+          --json "$OUTDIR/servebench.json" --plot "$OUTDIR/servebench.png"
       elif [ "$what" = linkerbench ]; then
         step linkerbench linkerbench.log env FLUXOND="$FLUXOND" \
           PYTHONPATH="$SGLPATH" "$PY" "$PACK/bench/linker_bench.py" \
@@ -233,7 +242,8 @@ PY
         step sglang sglang.log env FLUXOND="$FLUXOND" \
           PYTHONPATH="$SGLPATH" "$PY" "$PACK/tests/test_sglang_real.py"
       fi
-      if [ "$what" != sglang ] && [ "$what" != linkerbench ] && [ "$what" != serve ]; then
+      if [ "$what" != sglang ] && [ "$what" != linkerbench ] && [ "$what" != serve ] &&
+        [ "$what" != servebench ]; then
         step linker linker.log env FLUXOND="$FLUXOND" \
           PYTHONPATH="$SGLPATH" "$PY" "$PACK/tests/test_linker_real.py"
       fi
@@ -279,6 +289,8 @@ PY
     [ -f "$OUTDIR/linker.log" ] && grep -E "Error|Traceback" "$OUTDIR/linker.log" | head -10
     [ -f "$OUTDIR/serve.log" ] && sed -n '/^## launched SGLang/,$p' "$OUTDIR/serve.log"
     [ -f "$OUTDIR/serve.log" ] && grep -E "Error|Traceback" "$OUTDIR/serve.log" | head -10
+    [ -f "$OUTDIR/servebench.log" ] && sed -n '/^## Multi-turn serving/,$p' "$OUTDIR/servebench.log"
+    [ -f "$OUTDIR/servebench.log" ] && grep -E "FAILED|Traceback" "$OUTDIR/servebench.log" | head -10
     [ -f "$OUTDIR/linkerbench.log" ] && sed -n '/^set-up and checks/p;/^## FluxonLinker/,$p' \
       "$OUTDIR/linkerbench.log"
     [ -f "$OUTDIR/linkerbench.log" ] && grep -E "Error|Traceback" -A3 "$OUTDIR/linkerbench.log" | tail -30

@@ -23,16 +23,12 @@ import json
 import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_harness import Checks  # noqa: E402
+from sglang_launch import Owner, Server, llama_config, wait_ready, write_model  # noqa: E402
 
 PAGE = 64
 PROMPT_TOKENS = 1000  # 15 whole pages and 40 tokens: 960 tokens can come back from a store
@@ -42,197 +38,11 @@ PROMPTS = 4
 VOCAB = 32000
 READY_TIMEOUT_S = 330
 
-MODEL_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-    "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 2,
-    "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128,
-    "vocab_size": VOCAB, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
-    "bos_token_id": 1, "eos_token_id": 2,
-}
+MODEL_CONFIG = llama_config(layers=2, hidden=1024, heads=8, kv_heads=8, head_dim=128,
+                            intermediate=2816, vocab=VOCAB)
 
-SERVER_FLAGS = [
-    "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
-    "--sampling-backend", "pytorch", "--grammar-backend", "none",
-    "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-    "--page-size", str(PAGE), "--mem-fraction-static", "0.75", "--max-total-tokens", "16384",
-    "--random-seed", "0",
-]
-
-SERVER_ENV = {
-    "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",  # the wheel's Rust core needs torch 2.14
-    "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Owner:
-    """One embedded fluxond on its own socket and admin port; kill -9 and restart in place."""
-
-    def __init__(self, tmp, name):
-        self.dir = os.path.join(tmp, name)
-        os.makedirs(self.dir, exist_ok=True)
-        self.socket = os.path.join(self.dir, "owner.sock")
-        self.admin = f"127.0.0.1:{free_port()}"
-        self.config = os.path.join(self.dir, "fluxond.yaml")
-        with open(self.config, "w") as f:
-            f.write(f"""role: embedded
-log_level: info
-master: {{listen_address: "127.0.0.1:0"}}
-admin: {{listen_address: "{self.admin}", metrics_port: 0}}
-owner:
-  socket_path: {self.socket}
-  segment: {{size: 2GiB}}
-""")
-        self.fluxond = os.environ.get("FLUXOND", "fluxond")
-        self.fluxonctl = os.path.join(os.path.dirname(self.fluxond), "fluxonctl") \
-            if os.path.dirname(self.fluxond) else "fluxonctl"
-        self.proc = None
-        self.starts = 0
-
-    def start(self):
-        self.starts += 1
-        log = open(os.path.join(self.dir, f"fluxond.{self.starts}.log"), "w")
-        if os.path.exists(self.socket):
-            os.unlink(self.socket)
-        self.proc = subprocess.Popen([self.fluxond, "--config", self.config], stdout=log,
-                                     stderr=subprocess.STDOUT)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if os.path.exists(self.socket):
-                try:
-                    self.ctl("status")
-                    return
-                except Exception:  # noqa: BLE001 - admin port not yet up
-                    pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"fluxond exited: {self.proc.returncode}")
-            time.sleep(0.05)
-        raise RuntimeError("fluxond did not start in 20 s")
-
-    def kill9(self):
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def ctl(self, *args):
-        out = subprocess.run([self.fluxonctl, "--admin", self.admin, "--json", *args],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-        return json.loads(out)
-
-    def keys(self) -> int:
-        return int(self.ctl("status")["keys"])
-
-    def stats(self) -> dict:
-        return self.ctl("stats")
-
-    def wait_keys(self, want: int, timeout_s: float = 30.0) -> int:
-        """Waits (bounded) until the owner holds `want` keys and the count stays for 1 s."""
-        deadline = time.time() + timeout_s
-        last, since = -1, time.time()
-        while time.time() < deadline:
-            n = self.keys()
-            if n != last:
-                last, since = n, time.time()
-            elif n >= want and time.time() - since >= 1.0:
-                return n
-            time.sleep(0.1)
-        return last
-
-
-class Server:
-    """One launched SGLang server."""
-
-    def __init__(self, tmp, name, model_dir, extra):
-        self.name = name
-        self.port = free_port()
-        self.log_path = os.path.join(tmp, f"server-{name}.log")
-        env = dict(os.environ, **SERVER_ENV)
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir,
-               "--host", "127.0.0.1", "--port", str(self.port), *SERVER_FLAGS, *extra]
-        with open(self.log_path, "w") as log:
-            log.write(" ".join(cmd) + "\n")
-            log.flush()
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
-        self.ready_s = None
-        self.t0 = time.time()
-
-    def url(self, path):
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def poll_ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: "
-                               f"{self.tail(8)}")
-        try:
-            with urllib.request.urlopen(self.url("/health_generate"), timeout=5) as r:
-                if r.status == 200:
-                    self.ready_s = time.time() - self.t0
-                    return True
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        return False
-
-    def post(self, path, body=None, timeout=120):
-        data = json.dumps(body).encode() if body is not None else b""
-        req = urllib.request.Request(self.url(path), data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            raw = r.read()
-        return json.loads(raw) if raw[:1] in (b"{", b"[") else raw.decode()
-
-    def generate(self, ids):
-        """(output token ids, meta_info, seconds) of a greedy request."""
-        t0 = time.time()
-        out = self.post("/generate", {"input_ids": ids, "sampling_params": {
-            "max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}})
-        return out["output_ids"], out["meta_info"], time.time() - t0
-
-    def flush(self):
-        deadline = time.time() + 30
-        while True:
-            try:
-                self.post("/flush_cache", timeout=30)
-                return
-            except urllib.error.HTTPError as e:  # 400 while requests are in flight
-                if time.time() > deadline:
-                    raise RuntimeError(f"{self.name}: /flush_cache refused for 30 s") from e
-                time.sleep(0.2)
-
-    def tail(self, n):
-        with open(self.log_path, errors="replace") as f:
-            return " | ".join(f.read().splitlines()[-n:])
-
-    def tracebacks(self) -> int:
-        with open(self.log_path, errors="replace") as f:
-            return sum("Traceback" in line for line in f)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, 15)
-                self.proc.wait(timeout=30)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, 9)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=10)
+SERVER_FLAGS = ["--page-size", str(PAGE), "--mem-fraction-static", "0.75",
+                "--max-total-tokens", "16384"]
 
 
 def cached(meta) -> tuple[int, dict]:
@@ -241,10 +51,7 @@ def cached(meta) -> tuple[int, dict]:
 
 def main() -> int:
     tmp = tempfile.mkdtemp(prefix="fluxon-serve-")
-    model_dir = os.path.join(tmp, "model")
-    os.makedirs(model_dir)
-    with open(os.path.join(model_dir, "config.json"), "w") as f:
-        json.dump(MODEL_CONFIG, f)
+    model_dir = write_model(os.path.join(tmp, "model"), MODEL_CONFIG)
     rng = random.Random(7)
     prompts = [[rng.randrange(3, VOCAB) for _ in range(PROMPT_TOKENS)] for _ in range(PROMPTS)]
     extra_prompts = [[rng.randrange(3, VOCAB) for _ in range(PROMPT_TOKENS)] for _ in range(4)]
@@ -274,26 +81,16 @@ def main() -> int:
         # All four start together (start-up is mostly CPU and compile time).
         for name, extra in (("plain", ["--disable-radix-cache"]), ("storage-a", storage),
                             ("storage-b", storage), ("linker", linker)):
-            servers[name] = Server(tmp, name, model_dir, extra)
+            servers[name] = Server(tmp, name, model_dir, SERVER_FLAGS + extra)
 
-        def ready():
-            deadline = time.time() + READY_TIMEOUT_S
-            waiting = set(servers)
-            while waiting and time.time() < deadline:
-                waiting = {n for n in waiting if not servers[n].poll_ready()}
-                time.sleep(1.0)
-            if waiting:
-                raise RuntimeError(f"not ready in {READY_TIMEOUT_S} s: {sorted(waiting)}: "
-                                   + servers[sorted(waiting)[0]].tail(6))
-            return ", ".join(f"{n} {s.ready_s:.0f}s" for n, s in servers.items())
-
-        checks("4 servers launched and healthy", ready)
+        checks("4 servers launched and healthy", lambda: wait_ready(servers, READY_TIMEOUT_S))
         if any(r[1] != "PASS" for r in checks.results):
             return checks.report("launched SGLang servers with fluxon")
 
         def reference():
-            state["ref"] = [servers["plain"].generate(p)[0] for p in prompts]
-            state["ref_extra"] = [servers["plain"].generate(p)[0] for p in extra_prompts]
+            plain = servers["plain"]
+            state["ref"] = [plain.generate(p, NEW_TOKENS)[0] for p in prompts]
+            state["ref_extra"] = [plain.generate(p, NEW_TOKENS)[0] for p in extra_prompts]
             return f"{len(prompts) + len(extra_prompts)} greedy outputs of {NEW_TOKENS} tokens"
 
         checks("reference outputs (no cache)", reference)
@@ -303,13 +100,13 @@ def main() -> int:
             s = servers[server_name]
             cold, dev, rest = [], [], []
             for p in prompts:
-                cold.append(s.generate(p))
+                cold.append(s.generate(p, NEW_TOKENS))
             for p in prompts:
-                dev.append(s.generate(p))
+                dev.append(s.generate(p, NEW_TOKENS))
             keys = owner.wait_keys(PAGES_PER_PROMPT * PROMPTS)
             s.flush()
             for p in prompts:
-                rest.append(s.generate(p))
+                rest.append(s.generate(p, NEW_TOKENS))
             state[server_name] = {"cold": cold, "dev": dev, "rest": rest, "keys": keys}
             if keys != PAGES_PER_PROMPT * PROMPTS:
                 raise AssertionError(f"owner holds {keys} keys, the server cached "
@@ -358,7 +155,7 @@ def main() -> int:
             before = owner_a.keys()
             restored = 0
             for i, p in enumerate(prompts):
-                out, meta, _ = s.generate(p)
+                out, meta, _ = s.generate(p, NEW_TOKENS)
                 n, det = cached(meta)
                 if n != PAGES_PER_PROMPT * PAGE or int(det.get("storage", 0)) != n:
                     raise AssertionError(f"prompt {i}: second server cached {n} ({det})")
@@ -378,7 +175,7 @@ def main() -> int:
             s.flush()
             # Owner gone: answered, as misses.
             for i in range(2):
-                out, meta, _ = s.generate(prompts[i])
+                out, meta, _ = s.generate(prompts[i], NEW_TOKENS)
                 if cached(meta)[0] != 0:
                     raise AssertionError(f"hit {cached(meta)} with the owner down")
                 if out != state["ref"][i]:
@@ -388,10 +185,10 @@ def main() -> int:
             # flush (the first offload after the restart may find the old connection broken).
             for attempt in range(4):
                 p = extra_prompts[attempt]
-                s.generate(p)
+                s.generate(p, NEW_TOKENS)
                 owner_b.wait_keys(PAGES_PER_PROMPT, timeout_s=5)
                 s.flush()
-                out, meta, _ = s.generate(p)
+                out, meta, _ = s.generate(p, NEW_TOKENS)
                 if cached(meta)[0] == PAGES_PER_PROMPT * PAGE:
                     if out != state["ref_extra"][attempt]:
                         raise AssertionError("restored output differs from the reference")
