@@ -17,6 +17,7 @@ DEBIAN_PACKAGES=(
   openssl  # only its CLI: the TLS tests make a throw-away CA and certificates with it
   systemd  # only its systemd-analyze: scripts/check-systemd-units.sh verifies systemd/*.service
   faketime  # its libfaketime: a cluster test restarts an owner with its wall clock stepped back
+  etcd-server  # the masters' election (src/ha/) is tested against a real etcd (tests/ha/)
 )
 
 SUDO=""

@@ -1,0 +1,169 @@
+#include "ha/master_election.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace fluxon {
+namespace {
+
+// Taken off the lease's TTL when judging it locally: covers the keep-alive's own flight and a
+// late wake-up of the campaign thread.
+std::chrono::milliseconds Margin(int64_t ttl_s) {
+  return std::min<std::chrono::milliseconds>(std::chrono::milliseconds(500),
+                                             std::chrono::milliseconds(ttl_s * 1000 / 5));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MasterElection>> MasterElection::Start(ElectionOptions options) {
+  if (options.key.empty()) return absl::InvalidArgumentError("election key is empty");
+  if (options.value.empty()) return absl::InvalidArgumentError("election value is empty");
+  if (options.ttl_s < 2 || options.ttl_s > 3600) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("election TTL must be 2..3600 s, got ", options.ttl_s));
+  }
+  absl::StatusOr<std::unique_ptr<EtcdClient>> etcd =
+      EtcdClient::Connect(options.endpoints, options.call_deadline);
+  if (!etcd.ok()) return etcd.status();
+  std::unique_ptr<MasterElection> e(new MasterElection(std::move(options), std::move(*etcd)));
+  e->thread_ = std::thread([raw = e.get()] { raw->Run(); });
+  return e;
+}
+
+MasterElection::MasterElection(ElectionOptions options, std::unique_ptr<EtcdClient> etcd)
+    : options_(std::move(options)), etcd_(std::move(etcd)) {}
+
+MasterElection::~MasterElection() { Stop(); }
+
+bool MasterElection::IsLeaderNow() const {
+  MutexLock lock(&mu_);
+  return leader_ && Clock::now() < lease_valid_until_;
+}
+
+int64_t MasterElection::LeaderEpoch() const {
+  MutexLock lock(&mu_);
+  return leader_ && Clock::now() < lease_valid_until_ ? observed_.epoch : 0;
+}
+
+Leadership MasterElection::Observed() const {
+  MutexLock lock(&mu_);
+  return observed_;
+}
+
+bool MasterElection::WaitLeader(std::chrono::milliseconds timeout) const {
+  const auto deadline = Clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (!(leader_ && Clock::now() < lease_valid_until_)) {
+    if (!changed_.WaitUntil(&mu_, deadline)) return leader_ && Clock::now() < lease_valid_until_;
+  }
+  return true;
+}
+
+void MasterElection::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.Stop();
+  thread_.join();
+  int64_t lease = 0;
+  {
+    MutexLock lock(&mu_);
+    lease = lease_id_;
+    lease_id_ = 0;
+    leader_ = false;
+    changed_.SignalAll();
+  }
+  if (lease != 0) {
+    if (absl::Status st = etcd_->RevokeLease(lease); !st.ok()) {
+      spdlog::warn("election {}: revoking lease {:x}: {} (the key goes when it expires)",
+                   options_.key, lease, st.ToString());
+    }
+  }
+}
+
+void MasterElection::Run() {
+  while (!stop_.stopped()) {
+    const std::chrono::milliseconds wait = Step();
+    if (!stop_.SleepFor(wait)) return;
+  }
+}
+
+void MasterElection::Lose(const char* why) {
+  MutexLock lock(&mu_);
+  if (leader_) {
+    spdlog::warn("election {}: leadership (epoch {}) lost: {}", options_.key, observed_.epoch, why);
+  }
+  leader_ = false;
+  lease_id_ = 0;  // a new lease for the next campaign
+  observed_.mine = false;
+  changed_.SignalAll();
+}
+
+std::chrono::milliseconds MasterElection::Step() {
+  const auto keepalive_every = std::chrono::milliseconds(options_.ttl_s * 1000 / 3);
+  bool expired = false;
+  {
+    MutexLock lock(&mu_);
+    expired = lease_id_ != 0 && Clock::now() >= lease_valid_until_;
+  }
+  // The lease ran out by the local clock (no keep-alive answered in time, or the process was
+  // paused): whatever etcd says, this candidate no longer leads.
+  if (expired) Lose("the lease's TTL passed without a keep-alive");
+  int64_t lease = 0;
+  bool leader = false;
+  {
+    MutexLock lock(&mu_);
+    lease = lease_id_;
+    leader = leader_;
+  }
+  if (lease == 0) {
+    const Clock::time_point sent = Clock::now();
+    absl::StatusOr<EtcdClient::Lease> granted = etcd_->GrantLease(options_.ttl_s);
+    if (!granted.ok()) {
+      spdlog::debug("election {}: lease grant: {}", options_.key, granted.status().ToString());
+      return options_.poll_interval;
+    }
+    MutexLock lock(&mu_);
+    lease = lease_id_ = granted->id;
+    lease_valid_until_ = sent + std::chrono::seconds(granted->ttl_s) - Margin(options_.ttl_s);
+  } else {
+    const Clock::time_point sent = Clock::now();
+    absl::StatusOr<int64_t> ttl = etcd_->KeepAliveOnce(lease);
+    if (ttl.ok()) {
+      MutexLock lock(&mu_);
+      lease_valid_until_ = sent + std::chrono::seconds(*ttl) - Margin(options_.ttl_s);
+    } else if (absl::IsNotFound(ttl.status())) {
+      Lose("etcd says the lease is gone");
+      return std::chrono::milliseconds(0);
+    } else {
+      spdlog::debug("election {}: keep-alive: {}", options_.key, ttl.status().ToString());
+      return options_.poll_interval;  // try again soon; the local deadline decides
+    }
+  }
+  if (leader) {
+    // Still the holder? (An operator may have deleted the key.)
+    absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd_->Get(options_.key);
+    if (kv.ok() && (!kv->has_value() || (*kv)->lease != lease)) {
+      Lose("the leadership key no longer names this candidate's lease");
+      return std::chrono::milliseconds(0);
+    }
+    return std::min(keepalive_every, std::chrono::milliseconds(1000));
+  }
+  absl::StatusOr<EtcdClient::CreateResult> r =
+      etcd_->CreateIfAbsent(options_.key, options_.value, lease);
+  if (!r.ok()) {
+    spdlog::debug("election {}: campaign: {}", options_.key, r.status().ToString());
+    return options_.poll_interval;
+  }
+  MutexLock lock(&mu_);
+  const bool mine = r->kv.lease == lease;
+  observed_ = Leadership{true, mine, r->kv.value, r->kv.create_revision};
+  if (mine && !leader_) {
+    leader_ = true;
+    spdlog::info("election {}: leader, epoch {}", options_.key, observed_.epoch);
+  }
+  changed_.SignalAll();
+  return mine ? std::min(keepalive_every, std::chrono::milliseconds(1000)) : options_.poll_interval;
+}
+
+}  // namespace fluxon

@@ -1,0 +1,89 @@
+// MasterElection: one master candidate's campaign for the cluster's leadership key in etcd.
+//
+// The leader is the candidate whose value the key holds. The key is attached to the candidate's
+// etcd lease, so it goes when the lease ends: the process died, was paused, or lost etcd for a
+// TTL. The epoch of a leadership is the key's create_revision: etcd's revision only grows, so
+// every new leadership has a larger epoch than every earlier one, and a call carrying an older
+// epoch can be refused (fencing).
+//
+// Invariants:
+// - IsLeaderNow() is true only while this candidate holds the key and its lease is valid by the
+//   local monotonic clock: until (the time the last successful keep-alive was sent) + (the TTL it
+//   returned) - margin. etcd starts that TTL later than the send, so the estimate is early, never
+//   late: a paused process (SIGSTOP past the TTL) wakes up no longer leader without asking etcd,
+//   before anyone else could have been elected.
+// - One thread runs the campaign (grant, create-if-absent, keep-alive, watch by polling); every
+//   etcd call is bounded by the client's deadline, every wait by StopSignal.
+// - Stop() revokes the lease: the key goes at once and a standby takes over without waiting out
+//   the TTL.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/mutex.h"
+#include "common/stop_signal.h"
+#include "ha/etcd_client.h"
+
+namespace fluxon {
+
+struct ElectionOptions {
+  std::vector<std::string> endpoints;  // etcd members, host:port
+  std::string key;                     // the leadership key, e.g. /fluxon/<cluster>/master/leader
+  std::string value;                   // what this candidate publishes there (its address)
+  int64_t ttl_s = 5;                   // the lease: how long a dead leader keeps the key
+  std::chrono::milliseconds poll_interval{200};   // a standby's look at the key
+  std::chrono::milliseconds call_deadline{1000};  // each etcd call
+};
+
+// The leadership as last observed.
+struct Leadership {
+  bool known = false;  // a leader holds the key
+  bool mine = false;   // ... and it is this candidate (IsLeaderNow says whether it still is)
+  std::string value;   // the leader's published value
+  int64_t epoch = 0;   // the key's create_revision
+};
+
+class MasterElection {
+ public:
+  static absl::StatusOr<std::unique_ptr<MasterElection>> Start(ElectionOptions options);
+  ~MasterElection();
+  MasterElection(const MasterElection&) = delete;
+  MasterElection& operator=(const MasterElection&) = delete;
+
+  bool IsLeaderNow() const;
+  // This candidate's epoch while it leads, else 0.
+  int64_t LeaderEpoch() const;
+  Leadership Observed() const;
+  // Waits (bounded) until this candidate leads.
+  bool WaitLeader(std::chrono::milliseconds timeout) const;
+  // Gives up: revokes the lease (the key goes at once) and ends the campaign thread.
+  void Stop();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  MasterElection(ElectionOptions options, std::unique_ptr<EtcdClient> etcd);
+  void Run();
+  // One step of the campaign; returns how long to wait before the next.
+  std::chrono::milliseconds Step();
+  void Lose(const char* why);
+
+  const ElectionOptions options_;
+  const std::unique_ptr<EtcdClient> etcd_;
+  StopSignal stop_;
+  // Campaign state, written by the campaign thread only (read under mu_ by the others).
+  mutable Mutex mu_;
+  mutable CondVar changed_;
+  int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;
+  Clock::time_point lease_valid_until_ ABSL_GUARDED_BY(mu_);
+  bool leader_ ABSL_GUARDED_BY(mu_) = false;
+  Leadership observed_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace fluxon

@@ -1,0 +1,326 @@
+// The masters' election through a real etcd (Debian's etcd-server) on loopback, with each
+// candidate its own process (election_candidate): one leader at a time, epochs that only grow,
+// a clean stop handing over at once, kill -9 and SIGSTOP past the lease replaced after the TTL
+// with no split brain (the paused leader wakes up no longer leading), and an etcd restart the
+// campaign recovers from. Skipped where no etcd binary exists (scripts/install-deps.sh installs
+// etcd-server).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "ha/etcd_client.h"
+#include "tools/tool_test_util.h"
+
+namespace fluxon {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+constexpr int kTtlS = 2;
+
+std::string EtcdBinary() {
+  if (const char* e = std::getenv("FLUXON_ETCD"); e != nullptr) return e;
+  for (const char* p : {"/usr/bin/etcd", "/usr/local/bin/etcd"}) {
+    if (access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// A child process with its output in `log`; killed (SIGKILL) when destroyed.
+class Child {
+ public:
+  Child(const std::vector<std::string>& argv, const std::string& log) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Child() { Kill(); }
+  void Signal(int sig) const {
+    if (pid_ > 0) kill(pid_, sig);
+  }
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGCONT);
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  // SIGTERM, then a bounded wait for the exit; the exit status (-1: killed after the bound).
+  int Terminate(milliseconds bound = milliseconds(10000)) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    const auto deadline = Clock::now() + bound;
+    int status = 0;
+    while (Clock::now() < deadline) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    Kill();
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+class Etcd {
+ public:
+  explicit Etcd(const std::string& dir) : dir_(dir) {
+    client_port_ = testing::FreeTcpPort();
+    peer_port_ = testing::FreeTcpPort();
+  }
+  void Start() {
+    const std::string client = absl::StrCat("http://127.0.0.1:", client_port_);
+    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
+    proc_.emplace(
+        std::vector<std::string>{EtcdBinary(), "--name", "e0", "--data-dir", dir_ + "/etcd-data",
+                                 "--listen-client-urls", client, "--advertise-client-urls", client,
+                                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                 "--initial-cluster", "e0=" + peer},
+        dir_ + "/etcd.log");
+  }
+  void Kill() { proc_.reset(); }
+  // etcd accepts connections before it serves them, and a gRPC client that connects in that
+  // window can wait a long time for the HTTP/2 handshake: wait for its own "ready" line (each
+  // start appends one to the log).
+  bool WaitReady(milliseconds bound) {
+    const auto deadline = Clock::now() + bound;
+    while (Clock::now() < deadline) {
+      std::ifstream f(dir_ + "/etcd.log");
+      std::stringstream ss;
+      ss << f.rdbuf();
+      size_t n = 0;
+      for (size_t at = ss.str().find(kReady); at != std::string::npos;
+           at = ss.str().find(kReady, at + 1)) {
+        ++n;
+      }
+      if (n > starts_seen_) {
+        starts_seen_ = n;
+        return true;
+      }
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    return false;
+  }
+  std::string endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
+
+ private:
+  std::string dir_;
+  int client_port_ = 0, peer_port_ = 0;
+  std::optional<Child> proc_;
+  size_t starts_seen_ = 0;
+  static constexpr const char* kReady = "ready to serve client requests";
+};
+
+struct CandidateState {
+  uint64_t seq = 0;
+  bool leader_now = false;
+  int64_t epoch = 0;
+  std::string observed;
+};
+
+class ElectionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (EtcdBinary().empty()) GTEST_SKIP() << "no etcd binary (scripts/install-deps.sh)";
+    char tmpl[] = "/tmp/fluxon-election-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    etcd_.emplace(dir_);
+    etcd_->Start();
+    ASSERT_TRUE(etcd_->WaitReady(milliseconds(20000))) << dir_ << "/etcd.log";
+    auto c = EtcdClient::Connect({etcd_->endpoint()}, milliseconds(2000));
+    ASSERT_TRUE(c.ok());
+    client_ = std::move(*c);
+    absl::Status last;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          last = client_->Get("/probe").status();
+          return last.ok();
+        },
+        milliseconds(20000)))
+        << "etcd did not answer in 20 s (" << last << "); see " << dir_ << "/etcd.log";
+  }
+  void TearDown() override {
+    candidates_.clear();
+    etcd_.reset();
+    if (!dir_.empty() && !HasFailure()) testing::RunCommand({"rm", "-rf", dir_});
+  }
+
+  static bool WaitFor(const std::function<bool()>& ok, milliseconds bound) {
+    const auto deadline = Clock::now() + bound;
+    while (Clock::now() < deadline) {
+      if (ok()) return true;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return ok();
+  }
+
+  void StartCandidate(const std::string& name) {
+    candidates_.emplace(
+        std::piecewise_construct, std::forward_as_tuple(name),
+        std::forward_as_tuple(
+            std::vector<std::string>{ELECTION_CANDIDATE_PATH, etcd_->endpoint(), kKey, name,
+                                     std::to_string(kTtlS), StatePath(name)},
+            dir_ + "/" + name + ".log"));
+  }
+  std::string StatePath(const std::string& name) const { return dir_ + "/" + name + ".state"; }
+  CandidateState State(const std::string& name) const {
+    CandidateState s;
+    std::ifstream f(StatePath(name));
+    std::string line;
+    if (!std::getline(f, line)) return s;
+    for (absl::string_view field : absl::StrSplit(line, ' ')) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(field, absl::MaxSplits('=', 1));
+      if (kv.first == "seq") s.seq = std::stoull(kv.second);
+      if (kv.first == "leader_now") s.leader_now = kv.second == "1";
+      if (kv.first == "epoch") s.epoch = std::stoll(kv.second);
+      if (kv.first == "observed") s.observed = kv.second;
+    }
+    return s;
+  }
+  // The key's holder as etcd has it: (value, create_revision), empty when no leader.
+  std::optional<EtcdKeyValue> Holder() const {
+    auto kv = client_->Get(kKey);
+    return kv.ok() ? *kv : std::nullopt;
+  }
+  // Waits for a leader in etcd whose candidate also believes it leads with that epoch.
+  // `exclude`: a candidate that was killed or paused (its state file is stale).
+  std::optional<std::pair<std::string, int64_t>> WaitLeader(milliseconds bound,
+                                                            const std::string& exclude = "") {
+    std::optional<std::pair<std::string, int64_t>> out;
+    WaitFor(
+        [&] {
+          std::optional<EtcdKeyValue> h = Holder();
+          if (!h || !candidates_.contains(h->value) || h->value == exclude) return false;
+          const CandidateState s = State(h->value);
+          if (!s.leader_now || s.epoch != h->create_revision) return false;
+          out.emplace(h->value, h->create_revision);
+          return true;
+        },
+        bound);
+    return out;
+  }
+  int Leaders() const {
+    int n = 0;
+    for (const auto& [name, _] : candidates_) n += State(name).leader_now ? 1 : 0;
+    return n;
+  }
+
+  static constexpr const char* kKey = "/fluxon/test/master/leader";
+  std::string dir_;
+  std::optional<Etcd> etcd_;
+  std::unique_ptr<EtcdClient> client_;
+  std::map<std::string, Child> candidates_;
+};
+
+TEST_F(ElectionTest, OneLeaderWhoseEpochIsTheKeysRevisionAndAStandbyThatSeesIt) {
+  StartCandidate("a");
+  StartCandidate("b");
+  auto leader = WaitLeader(milliseconds(10000));
+  ASSERT_TRUE(leader.has_value());
+  const std::string other = leader->first == "a" ? "b" : "a";
+  ASSERT_TRUE(WaitFor(
+      [&] { return State(other).observed == absl::StrCat(leader->first, "@", leader->second); },
+      milliseconds(3000)))
+      << State(other).observed;
+  // For a while (several keep-alive periods): exactly one leader, always the same.
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_EQ(Leaders(), 1);
+    EXPECT_FALSE(State(other).leader_now);
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(Holder()->value, leader->first);
+}
+
+TEST_F(ElectionTest, ACleanStopHandsOverAtOnceWithAHigherEpoch) {
+  StartCandidate("a");
+  auto first = WaitLeader(milliseconds(10000));
+  ASSERT_TRUE(first.has_value());
+  StartCandidate("b");
+  ASSERT_TRUE(WaitFor([&] { return State("b").observed == "a@" + std::to_string(first->second); },
+                      milliseconds(3000)));
+  const auto t0 = Clock::now();
+  EXPECT_EQ(candidates_.at("a").Terminate(), 0);
+  auto second = WaitLeader(milliseconds(kTtlS * 1000));  // well before the TTL would run out
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->first, "b");
+  EXPECT_GT(second->second, first->second);
+  EXPECT_LT(Clock::now() - t0, milliseconds(kTtlS * 1000));
+}
+
+TEST_F(ElectionTest, AKilledLeaderIsReplacedOnceItsLeaseEnds) {
+  StartCandidate("a");
+  auto first = WaitLeader(milliseconds(10000));
+  ASSERT_TRUE(first.has_value());
+  StartCandidate("b");
+  candidates_.at("a").Kill();
+  auto second = WaitLeader(milliseconds(kTtlS * 1000 + 5000), "a");
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->first, "b");
+  EXPECT_GT(second->second, first->second);
+}
+
+TEST_F(ElectionTest, ALeaderPausedPastItsLeaseWakesUpNoLongerLeading) {
+  StartCandidate("a");
+  auto first = WaitLeader(milliseconds(10000));
+  ASSERT_TRUE(first.has_value());
+  StartCandidate("b");
+  ASSERT_TRUE(WaitFor([&] { return !State("b").observed.empty(); }, milliseconds(3000)));
+  candidates_.at("a").Signal(SIGSTOP);
+  auto second = WaitLeader(milliseconds(kTtlS * 1000 + 5000), "a");
+  ASSERT_TRUE(second.has_value());
+  ASSERT_EQ(second->first, "b");
+  const uint64_t seq_before = State("a").seq;
+  candidates_.at("a").Signal(SIGCONT);
+  // Its first report after waking up already says it does not lead (the local clock, not etcd).
+  ASSERT_TRUE(WaitFor([&] { return State("a").seq > seq_before; }, milliseconds(2000)));
+  EXPECT_FALSE(State("a").leader_now);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(Leaders(), 1);
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_TRUE(State("b").leader_now);
+}
+
+TEST_F(ElectionTest, WithEtcdGoneTheLeaderStopsLeadingAtItsLeaseAndTheCampaignRecovers) {
+  StartCandidate("a");
+  ASSERT_TRUE(WaitLeader(milliseconds(10000)).has_value());
+  etcd_->Kill();
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(WaitFor([&] { return !State("a").leader_now; }, milliseconds(kTtlS * 1000 + 2000)));
+  EXPECT_LE(Clock::now() - t0, milliseconds(kTtlS * 1000 + 500));
+  etcd_->Start();  // same data directory: the same cluster comes back
+  ASSERT_TRUE(etcd_->WaitReady(milliseconds(20000)));
+  auto again = WaitLeader(milliseconds(30000));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->first, "a");
+}
+
+}  // namespace
+}  // namespace fluxon
