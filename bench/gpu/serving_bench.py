@@ -47,7 +47,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for cand in (os.path.join(HERE, "..", "..", "tests", "gpu"), os.path.join(HERE, "..", "tests")):
     if os.path.exists(os.path.join(cand, "sglang_launch.py")):
         sys.path.insert(0, os.path.abspath(cand))
-from sglang_launch import Owner, Server, llama_config, wait_ready, write_model  # noqa: E402
+from sglang_launch import (  # noqa: E402
+    Owner, Server, keep_logs, llama_config, wait_ready, write_model)
 
 PAGE = 64
 TOKEN_BYTES = 32 * 2 * 8 * 128 * 2  # layers x (K, V) x KV heads x head_dim x bf16
@@ -250,13 +251,7 @@ def main() -> int:
                     mooncake.terminate()
                     mooncake.wait(timeout=20)
     finally:
-        keep = os.environ.get("SERVE_KEEP")
-        if keep:
-            os.makedirs(keep, exist_ok=True)
-            for root, _, files in os.walk(tmp):
-                for f in files:
-                    if f.endswith(".log"):
-                        shutil.copy(os.path.join(root, f), os.path.join(keep, f"bench-{f}"))
+        keep_logs(tmp, prefix="bench-")
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"\n## Multi-turn serving ({a.clients} clients x {a.rounds} rounds, {a.request_len} "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -233,3 +234,16 @@ def wait_ready(servers, timeout_s):
         raise RuntimeError(f"not ready in {timeout_s} s: {sorted(waiting)}: "
                            + servers[first].tail(6))
     return ", ".join(f"{n} {s.ready_s:.0f}s" for n, s in servers.items())
+
+
+def keep_logs(tmp, prefix=""):
+    """Copies every *.log under `tmp` to $SERVE_KEEP (when set) before `tmp` is removed."""
+    keep = os.environ.get("SERVE_KEEP")
+    if not keep:
+        return
+    os.makedirs(keep, exist_ok=True)
+    for root, _, files in os.walk(tmp):
+        for f in files:
+            if f.endswith(".log"):
+                rel = os.path.relpath(os.path.join(root, f), tmp).replace("/", "_")
+                shutil.copy(os.path.join(root, f), os.path.join(keep, prefix + rel))

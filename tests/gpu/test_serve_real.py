@@ -28,7 +28,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_harness import Checks  # noqa: E402
-from sglang_launch import Owner, Server, llama_config, wait_ready, write_model  # noqa: E402
+from sglang_launch import (  # noqa: E402
+    Owner, Server, keep_logs, llama_config, wait_ready, write_model)
 
 PAGE = 64
 PROMPT_TOKENS = 1000  # 15 whole pages and 40 tokens: 960 tokens can come back from a store
@@ -225,14 +226,7 @@ def main() -> int:
             s.stop()
         owner_a.stop()
         owner_b.stop()
-        keep = os.environ.get("SERVE_KEEP")
-        if keep:
-            os.makedirs(keep, exist_ok=True)
-            for root, _, files in os.walk(tmp):
-                for f in files:
-                    if f.endswith(".log"):
-                        rel = os.path.relpath(os.path.join(root, f), tmp).replace("/", "_")
-                        shutil.copy(os.path.join(root, f), os.path.join(keep, rel))
+        keep_logs(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
     return checks.report("launched SGLang servers with fluxon")
 

@@ -26,31 +26,34 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> to
     return (xf * (weight.float() + offset)).to(x.dtype)
 
 
-def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
-    y = _rms(input, weight, eps, 0.0)
+def _norm_into(input, weight, eps, out, offset):
+    y = _rms(input, weight, eps, offset)
     if out is None:
         return y
     out.copy_(y)
     return out
+
+
+def _fused_add_norm(input, residual, weight, eps, offset):
+    """In place, as the real kernel: residual += input; input = rmsnorm(residual)."""
+    residual.copy_((residual.float() + input.float()).to(residual.dtype))
+    input.copy_(_rms(residual, weight, eps, offset))
+
+
+def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    return _norm_into(input, weight, eps, out, 0.0)
 
 
 def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
-    """In place, as the real kernel: residual += input; input = rmsnorm(residual)."""
-    residual.copy_((residual.float() + input.float()).to(residual.dtype))
-    input.copy_(_rms(residual, weight, eps, 0.0))
+    _fused_add_norm(input, residual, weight, eps, 0.0)
 
 
 def gemma_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
-    y = _rms(input, weight, eps, 1.0)
-    if out is None:
-        return y
-    out.copy_(y)
-    return out
+    return _norm_into(input, weight, eps, out, 1.0)
 
 
 def gemma_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
-    residual.copy_((residual.float() + input.float()).to(residual.dtype))
-    input.copy_(_rms(residual, weight, eps, 1.0))
+    _fused_add_norm(input, residual, weight, eps, 1.0)
 
 
 def _runs(src_indices: torch.Tensor, dst_indices: torch.Tensor):
