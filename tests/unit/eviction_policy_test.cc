@@ -215,6 +215,29 @@ TEST(AdaptiveChainPolicyTest, TheFilterTakesTheLargestWeightTimesAgeFirst) {
   EXPECT_EQ(Ids(tier.TakeVictims(300)), (std::vector<uint64_t>{21, 20, 2}));
 }
 
+// The prediction expert calls a chain that was put once and not read for twice the mean period
+// "finished" only while that mean rests on at least a quarter as many chains as it would judge:
+// early in a round of round-barrier traffic, the few chains read again are those with the
+// shortest gaps, and every chain not reached yet would look finished.
+std::vector<uint64_t> FirstVictimWithPeriodicChains(uint64_t periodic) {
+  HotTier<PredictionOnly> tier;
+  for (uint64_t i = 0; i < 8; ++i) tier.AdmitChain(Chain(10 + i, 1));  // put once, oldest first
+  for (uint64_t i = 0; i < periodic; ++i) tier.AdmitChain(Chain(100 + i, 1));
+  for (int round = 0; round < 2; ++round) {  // read again every `periodic` requests: due later
+    for (uint64_t i = 0; i < periodic; ++i) tier.Touch({100 + i});
+  }
+  return Ids(tier.TakeVictims(1));
+}
+
+TEST(AdaptiveChainPolicyTest, ThePutOnceOverdueRuleWaitsForEnoughPeriods) {
+  // One periodic chain, eight put once: 1 x 4 < 8, so the oldest put-once chain (10) is not
+  // called finished; the expert ranks by predicted return instead (the newest not recent: 16).
+  EXPECT_EQ(FirstVictimWithPeriodicChains(1), (std::vector<uint64_t>{16}));
+  // Two or more periodic chains (2 x 4 >= 8): the rule applies and the oldest goes first.
+  EXPECT_EQ(FirstVictimWithPeriodicChains(2), (std::vector<uint64_t>{10}));
+  EXPECT_EQ(FirstVictimWithPeriodicChains(4), (std::vector<uint64_t>{10}));
+}
+
 TEST(AdaptiveChainPolicyTest, AGhostHitSkipsProbation) {
   // A chain that was evicted and is put again (its first page a ghost) is no one-hit chain: it
   // goes straight to the main part, as a ghost hit goes to S3-FIFO's main queue.
