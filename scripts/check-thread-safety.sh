@@ -12,7 +12,7 @@ CC=clang CXX=clang++ cmake -S . -B "$DIR" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFL
   -DFLUXON_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
   -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
 # Generated headers (protobuf, gRPC, version) must exist before anything includes them.
-cmake --build "$DIR" -j "$JOBS" --target fluxon_proto_grpc >/dev/null
+cmake --build "$DIR" -j "$JOBS" --target fluxon_proto_grpc fluxon_proto_etcd >/dev/null
 python3 - "$DIR" "$JOBS" <<'PY'
 import json, os, re, shlex, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
