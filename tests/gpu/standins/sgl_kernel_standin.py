@@ -17,7 +17,13 @@ EXPORTS = (
     "transfer_kv_direct",
     "transfer_kv_per_layer_direct_pf_lf",
     "transfer_kv_all_layer_direct_lf_pf",
+    "is_arch_support_pdl",
 )
+
+
+def is_arch_support_pdl():
+    """No programmatic dependent launch here: the stand-ins launch plain PyTorch ops."""
+    return False
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
