@@ -1,12 +1,6 @@
 #include "owner/owner_core.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 
 #include "fluxon/units.h"
 
@@ -163,13 +157,6 @@ void OwnerCore::PrefaultLoop() {
   // First touch of grant memory, off every request's and the maintenance thread's path (expiry
   // and eviction never wait behind 512 MiB of page clearing): carved grants first (clients may
   // be writing into them), then free positions ahead of carves (warm_grants).
-  // At the lowest nice level: page clearing is work ahead of need and must not take a core from
-  // a request (a claim never waits for this thread: it populates what it takes itself). The
-  // thread holds the pool's lock only between madvise calls, never across one.
-  const pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
-  if (setpriority(PRIO_PROCESS, static_cast<id_t>(tid), 19) != 0) {
-    spdlog::debug("prefault thread: setpriority failed: {}", std::strerror(errno));
-  }
   while (!stop_.stopped()) {
     if (memory_->pool().PopulateBehind(kPopulateBytesPerRound) > 0) continue;
     memory_->pool().PrefaultAhead();
