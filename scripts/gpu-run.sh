@@ -69,8 +69,19 @@ case $mode in
     ROOT=$PWD
     DEST=${2:-$ROOT/.gpupack}
     BUILD_DIR=${BUILD_DIR:-build-gpu}
-    PY=${PYTHON312:-$(command -v python3.12 || ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3 2>/dev/null | tail -1)}
-    [ -x "$PY" ] || { echo "gpu-run pack: no Python 3.12 (set PYTHON312)" >&2; exit 1; }
+    # A Python 3.12 that runs (a pyenv shim on PATH may name a version that is not selected).
+    PY=${PYTHON312:-}
+    if [ -z "$PY" ]; then
+      for cand in "$(command -v python3.12 || true)" "$HOME"/.pyenv/versions/3.12*/bin/python3 \
+          /usr/bin/python3.12 /usr/local/bin/python3.12; do
+        if [ -n "$cand" ] && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12)' \
+            >/dev/null 2>&1; then
+          PY=$cand
+          break
+        fi
+      done
+    fi
+    [ -n "$PY" ] || { echo "gpu-run pack: no Python 3.12 (set PYTHON312)" >&2; exit 1; }
     # pybind11 for the tests' support module and the wheel: the one python3 or the 3.12
     # interpreter has, else installed into the 3.12 interpreter's user site.
     if ! python3 -m pybind11 --version >/dev/null 2>&1 && ! "$PY" -m pybind11 --version >/dev/null 2>&1; then
