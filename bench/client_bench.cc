@@ -106,6 +106,17 @@ void BM_GetCycleLocalHit(benchmark::State& state) {
 }
 BENCHMARK(BM_GetCycleLocalHit)->Arg(1)->Arg(32)->Arg(128)->UseRealTime();
 
+// One put cycle (local_fast_put_start + commit) of `keys`, its time in µs appended to `us`.
+absl::StatusOr<KvFuture> TimedPutCycle(KvClient& client, const std::vector<std::string>& keys,
+                                       std::vector<double>* us) {
+  const auto t0 = Clock::now();
+  absl::StatusOr<uint64_t> plan = client.LocalFastPutStart(keys, kValueLen, {});
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<KvFuture> fut = client.LocalFastPutCommit(*plan);
+  us->push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  return fut;
+}
+
 void BM_PutCycle(benchmark::State& state) {
   Env& env = Shared();
   const int64_t n = state.range(0);
@@ -115,15 +126,11 @@ void BM_PutCycle(benchmark::State& state) {
   for (auto _ : state) {
     auto keys = Keys("put-", n, next);
     next += n;
-    const auto t0 = Clock::now();
-    auto plan = env.client->LocalFastPutStart(keys, kValueLen, {});
-    if (!plan.ok()) {
-      state.SkipWithError(std::string(plan.status().message()).c_str());
+    absl::StatusOr<KvFuture> fut = TimedPutCycle(*env.client, keys, &us);
+    if (!fut.ok()) {
+      state.SkipWithError(std::string(fut.status().message()).c_str());
       break;
     }
-    auto fut = env.client->LocalFastPutCommit(*plan);
-    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-    if (!fut.ok()) state.SkipWithError("commit failed");
     futures.push_back(*fut);
   }
   for (auto& f : futures) (void)f.Wait();
@@ -155,16 +162,9 @@ void BM_PutCycleSteady(benchmark::State& state) {
   int64_t batch = 0;
   for (auto _ : state) {
     auto keys = Keys(run + std::to_string(batch) + "-", n, 0);
-    const auto t0 = Clock::now();
-    auto plan = env.client->LocalFastPutStart(keys, kValueLen, {});
-    if (!plan.ok()) {
-      state.SkipWithError(std::string(plan.status().message()).c_str());
-      break;
-    }
-    auto fut = env.client->LocalFastPutCommit(*plan);
-    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    absl::StatusOr<KvFuture> fut = TimedPutCycle(*env.client, keys, &us);
     if (!fut.ok()) {
-      state.SkipWithError("commit failed");
+      state.SkipWithError(std::string(fut.status().message()).c_str());
       break;
     }
     state.PauseTiming();

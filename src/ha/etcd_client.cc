@@ -1,5 +1,9 @@
 #include "ha/etcd_client.h"
 
+#include <arpa/inet.h>
+
+#include "absl/strings/numbers.h"
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "rpc_grpc/grpc_master.h"
@@ -20,8 +24,18 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
     const std::vector<std::string>& endpoints, std::chrono::milliseconds deadline) {
   if (endpoints.empty()) return absl::InvalidArgumentError("no etcd endpoint");
   for (const std::string& e : endpoints) {
-    if (e.empty() || e.find(':') == std::string::npos) {
+    const size_t colon = e.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(e.substr(colon + 1), &port) ||
+        port <= 0 || port > 65535) {
       return absl::InvalidArgumentError(absl::StrCat("etcd endpoint '", e, "' is not host:port"));
+    }
+    // Several members share one channel through gRPC's ipv4: resolver, which takes addresses
+    // only (a host name there would fail every call, not this one).
+    in_addr addr;
+    if (endpoints.size() > 1 && inet_pton(AF_INET, e.substr(0, colon).c_str(), &addr) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoint '", e, "': with several endpoints each must be an IPv4 address:port"));
     }
   }
   // One channel over every member: gRPC's ipv4/dns resolvers take a comma-separated list, and
@@ -44,7 +58,7 @@ EtcdClient::Stubs EtcdClient::Current() {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     stubs_.channel = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
     stubs_.kv = etcdserverpb::KV::NewStub(stubs_.channel);

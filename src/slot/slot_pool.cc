@@ -605,7 +605,6 @@ uint64_t SlotPool::SpareSlots(const SizeClass& cls) const {
 }
 
 uint64_t SlotPool::PopulateBehind(uint64_t max_bytes) {
-  const uint64_t kChunk = kPopulateChunkBytes;  // one madvise call; the lock is never held over it
   uint64_t done = 0;
   while (done < max_bytes) {
     uint64_t offset = 0, len = 0;
@@ -614,7 +613,8 @@ uint64_t SlotPool::PopulateBehind(uint64_t max_bytes) {
       if (unpopulated_.empty()) break;
       Unpopulated& u = unpopulated_.front();
       offset = u.next;
-      len = std::min({kChunk, u.end - u.next, max_bytes - done});
+      // One madvise call per chunk; the lock is never held over it.
+      len = std::min({kPopulateChunkBytes, u.end - u.next, max_bytes - done});
       u.next += len;
       if (u.next >= u.end) unpopulated_.pop_front();
     }

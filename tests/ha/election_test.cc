@@ -45,14 +45,17 @@ std::string EtcdBinary() {
 class Child {
  public:
   Child(const std::vector<std::string>& argv, const std::string& log) {
+    // Everything the child needs is prepared before fork: the parent runs gRPC threads, and
+    // between fork and exec the child may only make async-signal-safe calls (no allocation).
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    const char* log_path = log.c_str();
     pid_ = fork();
     if (pid_ == 0) {
-      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      const int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
       execv(args[0], args.data());
       _exit(127);
     }
@@ -238,6 +241,18 @@ class ElectionTest : public ::testing::Test {
   std::unique_ptr<EtcdClient> client_;
   std::map<std::string, Child> candidates_;
 };
+
+TEST(EtcdClientTest, RefusesEndpointsItCannotDial) {
+  EXPECT_TRUE(absl::IsInvalidArgument(EtcdClient::Connect({}).status()));
+  for (const char* bad : {"127.0.0.1", ":2379", "127.0.0.1:0", "127.0.0.1:x", "h:70000"}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(EtcdClient::Connect({bad}).status())) << bad;
+  }
+  EXPECT_TRUE(EtcdClient::Connect({"etcd.local:2379"}).ok());  // one member: any host name
+  // Several members share the ipv4: resolver: addresses only.
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(EtcdClient::Connect({"127.0.0.1:2379", "etcd.local:2379"}).status()));
+  EXPECT_TRUE(EtcdClient::Connect({"127.0.0.1:2379", "127.0.0.2:2379"}).ok());
+}
 
 TEST_F(ElectionTest, OneLeaderWhoseEpochIsTheKeysRevisionAndAStandbyThatSeesIt) {
   StartCandidate("a");
