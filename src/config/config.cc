@@ -91,6 +91,7 @@ FLUXON_SETTINGS_OF(OwnerConfig, FLUXON_OWNER_SETTINGS)
 FLUXON_SETTINGS_OF(MasterConfig, FLUXON_MASTER_SETTINGS)
 FLUXON_SETTINGS_OF(ReplicaPlacementConfig, FLUXON_REPLICA_PLACEMENT_SETTINGS)
 FLUXON_SETTINGS_OF(ClientConfig, FLUXON_CLIENT_SETTINGS)
+FLUXON_SETTINGS_OF(ElectionConfig, FLUXON_ELECTION_SETTINGS)
 FLUXON_SETTINGS_OF(AdminConfig, FLUXON_ADMIN_SETTINGS)
 FLUXON_SETTINGS_OF(TlsConfig, FLUXON_TLS_SETTINGS)
 FLUXON_SETTINGS_OF(SecurityConfig, FLUXON_SECURITY_SETTINGS)
@@ -536,10 +537,10 @@ absl::Status CheckDemotion(const Section& sec, const OwnerConfig& o) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: must be at least 1 byte", sec.Key("demotion.max_bytes_in_flight")));
   }
-  if (o.master_address.empty() || o.data_address.empty()) {
+  if (o.data_address.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: a demotion moves values to a remote_cache through the master and this owner's data "
-        "plane: set owner.master_address and owner.data_address",
+        "plane: set owner.data_address (and owner.master_address or an election section)",
         sec.Key("demotion.enabled")));
   }
   return absl::OkStatus();
@@ -667,11 +668,13 @@ absl::Status ParseMaster(Section& sec, MasterConfig* m) {
 
 // A role's optional section: refused for roles that do not run it, parsed with `parse` when
 // present, default-constructed for roles that run it.
+// With default_when_absent false, an absent section stays unset even for roles that may have it.
 template <typename T, typename Parse>
 absl::Status ParseRoleSection(Section& top, const char* name, bool role_has_it, const char* refusal,
-                              std::optional<T>* out, Parse parse) {
+                              std::optional<T>* out, Parse parse, bool default_when_absent = true) {
   if (top.Has(name) && !role_has_it) return top.Bad(name, refusal);
   if (!role_has_it) return absl::OkStatus();
+  if (!top.Has(name) && !default_when_absent) return absl::OkStatus();
   *out = T{};
   if (!top.Has(name)) return absl::OkStatus();
   FLUXON_ASSIGN_OR_RETURN(Section sec, top.Child(name));
@@ -680,8 +683,21 @@ absl::Status ParseRoleSection(Section& top, const char* name, bool role_has_it, 
 
 // The rules that relate sections to each other.
 absl::Status CheckAcrossSections(const Section& top, const Config& c) {
-  if ((c.role == Role::kOwner || c.role == Role::kRemoteCache) && c.owner->master_address.empty()) {
-    return top.Bad("owner.master_address", "is required for role=" + std::string(RoleName(c.role)));
+  const bool follower = c.role == Role::kOwner || c.role == Role::kRemoteCache;
+  if (follower && c.owner->master_address.empty() && !c.election) {
+    return top.Bad("owner.master_address",
+                   "is required for role=" + std::string(RoleName(c.role)) +
+                       " (or an election section naming the etcd the masters campaign in)");
+  }
+  if (follower && !c.owner->master_address.empty() && c.election) {
+    return top.Bad("owner.master_address",
+                   "and an election section are exclusive: with election the owner follows "
+                   "whichever master leads");
+  }
+  if (c.role == Role::kEmbedded && c.owner->demotion.enabled) {
+    return top.Bad("owner.demotion.enabled",
+                   "a demotion moves values to a remote_cache through a cluster master: needs "
+                   "role=owner (owner.master_address or election) and owner.data_address");
   }
   // One process runs both: the master must not expire its own owner between two heartbeats.
   if (c.role == Role::kEmbedded && c.owner->heartbeat_interval >= c.master->owner_lease) {
@@ -693,8 +709,42 @@ absl::Status CheckAcrossSections(const Section& top, const Config& c) {
   return absl::OkStatus();
 }
 
+absl::Status ParseElection(Section& sec, ElectionConfig* e) {
+  FLUXON_RETURN_IF_ERROR(sec.ReadSettings(e));
+  if (!sec.Has("endpoints")) return sec.Bad("endpoints", "is required (etcd members, host:port)");
+  const YAML::Node list = sec.Get("endpoints");
+  if (!list.IsSequence() || list.size() == 0) {
+    return sec.Bad("endpoints", "must be a non-empty list of host:port, e.g. [127.0.0.1:2379]");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string endpoint = list[i].IsScalar() ? list[i].Scalar() : "";
+    if (const std::string why = HostPortProblem(endpoint, /*allow_port_zero=*/false);
+        !why.empty()) {
+      return sec.Bad("endpoints", absl::StrFormat("entry '%s': %s", endpoint, why));
+    }
+    if (list.size() > 1 && !IsIpv4(HostOfAddress(endpoint))) {
+      return sec.Bad("endpoints", absl::StrFormat("entry '%s': with several members each must be "
+                                                  "an IPv4 address:port",
+                                                  endpoint));
+    }
+    if (std::find(e->endpoints.begin(), e->endpoints.end(), endpoint) != e->endpoints.end()) {
+      return sec.Bad("endpoints", "'" + endpoint + "' is listed twice");
+    }
+    e->endpoints.push_back(endpoint);
+  }
+  if (e->key.empty() || e->key[0] != '/') {
+    return sec.Bad("key", "must be a path starting with '/', e.g. /fluxon/<cluster>/master/leader");
+  }
+  return sec.Finish();
+}
+
 absl::Status ParseSections(Section& top, Config* c, const MachineLimits& machine) {
   const std::string role = RoleName(c->role);
+  FLUXON_RETURN_IF_ERROR(ParseRoleSection(
+      top, "election",
+      c->role == Role::kMaster || c->role == Role::kOwner || c->role == Role::kRemoteCache,
+      ("is for roles master, owner and remote_cache (standby masters), not role=" + role).c_str(),
+      &c->election, ParseElection, /*default_when_absent=*/false));
   FLUXON_RETURN_IF_ERROR(
       ParseRoleSection(top, "owner", RoleHasOwner(c->role),
                        ("owner-only section is not allowed for role=" + role).c_str(), &c->owner,
@@ -981,6 +1031,11 @@ std::string DumpConfig(const Config& c) {
   }
   if (c.owner) EmitOwner(out, *c.owner);
   if (c.client) EmitSection(out, "client", *c.client);
+  if (c.election) {
+    EmitSection(out, "election", *c.election, [&] {
+      out << YAML::Key << "endpoints" << YAML::Value << YAML::Flow << c.election->endpoints;
+    });
+  }
   EmitSection(out, "admin", c.admin);
   if (c.role != Role::kClient) {
     EmitSection(out, "security", c.security, [&] {
@@ -1068,6 +1123,14 @@ std::string SettingsReferenceMarkdown() {
                   "| `master.replica_task_placement.remote_only_node_roles` | list of owner roles "
                   "| [remote_cache] | roles of owners that hold only copies: preferred replica "
                   "targets, the only ones when restricted |\n");
+  section("election",
+          "Roles master, owner and remote_cache: standby masters elected through etcd "
+          "(docs/ha.md). A master campaigns for the key; an owner follows its holder instead of "
+          "owner.master_address.");
+  absl::StrAppend(&out,
+                  "| `election.endpoints` | list of host:port (IPv4 literals when several) | — "
+                  "| required in the section: the etcd members |\n");
+  ReferenceRows(&out, "election.", ElectionConfig{});
   section("client", "Role client (a config file a client library reads).");
   ReferenceRows(&out, "client.", ClientConfig{});
   section("admin", "Every role.");

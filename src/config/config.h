@@ -101,6 +101,13 @@ struct MasterConfig {
   ReplicaPlacementConfig replica_task_placement;  // master.replica_task_placement
 };
 
+// Standby masters elected through etcd (`election:`; docs/ha.md). Role master campaigns for the
+// key; roles owner and remote_cache follow whoever holds it (instead of owner.master_address).
+struct ElectionConfig {
+  std::vector<std::string> endpoints;  // etcd members, host:port (IPv4 literals when several)
+  FLUXON_ELECTION_SETTINGS(FLUXON_DECLARE_SETTING)
+};
+
 struct ClientConfig {
   FLUXON_CLIENT_SETTINGS(FLUXON_DECLARE_SETTING)
 };
@@ -139,6 +146,7 @@ struct Config {
   std::optional<MasterConfig> master;
   std::optional<OwnerConfig> owner;
   std::optional<ClientConfig> client;
+  std::optional<ElectionConfig> election;
   AdminConfig admin;
   SecurityConfig security;
   std::vector<FaultConfig> faults;

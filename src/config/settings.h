@@ -124,8 +124,8 @@ struct OneOf {
 #define FLUXON_DEMOTION_SETTINGS(X)                                                               \
   X(enabled, "enabled", Flag{}, false,                                                            \
     "demote cold values to a remote_cache (one copy: this owner's slots are freed once the "      \
-    "copy is routed) before pressure deletes them; needs owner.master_address and "               \
-    "owner.data_address")                                                                         \
+    "copy is routed) before pressure deletes them; needs a cluster master (owner.master_address or "  \
+    "election) and owner.data_address")                                                                         \
   X(start_ratio, "start_ratio", Ratio{}, 0.85,                                                    \
     "demotion runs while used slots exceed this fraction of the capacity; below "                 \
     "owner.hot_capacity_ratio")                                                                   \
@@ -145,7 +145,7 @@ struct OneOf {
   X(socket_group, "socket_group", Text{}, "",                                                     \
     "group allowed on the client socket; empty: the owner's uid only")                            \
   X(master_address, "master_address", PeerAddress{}, "",                                          \
-    "where the master listens; required for role=owner and role=remote_cache")                    \
+    "where the master listens; role=owner and role=remote_cache name it or an election section")  \
   X(eviction_max_bytes_per_round, "eviction_max_bytes_per_round", Bytes{}, 256ull << 20,          \
     "capacity eviction frees at most this much per round")                                        \
   X(eviction_interval, "eviction_interval_ms", Millis{}, std::chrono::milliseconds(200),          \
@@ -200,6 +200,17 @@ struct OneOf {
 #define FLUXON_REPLICA_PLACEMENT_SETTINGS(X)                                                      \
   X(restrict_to_remote_only_node_roles, "restrict_to_remote_only_node_roles", Flag{}, false,      \
     "replicas go only to owners of remote_only_node_roles; none with room: NoSpace (no fallback)")
+
+#define FLUXON_ELECTION_SETTINGS(X)                                                               \
+  X(key, "key", NonEmptyText{}, "/fluxon/default/master/leader",                                  \
+    "the leadership key in etcd; every master and owner of one cluster names the same one")       \
+  X(lease_ttl_s, "lease_ttl_s", IntIn<int64_t>(2, 3'600), 5,                                      \
+    "role master: its etcd lease; a dead or paused leader is replaced after about this")          \
+  X(poll_interval, "poll_interval_ms", Millis{}, std::chrono::milliseconds(200),                  \
+    "how often a standby master tries for the key and an owner reads who holds it")               \
+  X(advertise_address, "advertise_address", PeerAddress{}, "",                                    \
+    "role master: the address owners dial, published in the key; empty: master.listen_address "  \
+    "(with the port it bound), which must then name a host, not a wildcard")
 
 #define FLUXON_CLIENT_SETTINGS(X)                                                                 \
   X(socket_path, "socket_path", SocketPath{}, "/tmp/fluxon/owner.sock",                           \

@@ -47,6 +47,19 @@ class AdminServiceImpl final : public v1::AdminService::Service {
       out->set_master_registered(o->registered_with_master());
       out->set_registration_generation(o->registration_generation());
     }
+    if (const ElectedMaster* e = node_->elected_master()) {
+      const Leadership l = e->observed();
+      out->set_election(e->leading() ? "leader" : "standby");
+      if (l.known) {
+        out->set_leader_address(l.value);
+        out->set_leader_epoch(l.epoch);
+      }
+    } else if (const LeaderFollowingMaster* f = node_->followed_master()) {
+      const LeaderFollowingMaster::Leader l = f->leader();
+      out->set_election("follower");
+      out->set_leader_address(l.address);
+      out->set_leader_epoch(l.epoch);
+    }
     return grpc::Status::OK;
   }
   grpc::Status Owners(grpc::ServerContext*, const v1::ListOwnersRequest* r,
@@ -78,13 +91,18 @@ class AdminServiceImpl final : public v1::AdminService::Service {
       for (const auto& [k, v] : o->Stats()) (*m)["owner_" + k] = v;
       (*m)["owner_client_sessions"] = static_cast<int64_t>(node_->client_sessions());
     }
-    if (MasterCore* mc = node_->master()) {
-      const MasterCounters& c = mc->counters();
-      (*m)["master_routes"] = static_cast<int64_t>(mc->route_count());
+    if (const MasterCounters* c = node_->master_counters()) {
       for (const MasterCounterDef& d : kMasterCounterDefs) {
-        (*m)[std::string("master_") + d.name] = (c.*d.field).load(std::memory_order_relaxed);
+        (*m)[std::string("master_") + d.name] = ((*c).*d.field).load(std::memory_order_relaxed);
       }
-      (*m)["master_inflight_gets"] = static_cast<int64_t>(mc->inflight_gets());
+      // A standby (elected) master serves no core: no routes, no gets.
+      const std::shared_ptr<MasterCore> mc = node_->master();
+      (*m)["master_routes"] = mc ? static_cast<int64_t>(mc->route_count()) : 0;
+      (*m)["master_inflight_gets"] = mc ? static_cast<int64_t>(mc->inflight_gets()) : 0;
+      if (const ElectedMaster* e = node_->elected_master()) {
+        (*m)["master_leader"] = e->leading() ? 1 : 0;
+        (*m)["master_leader_epoch"] = e->observed().epoch;
+      }
     }
     return grpc::Status::OK;
   }
@@ -242,24 +260,19 @@ class GrpcServers::Impl {
   std::unique_ptr<PeerServiceImpl> peer_service;
   std::unique_ptr<grpc::Server> master_server;
   std::unique_ptr<grpc::Server> admin_server;
-  std::unique_ptr<MasterApi> admin_master_client;  // admin on an owner: talks to its master
   int admin_port = 0;
+  int master_port = 0;
 };
 
 absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node) {
   auto impl = std::make_unique<Impl>();
   const Config& config = node->config();
-  MasterApi* admin_master = node->master();
-  if (admin_master == nullptr && config.owner && !config.owner->master_address.empty()) {
-    absl::StatusOr<std::unique_ptr<MasterApi>> c =
-        MakeGrpcMasterClient(config.owner->master_address, node->grpc_security());
-    if (!c.ok()) return c.status();
-    impl->admin_master_client = std::move(*c);
-    admin_master = impl->admin_master_client.get();
-  }
-  if (node->master() != nullptr) {
+  // The admin service's master calls (owners, keys, routes, placement) go where the node's own
+  // go: its master, or an owner's client of the cluster's master (following an election).
+  MasterApi* admin_master = node->master_api();
+  if (RoleHasMaster(config.role)) {
     impl->master_service = MakeMasterGrpcService(
-        node->master(), config.security.tls && config.security.tls->node_bound_certificates);
+        admin_master, config.security.tls && config.security.tls->node_bound_certificates);
     grpc::ServerBuilder b;
     ApplyServerLimits(&b);
     int port = 0;
@@ -271,7 +284,8 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
       return absl::UnavailableError(absl::StrFormat(
           "cannot serve the master on %s (address in use?)", config.master->listen_address));
     }
-    spdlog::info("master service on {}", config.master->listen_address);
+    impl->master_port = port;
+    spdlog::info("master service on {} (port {})", config.master->listen_address, port);
   }
   impl->admin_service = std::make_unique<AdminServiceImpl>(node, admin_master);
   grpc::ServerBuilder b;
@@ -296,6 +310,7 @@ absl::StatusOr<std::unique_ptr<GrpcServers>> GrpcServers::Start(FluxonNode* node
 GrpcServers::GrpcServers(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GrpcServers::~GrpcServers() { Stop(); }
 int GrpcServers::admin_port() const { return impl_->admin_port; }
+int GrpcServers::master_port() const { return impl_->master_port; }
 void GrpcServers::Stop() {
   const auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(500);
   if (impl_->admin_server) impl_->admin_server->Shutdown(deadline);

@@ -20,6 +20,8 @@ class GrpcServers {
   // The port the admin service is bound to (the configured one, or the one the kernel picked for
   // a ":0" address).
   int admin_port() const;
+  // The port the master service is bound to (0 on roles without a master).
+  int master_port() const;
 
   class Impl;
 

@@ -102,7 +102,7 @@ class NodeStateCollectable : public prometheus::Collectable {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - node_->started_at())
                   .count()));
     if (OwnerCore* owner = node_->owner()) CollectOwner(*owner, out);
-    if (const MasterCore* master = node_->master()) {
+    if (const std::shared_ptr<MasterCore> master = node_->master()) {
       out.push_back(Gauge("fluxon_master_routes", "Live key routes in the master's table.",
                           static_cast<double>(master->route_count())));
       const RouteTable::Totals totals = master->route_totals();
@@ -118,6 +118,14 @@ class NodeStateCollectable : public prometheus::Collectable {
       out.push_back(Gauge("fluxon_master_inflight_gets",
                           "Remote gets in flight (BatchGetStart until Done, Revoke or the TTL).",
                           static_cast<double>(master->inflight_gets())));
+    }
+    if (const ElectedMaster* elected = node_->elected_master()) {
+      out.push_back(Gauge("fluxon_master_leader",
+                          "1 while this master leads its etcd election (and serves), else 0.",
+                          elected->leading() ? 1.0 : 0.0));
+      out.push_back(Gauge("fluxon_master_leader_epoch",
+                          "Epoch (etcd create_revision) of the leadership this master last saw.",
+                          static_cast<double>(elected->observed().epoch)));
     }
     return out;
   }
@@ -267,8 +275,8 @@ std::vector<std::shared_ptr<prometheus::Collectable>> NodeCollectables(FluxonNod
           return series;
         }));
   }
-  if (MasterCore* master = node.master()) {
-    out.push_back(std::make_shared<MasterCountersCollectable>(&master->counters()));
+  if (const MasterCounters* counters = node.master_counters()) {
+    out.push_back(std::make_shared<MasterCountersCollectable>(counters));
   }
   if (const ClientServer* clients = node.client_server()) {
     out.push_back(std::make_shared<LatencyHistogramCollectable>(

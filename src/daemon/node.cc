@@ -1,6 +1,7 @@
 #include "daemon/node.h"
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "daemon/grpc_services.h"
 #include "daemon/metrics.h"
 #include "daemon/metrics_exposer.h"
@@ -58,18 +59,81 @@ absl::StatusOr<std::unique_ptr<FluxonNode>> FluxonNode::Start(const Config& conf
   if (RoleHasOwner(config.role)) FLUXON_RETURN_IF_ERROR(node->StartOwner(cluster_secret));
   if (node->data_plane_) FLUXON_RETURN_IF_ERROR(node->ServeSegment());
   FLUXON_RETURN_IF_ERROR(node->StartServers());
+  if (node->elected_) FLUXON_RETURN_IF_ERROR(node->Campaign());
   return node;
 }
 
+namespace {
+
+// TLS to etcd with the node's own certificate when security.tls is set (etcd then verifies it
+// against the same CA); plaintext otherwise.
+std::shared_ptr<grpc::ChannelCredentials> EtcdCredentials(const GrpcSecurity& security) {
+  return security.tls() ? security.ChannelCredentials() : nullptr;
+}
+
+}  // namespace
+
 absl::Status FluxonNode::StartMaster() {
-  master_ = std::make_unique<MasterCore>(MasterOptions::FromConfig(*config_.master));
-  master_->StartMaintenance(std::chrono::milliseconds(100));
+  const MasterOptions options = MasterOptions::FromConfig(*config_.master);
+  if (!config_.election) {
+    master_ = std::make_shared<MasterCore>(options);
+    master_->StartMaintenance(std::chrono::milliseconds(100));
+    return absl::OkStatus();
+  }
+  const ElectionConfig& e = *config_.election;
+  ElectedMasterOptions eo;
+  eo.election.endpoints = e.endpoints;
+  eo.election.key = e.key;
+  eo.election.ttl_s = e.lease_ttl_s;
+  eo.election.poll_interval = e.poll_interval;
+  eo.election.etcd_credentials = EtcdCredentials(*grpc_security_);
+  eo.master = options;
+  elected_ = std::make_unique<ElectedMaster>(std::move(eo));
   return absl::OkStatus();
+}
+
+absl::Status FluxonNode::Campaign() {
+  std::string advertised = config_.election->advertise_address;
+  if (advertised.empty()) {
+    const std::string host = HostOfAddress(config_.master->listen_address);
+    if (host.empty() || host == "0.0.0.0" || host == "::") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "election.advertise_address is required when master.listen_address (%s) is a "
+          "wildcard: owners must be told an address they can dial",
+          config_.master->listen_address));
+    }
+    const bool v6 = host.find(':') != std::string::npos;
+    advertised = v6 ? absl::StrFormat("[%s]:%d", host, grpc_->master_port())
+                    : absl::StrFormat("%s:%d", host, grpc_->master_port());
+  }
+  return elected_->Campaign(advertised);
 }
 
 absl::Status FluxonNode::StartOwner(const std::string& cluster_secret) {
   MasterApi* master = master_.get();
-  if (master == nullptr) {
+  if (master == nullptr && config_.election) {
+    const ElectionConfig& e = *config_.election;
+    LeaderFollowingOptions fo;
+    fo.endpoints = e.endpoints;
+    fo.key = e.key;
+    fo.poll_interval = e.poll_interval;
+    fo.etcd_credentials = EtcdCredentials(*grpc_security_);
+    const GrpcSecurity* security = grpc_security_.get();
+    FLUXON_ASSIGN_OR_RETURN(
+        std::unique_ptr<LeaderFollowingMaster> followed,
+        LeaderFollowingMaster::Start(std::move(fo), [security](const std::string& address) {
+          return MakeGrpcMasterClient(address, *security);
+        }));
+    // The owner registers at start: give the masters' campaign time to name a leader first
+    // (without one, the registration's own bounded retries decide).
+    if (!followed->WaitLeader(config_.owner->register_timeout)) {
+      spdlog::warn("no master leads in etcd ({}, key {}) yet; registering anyway",
+                   absl::StrJoin(e.endpoints, ","), e.key);
+    }
+    followed_ = followed.get();
+    remote_master_ = std::move(followed);
+    master = remote_master_.get();
+  } else if (master == nullptr) {
     FLUXON_ASSIGN_OR_RETURN(remote_master_,
                             MakeGrpcMasterClient(config_.owner->master_address, *grpc_security_));
     master = remote_master_.get();
@@ -145,14 +209,46 @@ void FluxonNode::Stop() {
   if (grpc_) grpc_->Stop();
   if (owner_) owner_->Stop();
   if (data_plane_) (void)data_plane_->UnregisterRegion();  // NotFound when already done
+  if (followed_) followed_->Stop();
+  // Last: the lease is revoked, so a standby takes over at once instead of after the TTL.
+  if (elected_) elected_->Stop();
+}
+
+std::shared_ptr<MasterCore> FluxonNode::master() const {
+  if (elected_) return elected_->current();
+  return master_;
+}
+
+const MasterCounters* FluxonNode::master_counters() const {
+  if (elected_) return &elected_->counters();
+  return master_ ? &master_->counters() : nullptr;
+}
+
+MasterApi* FluxonNode::master_api() const {
+  if (elected_) return elected_.get();
+  if (master_) return master_.get();
+  return remote_master_.get();
 }
 
 std::string FluxonNode::StatusText() const {
   std::string out =
       absl::StrFormat("role=%s node_id=%d\n", RoleName(config_.role), config_.node_id);
-  if (master_) {
-    out += absl::StrFormat("master: %d routes, control on %s\n", master_->route_count(),
+  if (const std::shared_ptr<MasterCore> m = master()) {
+    out += absl::StrFormat("master: %d routes, control on %s\n", m->route_count(),
                            config_.master->listen_address);
+  }
+  if (elected_) {
+    const Leadership l = elected_->observed();
+    out += absl::StrFormat(
+        "election: %s (key %s), %s\n", elected_->leading() ? "leader" : "standby",
+        config_.election->key,
+        l.known ? absl::StrFormat("leader %s, epoch %d", l.value, l.epoch) : "no leader known");
+  }
+  if (followed_) {
+    const LeaderFollowingMaster::Leader l = followed_->leader();
+    out += absl::StrFormat("master (elected, key %s): %s\n", config_.election->key,
+                           l.address.empty() ? std::string("none known")
+                                             : absl::StrFormat("%s, epoch %d", l.address, l.epoch));
   }
   if (owner_) {
     out += owner_->memory().StatusText();

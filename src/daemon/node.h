@@ -1,8 +1,10 @@
 // FluxonNode: one fluxond's components, assembled from its config by role.
 //   embedded:     MasterCore + OwnerCore (in-process master calls) + client socket + admin
-//   master:       MasterCore served over gRPC + admin
+//   master:       MasterCore served over gRPC + admin; with `election:` an ElectedMaster instead
+//                 (a fresh MasterCore per leadership won in etcd; a standby refuses every call)
 //   owner:        OwnerCore with a gRPC master client + client socket + admin (+ the data plane
-//                 serving its segment when owner.data_address is set)
+//                 serving its segment when owner.data_address is set); with `election:` the
+//                 client follows whichever master leads (LeaderFollowingMaster)
 //   remote_cache: OwnerCore with a gRPC master client (no local clients) + admin
 // Every master call an owner makes passes through the fault injector (points "master.<Method>").
 //
@@ -26,6 +28,8 @@
 #include "absl/status/statusor.h"
 #include "common/fault_injector.h"
 #include "config/config.h"
+#include "ha/elected_master.h"
+#include "ha/leader_following_master.h"
 #include "master/master_core.h"
 #include "owner/client_server.h"
 #include "owner/owner_core.h"
@@ -47,7 +51,19 @@ class FluxonNode {
   void Stop();
 
   const Config& config() const { return config_; }
-  MasterCore* master() { return master_.get(); }
+  // The master core serving now: the node's own (roles embedded and master), or the current
+  // leadership's of an elected master (null while it stands by); null on roles without one.
+  std::shared_ptr<MasterCore> master() const;
+  // The master counters of this process (they continue across an elected master's leaderships);
+  // null on roles without a master.
+  const MasterCounters* master_counters() const;
+  // The master API the node's calls go to: its own master (what its master service serves), or
+  // an owner's client of the cluster's master. Null on neither.
+  MasterApi* master_api() const;
+  // The election of role master with `election:` (null otherwise).
+  const ElectedMaster* elected_master() const { return elected_.get(); }
+  // The leader an owner with `election:` follows (null otherwise).
+  const LeaderFollowingMaster* followed_master() const { return followed_; }
   OwnerCore* owner() { return owner_.get(); }
   FaultInjector& faults() { return faults_; }
   std::string StatusText() const;
@@ -74,12 +90,15 @@ class FluxonNode {
   absl::Status StartOwner(const std::string& cluster_secret);
   absl::Status ServeSegment();  // the data plane serves the owner's segment
   absl::Status StartServers();  // gRPC, the owner and its client socket, /metrics
+  absl::Status Campaign();      // an elected master publishes its bound address in etcd
 
   Config config_;
   std::unique_ptr<GrpcSecurity> grpc_security_;
   FaultInjector faults_;
-  std::unique_ptr<MasterCore> master_;
+  std::shared_ptr<MasterCore> master_;
+  std::unique_ptr<ElectedMaster> elected_;
   std::unique_ptr<MasterApi> remote_master_;
+  LeaderFollowingMaster* followed_ = nullptr;  // remote_master_ when it follows an election
   std::unique_ptr<MasterApi> master_for_owner_;
   // The owners' peer service as a client (the replica pulls this owner asks for). Declared
   // before owner_: it outlives the owner's threads and its stop, which cancel its calls.

@@ -21,7 +21,8 @@ EtcdKeyValue FromProto(const etcdserverpb::KeyValue& kv) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
-    const std::vector<std::string>& endpoints, std::chrono::milliseconds deadline) {
+    const std::vector<std::string>& endpoints, std::chrono::milliseconds deadline,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   if (endpoints.empty()) return absl::InvalidArgumentError("no etcd endpoint");
   for (const std::string& e : endpoints) {
     const size_t colon = e.rfind(':');
@@ -42,11 +43,13 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
   // pick_first moves to the next member when the current one fails.
   const std::string target =
       endpoints.size() == 1 ? endpoints[0] : absl::StrCat("ipv4:", absl::StrJoin(endpoints, ","));
-  return std::unique_ptr<EtcdClient>(new EtcdClient(target, deadline));
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  return std::unique_ptr<EtcdClient>(new EtcdClient(target, deadline, std::move(credentials)));
 }
 
-EtcdClient::EtcdClient(std::string target, std::chrono::milliseconds deadline)
-    : target_(std::move(target)), deadline_(deadline) {}
+EtcdClient::EtcdClient(std::string target, std::chrono::milliseconds deadline,
+                       std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : target_(std::move(target)), deadline_(deadline), credentials_(std::move(credentials)) {}
 
 EtcdClient::Stubs EtcdClient::Current() {
   MutexLock lock(&mu_);
@@ -60,7 +63,7 @@ EtcdClient::Stubs EtcdClient::Current() {
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    stubs_.channel = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
+    stubs_.channel = grpc::CreateCustomChannel(target_, credentials_, args);
     stubs_.kv = etcdserverpb::KV::NewStub(stubs_.channel);
     stubs_.lease = etcdserverpb::Lease::NewStub(stubs_.channel);
   }

@@ -30,11 +30,12 @@ struct EtcdKeyValue {
 
 class EtcdClient {
  public:
-  // `endpoints`: host:port of each member (plaintext; IPv4 literals when there are several).
-  // `deadline` bounds every call.
+  // `endpoints`: host:port of each member (IPv4 literals when there are several). `deadline`
+  // bounds every call. `credentials`: TLS to etcd (null: plaintext).
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Connect(
       const std::vector<std::string>& endpoints,
-      std::chrono::milliseconds deadline = std::chrono::seconds(2));
+      std::chrono::milliseconds deadline = std::chrono::seconds(2),
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   struct Lease {
     int64_t id = 0;
@@ -64,7 +65,8 @@ class EtcdClient {
     std::shared_ptr<etcdserverpb::KV::Stub> kv;
     std::shared_ptr<etcdserverpb::Lease::Stub> lease;
   };
-  EtcdClient(std::string target, std::chrono::milliseconds deadline);
+  EtcdClient(std::string target, std::chrono::milliseconds deadline,
+             std::shared_ptr<grpc::ChannelCredentials> credentials);
   void Arm(grpc::ClientContext* ctx) const;
   // The current channel's stubs (a new channel after failures: see Note).
   Stubs Current();
@@ -76,6 +78,7 @@ class EtcdClient {
 
   const std::string target_;
   const std::chrono::milliseconds deadline_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   Mutex mu_;
   Stubs stubs_ ABSL_GUARDED_BY(mu_);
   int failures_ ABSL_GUARDED_BY(mu_) = 0;

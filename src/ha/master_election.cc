@@ -25,7 +25,7 @@ absl::StatusOr<std::unique_ptr<MasterElection>> MasterElection::Start(ElectionOp
         absl::StrCat("election TTL must be 2..3600 s, got ", options.ttl_s));
   }
   absl::StatusOr<std::unique_ptr<EtcdClient>> etcd =
-      EtcdClient::Connect(options.endpoints, options.call_deadline);
+      EtcdClient::Connect(options.endpoints, options.call_deadline, options.etcd_credentials);
   if (!etcd.ok()) return etcd.status();
   std::unique_ptr<MasterElection> e(new MasterElection(std::move(options), std::move(*etcd)));
   e->thread_ = std::thread([raw = e.get()] { raw->Run(); });

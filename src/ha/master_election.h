@@ -37,8 +37,9 @@ struct ElectionOptions {
   std::string key;                     // the leadership key, e.g. /fluxon/<cluster>/master/leader
   std::string value;                   // what this candidate publishes there (its address)
   int64_t ttl_s = 5;                   // the lease: how long a dead leader keeps the key
-  std::chrono::milliseconds poll_interval{200};   // a standby's look at the key
-  std::chrono::milliseconds call_deadline{1000};  // each etcd call
+  std::chrono::milliseconds poll_interval{200};                // a standby's look at the key
+  std::chrono::milliseconds call_deadline{1000};               // each etcd call
+  std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;  // TLS to etcd (null: plaintext)
 };
 
 // The leadership as last observed.

@@ -20,15 +20,21 @@ uint64_t NewEpoch() {
 }
 }  // namespace
 
-MasterCore::MasterCore(MasterOptions options)
-    : options_(options), epoch_(NewEpoch()), inflight_(options.inflight_get_ttl) {
+MasterCore::MasterCore(MasterOptions options) : MasterCore(options, 0, nullptr) {}
+
+MasterCore::MasterCore(MasterOptions options, uint64_t epoch,
+                       std::shared_ptr<MasterCounters> counters)
+    : options_(options),
+      epoch_(epoch != 0 ? epoch : NewEpoch()),
+      inflight_(options.inflight_get_ttl),
+      counters_(counters ? std::move(counters) : std::make_shared<MasterCounters>()) {
   spdlog::info("master epoch {:#x}", epoch_);
 }
 
 size_t MasterCore::DropGetsOf(uint32_t node, uint64_t generation) {
   // The reads waiting for it name memory that is gone too.
-  counters_.peer_read_keys_dropped.fetch_add(static_cast<int64_t>(peer_reads_.Forget(node)),
-                                             std::memory_order_relaxed);
+  counters_->peer_read_keys_dropped.fetch_add(static_cast<int64_t>(peer_reads_.Forget(node)),
+                                              std::memory_order_relaxed);
   MutexLock lock(&gets_mu_);
   return inflight_.DropRequester(node, generation) + inflight_.DropSource(node, generation);
 }
@@ -113,9 +119,9 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     size_t dropped = 0;
     const size_t moved =
         peer_reads_.Drain(r.node_id(), r.generation(), reply.mutable_peer_reads(), &dropped);
-    counters_.peer_read_keys.fetch_add(static_cast<int64_t>(moved), std::memory_order_relaxed);
-    counters_.peer_read_keys_dropped.fetch_add(static_cast<int64_t>(dropped),
-                                               std::memory_order_relaxed);
+    counters_->peer_read_keys.fetch_add(static_cast<int64_t>(moved), std::memory_order_relaxed);
+    counters_->peer_read_keys_dropped.fetch_add(static_cast<int64_t>(dropped),
+                                                std::memory_order_relaxed);
     return reply;
   }
   if (old_generation != 0) {
@@ -177,7 +183,7 @@ absl::StatusOr<v1::PublishBatchReply> MasterCore::PublishBatch(const v1::Publish
   if (absl::Status s = CheckGeneration(r.node_id(), r.generation()); !s.ok()) return s;
   v1::PublishBatchReply reply;
   reply.set_master_epoch(epoch_);
-  counters_.publish_batches.fetch_add(1, std::memory_order_relaxed);
+  counters_->publish_batches.fetch_add(1, std::memory_order_relaxed);
   std::vector<RouteLocation> displaced;
   std::vector<RouteLocation> all_displaced;
   for (const v1::RouteItem& item : r.items()) {
@@ -194,24 +200,24 @@ absl::StatusOr<v1::PublishBatchReply> MasterCore::PublishBatch(const v1::Publish
     switch (routes_.Publish(item.key(), loc, PublishKind{r.republish(), item.copy()}, &displaced)) {
       case RouteTable::PublishOutcome::kSuperseded:
         reply.add_outcomes(v1::SUPERSEDED);
-        counters_.superseded_items.fetch_add(1, std::memory_order_relaxed);
+        counters_->superseded_items.fetch_add(1, std::memory_order_relaxed);
         break;
       case RouteTable::PublishOutcome::kPublished:
         reply.add_outcomes(v1::PUBLISHED);
-        counters_.published_items.fetch_add(1, std::memory_order_relaxed);
+        counters_->published_items.fetch_add(1, std::memory_order_relaxed);
         break;
       case RouteTable::PublishOutcome::kRepublished:
         reply.add_outcomes(v1::PUBLISHED);
-        counters_.republished_items.fetch_add(1, std::memory_order_relaxed);
+        counters_->republished_items.fetch_add(1, std::memory_order_relaxed);
         break;
       case RouteTable::PublishOutcome::kReplaced:
         reply.add_outcomes(v1::PUBLISHED);
-        counters_.replaced_routes.fetch_add(1, std::memory_order_relaxed);
+        counters_->replaced_routes.fetch_add(1, std::memory_order_relaxed);
         all_displaced.insert(all_displaced.end(), displaced.begin(), displaced.end());
         break;
       case RouteTable::PublishOutcome::kRefused:
         reply.add_outcomes(v1::REFUSED);
-        counters_.publish_identity_refused.fetch_add(1, std::memory_order_relaxed);
+        counters_->publish_identity_refused.fetch_add(1, std::memory_order_relaxed);
         spdlog::warn(
             "refused node {}'s publish of '{}' as its own value: put {} (version {}) was put by "
             "node {}, and the item is not a copy",
@@ -242,8 +248,8 @@ void MasterCore::MarkRepublishDue(const std::vector<RouteLocation>& displaced,
 }
 
 absl::StatusOr<v1::LookupReply> MasterCore::Lookup(const v1::LookupRequest& r) {
-  counters_.lookup_batches.fetch_add(1, std::memory_order_relaxed);
-  counters_.lookup_keys.fetch_add(r.keys_size(), std::memory_order_relaxed);
+  counters_->lookup_batches.fetch_add(1, std::memory_order_relaxed);
+  counters_->lookup_keys.fetch_add(r.keys_size(), std::memory_order_relaxed);
   v1::LookupReply reply;
   reply.set_master_epoch(epoch_);
   reply.set_hlc(clock_.Now());
@@ -282,7 +288,7 @@ absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveR
   MutexLock lock(&gets_mu_);
   for (const v1::RouteItem& item : r.items()) {
     if (inflight_.Pinned(item.key(), r.node_id(), r.generation(), item.put_id())) {
-      counters_.remove_refused_pinned.fetch_add(1, std::memory_order_relaxed);
+      counters_->remove_refused_pinned.fetch_add(1, std::memory_order_relaxed);
       reply.add_removed(false);
       reply.add_pinned(true);
       reply.add_sole(false);
@@ -294,11 +300,11 @@ absl::StatusOr<v1::RemoveRoutesReply> MasterCore::RemoveRoutes(const v1::RemoveR
           item.key(), r.node_id(), r.generation(), item.put_id(), serves);
       removed = c == RouteTable::CopyRemoval::kRemoved;
       sole = c == RouteTable::CopyRemoval::kSole;
-      if (sole) counters_.remove_refused_sole.fetch_add(1, std::memory_order_relaxed);
+      if (sole) counters_->remove_refused_sole.fetch_add(1, std::memory_order_relaxed);
     } else {
       removed = routes_.RemoveLocation(item.key(), r.node_id(), r.generation(), item.put_id());
     }
-    if (removed) counters_.removed_routes.fetch_add(1, std::memory_order_relaxed);
+    if (removed) counters_->removed_routes.fetch_add(1, std::memory_order_relaxed);
     reply.add_removed(removed);
     reply.add_pinned(false);
     reply.add_sole(sole);
@@ -447,14 +453,14 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
     return absl::InvalidArgumentError(absl::StrFormat(
         "BatchGetStart carries %d items; it must carry 1 to %d", r.items_size(), kMaxBatchKeys));
   }
-  counters_.get_start_calls.fetch_add(1, std::memory_order_relaxed);
-  counters_.get_start_items.fetch_add(r.items_size(), std::memory_order_relaxed);
+  counters_->get_start_calls.fetch_add(1, std::memory_order_relaxed);
+  counters_->get_start_items.fetch_add(r.items_size(), std::memory_order_relaxed);
   const std::map<uint32_t, Peer> peers = LivePeers();
   const auto now = Clock::now();
   MutexLock lock(&gets_mu_);
   if (const v1::BatchGetStartReply* seen =
           inflight_.FindReply(r.requester_node_id(), r.request_id())) {
-    counters_.get_start_replayed.fetch_add(1, std::memory_order_relaxed);
+    counters_->get_start_replayed.fetch_add(1, std::memory_order_relaxed);
     return *seen;  // T1: the same request again changes nothing
   }
   v1::BatchGetStartReply reply;
@@ -513,7 +519,7 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
     const Peer& peer = peers.at(source->node_id);
     out->set_source_address(peer.address);
     for (const std::string& t : peer.transports) out->add_source_transports(t);
-    counters_.gets_started.fetch_add(1, std::memory_order_relaxed);
+    counters_->gets_started.fetch_add(1, std::memory_order_relaxed);
   }
   inflight_.StoreReply(r.requester_node_id(), r.request_id(), reply, now);
   return reply;
@@ -521,7 +527,7 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
 
 absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGetDoneRequest& r) {
   FLUXON_RETURN_IF_ERROR(CheckGeneration(r.requester_node_id(), r.requester_generation()));
-  counters_.get_done_calls.fetch_add(1, std::memory_order_relaxed);
+  counters_->get_done_calls.fetch_add(1, std::memory_order_relaxed);
   // Replica copies are counted by the requester's role (the design's replica target counts).
   bool requester_remote_cache = false;
   {
@@ -571,7 +577,7 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
       // T2: the same version is converging, not stale. Ours (a retried Done) or another one.
       outcome = mine->SameIdentity(target) ? v1::GET_DONE : v1::GET_DONE_PRESENT;
       if (outcome == v1::GET_DONE) {
-        counters_.get_done_replayed.fetch_add(1, std::memory_order_relaxed);
+        counters_->get_done_replayed.fetch_add(1, std::memory_order_relaxed);
       }
     } else if (!ours) {
       outcome = v1::GET_DONE_UNKNOWN;  // expired, revoked, or not this requester's get
@@ -589,18 +595,18 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
       read.add_put_ids(item.put_id());
     }
     if (ours) inflight_.Take(item.get_id());  // ends the get, releasing the source pin
-    if (added) counters_.gets_done.fetch_add(1, std::memory_order_relaxed);
+    if (added) counters_->gets_done.fetch_add(1, std::memory_order_relaxed);
     if (added && replica) {
-      (requester_remote_cache ? counters_.replica_copies_remote_cache
-                              : counters_.replica_copies_other_roles)
+      (requester_remote_cache ? counters_->replica_copies_remote_cache
+                              : counters_->replica_copies_other_roles)
           .fetch_add(1, std::memory_order_relaxed);
     }
     reply.add_outcomes(outcome);
   }
   for (auto& [source, read] : reads) {
     const size_t dropped = peer_reads_.Record(source.first, source.second, std::move(read));
-    counters_.peer_read_keys_dropped.fetch_add(static_cast<int64_t>(dropped),
-                                               std::memory_order_relaxed);
+    counters_->peer_read_keys_dropped.fetch_add(static_cast<int64_t>(dropped),
+                                                std::memory_order_relaxed);
   }
   return reply;
 }
@@ -608,7 +614,7 @@ absl::StatusOr<v1::BatchGetDoneReply> MasterCore::BatchGetDone(const v1::BatchGe
 absl::StatusOr<v1::BatchGetRevokeReply> MasterCore::BatchGetRevoke(
     const v1::BatchGetRevokeRequest& r) {
   FLUXON_RETURN_IF_ERROR(CheckGeneration(r.requester_node_id(), r.requester_generation()));
-  counters_.get_revoke_calls.fetch_add(1, std::memory_order_relaxed);
+  counters_->get_revoke_calls.fetch_add(1, std::memory_order_relaxed);
   v1::BatchGetRevokeReply reply;
   MutexLock lock(&gets_mu_);
   for (uint64_t id : r.get_ids()) {
@@ -619,7 +625,7 @@ absl::StatusOr<v1::BatchGetRevokeReply> MasterCore::BatchGetRevoke(
     }
     if (get != nullptr) {
       inflight_.Take(id);
-      counters_.gets_revoked.fetch_add(1, std::memory_order_relaxed);
+      counters_->gets_revoked.fetch_add(1, std::memory_order_relaxed);
     }
     reply.add_revoked(true);  // idempotent: nothing is in flight for it now
   }
@@ -643,7 +649,8 @@ void MasterCore::ExpireDue(Clock::time_point now) {
     expired_gets = inflight_.ExpireDue(now);
   }
   if (expired_gets > 0) {
-    counters_.gets_expired.fetch_add(static_cast<int64_t>(expired_gets), std::memory_order_relaxed);
+    counters_->gets_expired.fetch_add(static_cast<int64_t>(expired_gets),
+                                      std::memory_order_relaxed);
     spdlog::info("{} remote gets passed their {} ms in-flight TTL; their source pins are released",
                  expired_gets, options_.inflight_get_ttl.count());
   }
@@ -669,7 +676,7 @@ void MasterCore::ExpireDue(Clock::time_point now) {
   for (const auto& [node, generation] : expired) {
     const uint64_t dropped = routes_.DropNode(node, generation);
     const size_t gets = DropGetsOf(node, generation);
-    counters_.owners_expired.fetch_add(1, std::memory_order_relaxed);
+    counters_->owners_expired.fetch_add(1, std::memory_order_relaxed);
     spdlog::warn(
         "owner node {} generation {} expired (not heard for {} ms lease + {} ms grace): dropped "
         "{} routes and {} in-flight gets; that generation is refused from now on",

@@ -38,6 +38,7 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -138,6 +139,10 @@ struct MasterOptions {
 class MasterCore final : public MasterApi {
  public:
   explicit MasterCore(MasterOptions options = {});
+  // A master instance with a given epoch (non-zero; an elected master's is its leadership's
+  // epoch, ha/elected_master.h) counting into `counters` (shared by the instances of one
+  // process, so its metrics continue across leaderships; null: its own).
+  MasterCore(MasterOptions options, uint64_t epoch, std::shared_ptr<MasterCounters> counters);
   ~MasterCore() override;
 
   absl::StatusOr<v1::RegisterOwnerReply> RegisterOwner(const v1::RegisterOwnerRequest& r) override;
@@ -162,13 +167,14 @@ class MasterCore final : public MasterApi {
   size_t route_count() const { return routes_.size(); }
   // Logical and physical bytes the routes hold (design P3: capacity counted once).
   RouteTable::Totals route_totals() const { return routes_.totals(); }
-  // This instance's epoch (random, non-zero, fixed for the process's life): every answer to an
-  // owner carries it, so an owner notices a restarted master and republishes its routes.
+  // This instance's epoch (non-zero, fixed for the instance's life: random, or the leadership's
+  // epoch of an elected master): every answer to an owner carries it, so an owner notices a
+  // restarted (or newly elected) master and republishes its routes.
   uint64_t epoch() const { return epoch_; }
   size_t inflight_gets() const;
   // BatchGetStart answers kept for retries (T1): only while a get they started is in flight.
   size_t stored_get_replies() const;
-  const MasterCounters& counters() const { return counters_; }
+  const MasterCounters& counters() const { return *counters_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -212,7 +218,7 @@ class MasterCore final : public MasterApi {
   InflightGets inflight_ ABSL_GUARDED_BY(gets_mu_);
   // Client remote gets' reads of each source owner, for its next heartbeat (its own lock).
   PeerReadLog peer_reads_;
-  MasterCounters counters_;
+  const std::shared_ptr<MasterCounters> counters_;
   StopSignal stop_;
   std::thread maintenance_;
 };

@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
                        config.eviction_interval},
       registration, master, c.keys_.get(), c.hot_.get(), pool, counters, &c.stop_);
   // Write-through needs another node to copy to: a master, a data plane and the peer service.
-  if (rt.peers != nullptr && !config.master_address.empty() && !rt.data_address.empty()) {
+  if (rt.peers != nullptr && rt.role != Role::kEmbedded && !rt.data_address.empty()) {
     c.write_through_ = std::make_unique<WriteThroughTracker>(registration, master);
   }
   c.replicas_ = std::make_unique<ReplicaQueue>(

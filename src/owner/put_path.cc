@@ -34,8 +34,9 @@ absl::StatusOr<PutStartOutcome> PutPath::Start(uint64_t client_id, PutStartArgs 
   FLUXON_RETURN_IF_ERROR(ValidatePutStart(a.keys, a.value_len, a.options));
   if (a.options.write_through && write_through_ == nullptr) {
     return absl::InvalidArgumentError(
-        "write_through=True needs a cluster owner (owner.master_address and owner.data_address) "
-        "with another node to copy to; this owner has none: use write_through=False");
+        "write_through=True needs a cluster owner (a separate master, through owner.master_address "
+        "or election, and owner.data_address) with another node to copy to; this owner has none: "
+        "use write_through=False");
   }
   const uint64_t put_id = next_put_id_.fetch_add(1);
   // Reserve every key, one shard lock each (G3), and claim their slots; a conflict or a failed

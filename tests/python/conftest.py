@@ -20,6 +20,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def terminate(proc, timeout=10):
+    """SIGTERM, then SIGKILL after `timeout` s; the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class Daemon:
     """A fluxond child process; stops it on close."""
 
@@ -40,14 +52,7 @@ class Daemon:
         raise RuntimeError(f"fluxond did not start: {self.log.read_text()}")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc)
 
 
 def embedded_config(sock: str, extra_owner: str = "", extra: str = "", size: str = "1GiB") -> str:
@@ -66,18 +71,20 @@ owner:
 """
 
 
-def owner_config(node: int, admin_port: int, master_address: str, sock: str,
+def owner_config(node: int, admin_port: int, master_address, sock: str,
                  remote_get_timeout_ms: int, extra: str = "") -> str:
     """A cluster owner: mutations allowed on its admin port, a 1 GiB segment, a heartbeat every
     200 ms and a data plane on 127.0.0.1; `extra` follows the owner section (more of its keys,
-    indented, or top-level sections)."""
+    indented, or top-level sections). master_address None: no owner.master_address (the owner
+    follows an election given in `extra`)."""
+    master_line = "" if master_address is None else f'master_address: "{master_address}"'
     return f"""
 role: owner
 node_id: {node}
 log_level: info
 admin: {{listen_address: "127.0.0.1:{admin_port}", metrics_port: 0, allow_mutations: true}}
 owner:
-  master_address: "{master_address}"
+  {master_line}
   socket_path: {sock}
   segment: {{size: 1GiB}}
   heartbeat_interval_ms: 200

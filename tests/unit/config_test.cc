@@ -747,6 +747,62 @@ TEST(ConfigRejects, BadReplicaPlacement) {
               HasSubstr("master"));
 }
 
+TEST(Config, ElectionParsesDumpsAndReplacesTheMasterAddress) {
+  auto m = ParseConfig(
+      "role: master\nelection: {endpoints: ['127.0.0.1:2379', '127.0.0.2:2379'], "
+      "key: /fluxon/c1/master/leader, lease_ttl_s: 3, poll_interval_ms: 50, "
+      "advertise_address: 'm1.example:50151'}\n");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(m->election.has_value());
+  EXPECT_EQ(m->election->endpoints, (std::vector<std::string>{"127.0.0.1:2379", "127.0.0.2:2379"}));
+  EXPECT_EQ(m->election->key, "/fluxon/c1/master/leader");
+  EXPECT_EQ(m->election->lease_ttl_s, 3);
+  EXPECT_EQ(m->election->poll_interval, std::chrono::milliseconds(50));
+  EXPECT_EQ(m->election->advertise_address, "m1.example:50151");
+  auto again = ParseConfig(DumpConfig(*m));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << DumpConfig(*m);
+  EXPECT_EQ(DumpConfig(*again), DumpConfig(*m));
+  // An owner follows the election instead of naming a master; defaults fill the rest.
+  auto o = ParseConfig("role: owner\nelection: {endpoints: ['etcd.local:2379']}\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->election->key, "/fluxon/default/master/leader");
+  EXPECT_EQ(o->election->lease_ttl_s, 5);
+  EXPECT_TRUE(o->owner->master_address.empty());
+  // Without the section there is no election.
+  EXPECT_FALSE(ParseConfig("role: master\n")->election.has_value());
+}
+
+TEST(ConfigRejects, BadElection) {
+  const std::string e = "election: {endpoints: ['127.0.0.1:2379']";
+  EXPECT_THAT(Reject(e + "}\n"), HasSubstr("election: is for roles master, owner"));
+  EXPECT_THAT(Reject("role: client\n" + e + "}\n"), HasSubstr("not role=client"));
+  EXPECT_THAT(Reject("role: master\nelection: {key: /k}\n"),
+              HasSubstr("election.endpoints: is required"));
+  EXPECT_THAT(Reject("role: master\nelection: {endpoints: []}\n"),
+              HasSubstr("election.endpoints: must be a non-empty list"));
+  EXPECT_THAT(Reject("role: master\nelection: {endpoints: ['127.0.0.1']}\n"),
+              HasSubstr("no :port"));
+  EXPECT_THAT(Reject("role: master\nelection: {endpoints: ['127.0.0.1:0']}\n"),
+              HasSubstr("election.endpoints"));
+  EXPECT_THAT(Reject("role: master\nelection: {endpoints: ['127.0.0.1:1', 'etcd.local:2']}\n"),
+              HasSubstr("IPv4 address:port"));
+  EXPECT_THAT(Reject("role: master\nelection: {endpoints: ['127.0.0.1:1', '127.0.0.1:1']}\n"),
+              HasSubstr("listed twice"));
+  EXPECT_THAT(Reject("role: master\n" + e + ", key: fluxon}\n"),
+              HasSubstr("election.key: must be a path"));
+  EXPECT_THAT(Reject("role: master\n" + e + ", lease_ttl_s: 1}\n"),
+              HasSubstr("election.lease_ttl_s"));
+  EXPECT_THAT(Reject("role: master\n" + e + ", lease_ttl_s: 3601}\n"),
+              HasSubstr("election.lease_ttl_s"));
+  EXPECT_THAT(Reject("role: master\n" + e + ", advertise_address: 'x:0'}\n"),
+              HasSubstr("election.advertise_address"));
+  EXPECT_THAT(Reject("role: master\n" + e + ", ttl: 3}\n"), HasSubstr("election.ttl: unknown key"));
+  // An owner names its master one way: an address or an election, never both.
+  EXPECT_THAT(Reject("role: owner\nowner: {master_address: '127.0.0.1:1'}\n" + e + "}\n"),
+              HasSubstr("exclusive"));
+  EXPECT_THAT(Reject("role: remote_cache"), HasSubstr("or an election section"));
+}
+
 TEST(ConfigSchema, DocsSettingsReferenceIsTheSchemas) {
   std::ifstream in(std::string(FLUXON_SOURCE_DIR) + "/docs/settings.md");
   ASSERT_TRUE(in) << "docs/settings.md is missing";

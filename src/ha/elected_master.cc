@@ -1,0 +1,116 @@
+#include "ha/elected_master.h"
+
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+
+namespace fluxon {
+
+ElectedMaster::ElectedMaster(ElectedMasterOptions options) : options_(std::move(options)) {}
+
+ElectedMaster::~ElectedMaster() { Stop(); }
+
+absl::Status ElectedMaster::Campaign(const std::string& advertised) {
+  ElectionOptions eo = options_.election;
+  eo.value = advertised;
+  {
+    MutexLock lock(&mu_);
+    if (stopped_) return absl::FailedPreconditionError("the master is stopping");
+    if (election_) return absl::FailedPreconditionError("already campaigning");
+  }
+  absl::StatusOr<std::unique_ptr<MasterElection>> e = MasterElection::Start(std::move(eo));
+  if (!e.ok()) return e.status();
+  spdlog::info("master: campaigning for {} in etcd as {}", options_.election.key, advertised);
+  MutexLock lock(&mu_);
+  election_ = std::move(*e);
+  return absl::OkStatus();
+}
+
+void ElectedMaster::Stop() {
+  std::shared_ptr<MasterElection> election;
+  std::shared_ptr<MasterCore> core;
+  {
+    MutexLock lock(&mu_);
+    stopped_ = true;
+    election = std::move(election_);
+    core = std::move(core_);
+    core_epoch_ = 0;
+  }
+  // Outside the lock: revoking the lease is an etcd call (bounded by its deadline).
+  if (election) election->Stop();
+}
+
+std::shared_ptr<MasterElection> ElectedMaster::election() const {
+  MutexLock lock(&mu_);
+  return election_;
+}
+
+bool ElectedMaster::leading() const {
+  const std::shared_ptr<MasterElection> e = election();
+  return e && e->IsLeaderNow();
+}
+
+Leadership ElectedMaster::observed() const {
+  const std::shared_ptr<MasterElection> e = election();
+  return e ? e->Observed() : Leadership{};
+}
+
+std::shared_ptr<MasterCore> ElectedMaster::current() const {
+  const std::shared_ptr<MasterElection> e = election();
+  const int64_t epoch = e ? e->LeaderEpoch() : 0;
+  MutexLock lock(&mu_);
+  return epoch != 0 && epoch == core_epoch_ ? core_ : nullptr;
+}
+
+std::shared_ptr<MasterCore> ElectedMaster::CoreFor(int64_t epoch) {
+  // Declared before the lock: a retired core is destroyed (its maintenance thread joined) after
+  // the lock is released.
+  std::shared_ptr<MasterCore> retired;
+  MutexLock lock(&mu_);
+  if (stopped_ || epoch <= 0 || epoch < core_epoch_) {
+    if (core_ != nullptr && !stopped_ && epoch <= 0) {
+      spdlog::warn("master: leadership of epoch {} ended; its {} routes are dropped", core_epoch_,
+                   core_->route_count());
+    }
+    retired = std::move(core_);
+    core_epoch_ = 0;
+    return nullptr;
+  }
+  if (epoch != core_epoch_) {
+    retired = std::move(core_);
+    core_ = std::make_shared<MasterCore>(options_.master, static_cast<uint64_t>(epoch), counters_);
+    core_->StartMaintenance(options_.maintenance_interval);
+    core_epoch_ = epoch;
+    spdlog::info(
+        "master: leading with epoch {}: an empty route table, filled by the owners' republish",
+        epoch);
+  }
+  return core_;
+}
+
+absl::Status ElectedMaster::NotLeader() const {
+  const Leadership l = observed();
+  if (l.known && !l.mine) {
+    return absl::UnavailableError(absl::StrFormat(
+        "this master does not lead; the leader is %s (epoch %d)", l.value, l.epoch));
+  }
+  return absl::UnavailableError("this master does not lead (no leader known to it now)");
+}
+
+template <typename Reply, typename Request>
+absl::StatusOr<Reply> ElectedMaster::Forward(
+    const Request& r, absl::StatusOr<Reply> (MasterApi::*method)(const Request&)) {
+  const std::shared_ptr<MasterElection> e = election();
+  const int64_t epoch = e ? e->LeaderEpoch() : 0;
+  const std::shared_ptr<MasterCore> core = CoreFor(epoch);
+  if (core == nullptr) return NotLeader();
+  absl::StatusOr<Reply> reply = ((*core).*method)(r);
+  // An answer leaves only from a master that still leads in the same epoch: a call that began
+  // before the lease ended says nothing after it (its outcome is uncertain to the caller).
+  if (e->LeaderEpoch() != epoch) {
+    return absl::UnavailableError(
+        absl::StrFormat("this master's leadership (epoch %d) ended during the call", epoch));
+  }
+  return reply;
+}
+
+}  // namespace fluxon
