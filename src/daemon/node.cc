@@ -122,7 +122,7 @@ absl::Status FluxonNode::StartOwner(const std::string& cluster_secret) {
     FLUXON_ASSIGN_OR_RETURN(
         std::unique_ptr<LeaderFollowingMaster> followed,
         LeaderFollowingMaster::Start(std::move(fo), [security](const std::string& address) {
-          return MakeGrpcMasterClient(address, *security);
+          return MakeCancellableGrpcMasterClient(address, *security);
         }));
     // The owner registers at start: give the masters' campaign time to name a leader first
     // (without one, the registration's own bounded retries decide).

@@ -1,6 +1,7 @@
 #include "ha/leader_following_master.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
@@ -88,13 +89,19 @@ void LeaderFollowingMaster::Refresh() {
     return;
   }
   if (!kv->has_value()) {
-    MutexLock lock(&mu_);
-    if (!leader_.address.empty()) {
-      spdlog::warn("master election {}: no master leads now (the leader's key is gone)",
-                   options_.key);
+    std::shared_ptr<CancellableMasterApi> lost;
+    {
+      MutexLock lock(&mu_);
+      if (!leader_.address.empty()) {
+        spdlog::warn("master election {}: no master leads now (the leader's key is gone)",
+                     options_.key);
+        lost = client_;
+      }
+      last_problem_ = "no master leads now (the leadership key is empty)";
+      leader_ = Leader{};  // the old leader's client stays: it may still answer "not the leader"
     }
-    last_problem_ = "no master leads now (the leadership key is empty)";
-    leader_ = Leader{};  // the old leader's client stays: it may still answer "not the leader"
+    // Its lease is gone: calls still waiting on it can only end refused or at their deadline.
+    if (lost != nullptr) lost->CancelInFlight();
     return;
   }
   const EtcdKeyValue& key = **kv;
@@ -102,14 +109,14 @@ void LeaderFollowingMaster::Refresh() {
   while (key.create_revision > seen &&
          !highest_epoch_.compare_exchange_weak(seen, key.create_revision)) {
   }
-  std::shared_ptr<MasterApi> client;
+  std::shared_ptr<CancellableMasterApi> client;
   {
     MutexLock lock(&mu_);
     if (leader_.address == key.value && leader_.epoch == key.create_revision) return;
     if (client_ != nullptr && leader_.address == key.value) client = client_;
   }
   if (client == nullptr) {
-    absl::StatusOr<std::unique_ptr<MasterApi>> dialed = dial_(key.value);
+    absl::StatusOr<std::unique_ptr<CancellableMasterApi>> dialed = dial_(key.value);
     if (!dialed.ok()) {
       MutexLock lock(&mu_);
       last_problem_ =
@@ -120,17 +127,22 @@ void LeaderFollowingMaster::Refresh() {
   }
   spdlog::info("master election {}: following the leader {} (epoch {})", options_.key, key.value,
                key.create_revision);
-  MutexLock lock(&mu_);
-  client_ = std::move(client);
-  leader_ = Leader{key.value, key.create_revision};
-  last_problem_.clear();
-  changed_.SignalAll();
+  std::shared_ptr<CancellableMasterApi> old;
+  {
+    MutexLock lock(&mu_);
+    old = std::exchange(client_, client);
+    leader_ = Leader{key.value, key.create_revision};
+    last_problem_.clear();
+    changed_.SignalAll();
+  }
+  // Calls still waiting on the previous leader end now (Unavailable: retried here).
+  if (old != nullptr && old != client) old->CancelInFlight();
 }
 
 template <typename Reply, typename Request>
 absl::StatusOr<Reply> LeaderFollowingMaster::Forward(
     const Request& r, absl::StatusOr<Reply> (MasterApi::*method)(const Request&)) {
-  std::shared_ptr<MasterApi> client;
+  std::shared_ptr<CancellableMasterApi> client;
   std::string problem;
   {
     MutexLock lock(&mu_);

@@ -5,7 +5,9 @@
 // Invariants:
 // - The key is read every poll interval, and at once after a call failed with Unavailable (the
 //   master it reached may be a standby or deposed); the client of a leader is made once per
-//   address and replaced when the key names another.
+//   address and replaced when the key names another. The calls still waiting on the old one are
+//   cancelled then (they end as Unavailable and are retried at the new leader): a paused or
+//   partitioned old leader would otherwise hold each of them until its deadline.
 // - Fencing: etcd's epochs only grow, and an elected master stamps its leadership's epoch on
 //   every answer. An answer carrying an epoch below the highest one read from etcd comes from a
 //   deposed master and is returned as Unavailable (uncertain: the caller retries at the leader),
@@ -29,6 +31,7 @@
 #include "common/mutex.h"
 #include "ha/etcd_client.h"
 #include "rpc/forwarding_master.h"
+#include "rpc_grpc/grpc_master.h"
 
 namespace fluxon {
 
@@ -43,7 +46,8 @@ struct LeaderFollowingOptions {
 class LeaderFollowingMaster final : public ForwardingMaster<LeaderFollowingMaster> {
  public:
   // Makes the client of the master at one address.
-  using Dialer = std::function<absl::StatusOr<std::unique_ptr<MasterApi>>(const std::string&)>;
+  using Dialer =
+      std::function<absl::StatusOr<std::unique_ptr<CancellableMasterApi>>(const std::string&)>;
 
   static absl::StatusOr<std::unique_ptr<LeaderFollowingMaster>> Start(
       LeaderFollowingOptions options, Dialer dial);
@@ -81,7 +85,8 @@ class LeaderFollowingMaster final : public ForwardingMaster<LeaderFollowingMaste
   std::atomic<int64_t> highest_epoch_{0};
   mutable Mutex mu_;
   mutable CondVar changed_;
-  std::shared_ptr<MasterApi> client_ ABSL_GUARDED_BY(mu_);  // the leader's; shared with calls
+  // The leader's client, shared with the calls using it.
+  std::shared_ptr<CancellableMasterApi> client_ ABSL_GUARDED_BY(mu_);
   Leader leader_ ABSL_GUARDED_BY(mu_);
   std::string last_problem_ ABSL_GUARDED_BY(mu_);  // why no leader is known, for errors
   bool kicked_ ABSL_GUARDED_BY(mu_) = false;

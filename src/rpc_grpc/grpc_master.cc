@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/mutex.h"
 #include "common/put_id.h"
+#include "fluxon/status.h"
 #include "fluxon/v1/master.grpc.pb.h"
 
 namespace fluxon {
@@ -63,18 +64,27 @@ grpc::Status Answer(const absl::StatusOr<Reply>& r, Reply* out) {
   return grpc::Status::OK;
 }
 
-class GrpcMasterClient final : public MasterApi {
+class GrpcMasterClient final : public CancellableMasterApi {
  public:
   GrpcMasterClient(std::shared_ptr<grpc::Channel> channel, std::chrono::milliseconds deadline)
       : stub_(v1::MasterService::NewStub(channel)), deadline_(deadline) {}
+
+  void CancelInFlight() override {
+    MutexLock lock(&mu_);
+    for (auto& [ctx, cancelled] : in_flight_) {
+      cancelled = true;
+      ctx->TryCancel();
+    }
+  }
 
 #define FLUXON_GRPC_CALL(Method, Req, Reply)                        \
   absl::StatusOr<v1::Reply> Call##Method(const v1::Req& r) {        \
     grpc::ClientContext ctx;                                        \
     ctx.set_deadline(std::chrono::system_clock::now() + deadline_); \
+    InFlight call(this, &ctx);                                      \
     v1::Reply reply;                                                \
     grpc::Status s = stub_->Method(&ctx, r, &reply);                \
-    if (!s.ok()) return FromGrpcStatus(s);                          \
+    if (!s.ok()) return call.Failure(s);                            \
     return reply;                                                   \
   }
   FLUXON_GRPC_CALL(RegisterOwner, RegisterOwnerRequest, RegisterOwnerReply)
@@ -233,8 +243,41 @@ class GrpcMasterClient final : public MasterApi {
     return all;
   }
 
+  // One call's registration for CancelInFlight, from before the call until its context goes.
+  class InFlight {
+   public:
+    InFlight(GrpcMasterClient* client, grpc::ClientContext* ctx) : client_(client), ctx_(ctx) {
+      MutexLock lock(&client_->mu_);
+      client_->in_flight_.emplace(ctx_, false);
+    }
+    ~InFlight() {
+      MutexLock lock(&client_->mu_);
+      client_->in_flight_.erase(ctx_);
+    }
+    // The call's failure: a cancelled call's outcome is unknown (Unavailable), never a refusal.
+    absl::Status Failure(const grpc::Status& s) {
+      bool cancelled = false;
+      {
+        MutexLock lock(&client_->mu_);
+        cancelled = client_->in_flight_[ctx_];
+      }
+      if (cancelled) {
+        return absl::UnavailableError(
+            "the call was cancelled: the master it went to no longer leads (outcome unknown)");
+      }
+      return FromGrpcStatus(s);
+    }
+
+   private:
+    GrpcMasterClient* const client_;
+    grpc::ClientContext* const ctx_;
+  };
+
   std::unique_ptr<v1::MasterService::Stub> stub_;
   const std::chrono::milliseconds deadline_;
+  Mutex mu_;
+  // Calls in flight, and whether CancelInFlight ended them.
+  absl::flat_hash_map<grpc::ClientContext*, bool> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 
 // With mutual TLS, a call naming a node_id must come from that node's certificate, so one member
@@ -348,11 +391,18 @@ class MasterServiceImpl final : public v1::MasterService::Service {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
+absl::StatusOr<std::unique_ptr<CancellableMasterApi>> MakeCancellableGrpcMasterClient(
     const std::string& address, const GrpcSecurity& security, std::chrono::milliseconds deadline) {
   if (address.empty()) return absl::InvalidArgumentError("master address is empty");
   return std::make_unique<GrpcMasterClient>(security.Channel(address, ControlChannelArgs()),
                                             deadline);
+}
+
+absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
+    const std::string& address, const GrpcSecurity& security, std::chrono::milliseconds deadline) {
+  FLUXON_ASSIGN_OR_RETURN(std::unique_ptr<CancellableMasterApi> client,
+                          MakeCancellableGrpcMasterClient(address, security, deadline));
+  return std::unique_ptr<MasterApi>(std::move(client));
 }
 
 absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(

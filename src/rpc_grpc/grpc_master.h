@@ -19,8 +19,20 @@
 
 namespace fluxon {
 
+// A MasterApi over gRPC whose calls in flight can be ended at once: CancelInFlight makes each
+// of them return Unavailable (its outcome is unknown, as for any lost answer). An owner following
+// an elected master cancels the calls still waiting on a master that stopped leading (a paused
+// one would hold them until their deadline).
+class CancellableMasterApi : public MasterApi {
+ public:
+  virtual void CancelInFlight() = 0;
+};
+
 // A MasterApi over gRPC to `address` (host:port) with `security`'s credentials (mutual TLS when
 // configured); each call waits at most `deadline`.
+absl::StatusOr<std::unique_ptr<CancellableMasterApi>> MakeCancellableGrpcMasterClient(
+    const std::string& address, const GrpcSecurity& security,
+    std::chrono::milliseconds deadline = std::chrono::seconds(5));
 absl::StatusOr<std::unique_ptr<MasterApi>> MakeGrpcMasterClient(
     const std::string& address, const GrpcSecurity& security,
     std::chrono::milliseconds deadline = std::chrono::seconds(5));

@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "ha/etcd_client.h"
+#include "ha/etcd_fixture.h"
 #include "tools/tool_test_util.h"
 
 namespace fluxon {
@@ -31,115 +32,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using testing_ha::Child;
+using testing_ha::Etcd;
+using testing_ha::EtcdBinary;
 constexpr int kTtlS = 2;
-
-std::string EtcdBinary() {
-  if (const char* e = std::getenv("FLUXON_ETCD"); e != nullptr) return e;
-  for (const char* p : {"/usr/bin/etcd", "/usr/local/bin/etcd"}) {
-    if (access(p, X_OK) == 0) return p;
-  }
-  return "";
-}
-
-// A child process with its output in `log`; killed (SIGKILL) when destroyed.
-class Child {
- public:
-  Child(const std::vector<std::string>& argv, const std::string& log) {
-    // Everything the child needs is prepared before fork: the parent runs gRPC threads, and
-    // between fork and exec the child may only make async-signal-safe calls (no allocation).
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const char* log_path = log.c_str();
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Child() { Kill(); }
-  void Signal(int sig) const {
-    if (pid_ > 0) kill(pid_, sig);
-  }
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGCONT);
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  // SIGTERM, then a bounded wait for the exit; the exit status (-1: killed after the bound).
-  int Terminate(milliseconds bound = milliseconds(10000)) {
-    if (pid_ <= 0) return -1;
-    kill(pid_, SIGTERM);
-    const auto deadline = Clock::now() + bound;
-    int status = 0;
-    while (Clock::now() < deadline) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    Kill();
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
-
-class Etcd {
- public:
-  explicit Etcd(const std::string& dir) : dir_(dir) {
-    client_port_ = testing::FreeTcpPort();
-    peer_port_ = testing::FreeTcpPort();
-  }
-  void Start() {
-    const std::string client = absl::StrCat("http://127.0.0.1:", client_port_);
-    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
-    proc_.emplace(
-        std::vector<std::string>{EtcdBinary(), "--name", "e0", "--data-dir", dir_ + "/etcd-data",
-                                 "--listen-client-urls", client, "--advertise-client-urls", client,
-                                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                                 "--initial-cluster", "e0=" + peer},
-        dir_ + "/etcd.log");
-  }
-  void Kill() { proc_.reset(); }
-  // etcd accepts connections before it serves them, and a gRPC client that connects in that
-  // window can wait a long time for the HTTP/2 handshake: wait for its own "ready" line (each
-  // start appends one to the log).
-  bool WaitReady(milliseconds bound) {
-    const auto deadline = Clock::now() + bound;
-    while (Clock::now() < deadline) {
-      std::ifstream f(dir_ + "/etcd.log");
-      std::stringstream ss;
-      ss << f.rdbuf();
-      size_t n = 0;
-      for (size_t at = ss.str().find(kReady); at != std::string::npos;
-           at = ss.str().find(kReady, at + 1)) {
-        ++n;
-      }
-      if (n > starts_seen_) {
-        starts_seen_ = n;
-        return true;
-      }
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-    return false;
-  }
-  std::string endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
-
- private:
-  std::string dir_;
-  int client_port_ = 0, peer_port_ = 0;
-  std::optional<Child> proc_;
-  size_t starts_seen_ = 0;
-  static constexpr const char* kReady = "ready to serve client requests";
-};
 
 struct CandidateState {
   uint64_t seq = 0;
@@ -152,26 +48,15 @@ class ElectionTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (EtcdBinary().empty()) GTEST_SKIP() << "no etcd binary (scripts/install-deps.sh)";
-    char tmpl[] = "/tmp/fluxon-election-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    etcd_.emplace(dir_);
-    etcd_->Start();
-    ASSERT_TRUE(etcd_->WaitReady(milliseconds(20000))) << dir_ << "/etcd.log";
-    auto c = EtcdClient::Connect({etcd_->endpoint()}, milliseconds(2000));
-    ASSERT_TRUE(c.ok());
-    client_ = std::move(*c);
-    absl::Status last;
-    ASSERT_TRUE(WaitFor(
-        [&] {
-          last = client_->Get("/probe").status();
-          return last.ok();
-        },
-        milliseconds(20000)))
-        << "etcd did not answer in 20 s (" << last << "); see " << dir_ << "/etcd.log";
+    const absl::Status started = serving_.Start("fluxon-election");
+    dir_ = serving_.dir;
+    etcd_ = serving_.etcd ? &*serving_.etcd : nullptr;
+    client_ = serving_.client.get();
+    ASSERT_TRUE(started.ok()) << started;
   }
   void TearDown() override {
     candidates_.clear();
-    etcd_.reset();
+    serving_.etcd.reset();
     if (!dir_.empty() && !HasFailure()) testing::RunCommand({"rm", "-rf", dir_});
   }
 
@@ -237,8 +122,9 @@ class ElectionTest : public ::testing::Test {
 
   static constexpr const char* kKey = "/fluxon/test/master/leader";
   std::string dir_;
-  std::optional<Etcd> etcd_;
-  std::unique_ptr<EtcdClient> client_;
+  testing_ha::ServingEtcd serving_;
+  Etcd* etcd_ = nullptr;          // serving_'s
+  EtcdClient* client_ = nullptr;  // serving_'s
   std::map<std::string, Child> candidates_;
 };
 

@@ -23,8 +23,8 @@ READY = "ready to serve client requests"
 
 
 class EtcdMember:
-    def __init__(self, name, tmp: Path, client_port, peer_port, initial_cluster):
-        self.name, self.tmp = name, tmp
+    def __init__(self, name, tmp: Path, client_port, peer_port, initial_cluster, tls=None):
+        self.name, self.tmp, self.tls = name, tmp, tls
         self.client_port, self.peer_port = client_port, peer_port
         self.initial_cluster = initial_cluster
         self.data_dir = tmp / f"etcd-{name}"
@@ -37,7 +37,11 @@ class EtcdMember:
         return f"127.0.0.1:{self.client_port}"
 
     def start(self):
-        client = f"http://127.0.0.1:{self.client_port}"
+        # tls: (cert, key, ca) — clients connect over TLS and must present a certificate of ca.
+        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
+        tls_args = [] if not self.tls else [
+            "--cert-file", str(self.tls[0]), "--key-file", str(self.tls[1]),
+            "--client-cert-auth", "--trusted-ca-file", str(self.tls[2])]
         peer = f"http://127.0.0.1:{self.peer_port}"
         self.starts += 1
         # A fresh log per start: readiness is judged on this start's lines only.
@@ -47,7 +51,7 @@ class EtcdMember:
              "--listen-client-urls", client, "--advertise-client-urls", client,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", self.initial_cluster, "--initial-cluster-state", "new",
-             "--initial-cluster-token", "fluxon-test"],
+             "--initial-cluster-token", "fluxon-test", *tls_args],
             stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
 
     def ready(self):
@@ -66,12 +70,14 @@ class EtcdMember:
 
 
 class Etcd:
-    """`members` etcd members on loopback forming one cluster."""
+    """`members` etcd members on loopback forming one cluster; `tls`: (cert, key, ca) of every
+    member's client port (clients must present a certificate of that CA)."""
 
-    def __init__(self, tmp: Path, members=1):
+    def __init__(self, tmp: Path, members=1, tls=None):
         ports = [(free_port(), free_port()) for _ in range(members)]
         initial = ",".join(f"e{i}=http://127.0.0.1:{p}" for i, (_, p) in enumerate(ports))
-        self.members = [EtcdMember(f"e{i}", tmp, c, p, initial) for i, (c, p) in enumerate(ports)]
+        self.members = [EtcdMember(f"e{i}", tmp, c, p, initial, tls)
+                        for i, (c, p) in enumerate(ports)]
         for m in self.members:
             m.start()
         self.wait_ready(self.members)
