@@ -18,6 +18,7 @@ fault.
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -35,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from election_failover import start_etcd  # noqa: E402
 from soak_cluster import Proc, free_port  # noqa: E402
 
-VALUE_LEN = 4096
 KEY = "/fluxon/bench/failover/leader"
 
 
@@ -47,14 +47,27 @@ def stats(fluxonctl, admin):
     return json.loads(r.stdout)
 
 
-def remote_hit(client, key):
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def remote_hit(client, key, value_len):
     h = client.get_start([key])
     if h.result.transferable_len == 0:
         client.cancel_get_transfer(h)
         return False
     plan = client.get_transfer(h)
-    out = np.zeros(VALUE_LEN, dtype=np.uint8)
-    fluxon.copy_from_plan(plan, out.ctypes.data, VALUE_LEN)
+    out = np.zeros(value_len, dtype=np.uint8)
+    fluxon.copy_from_plan(plan, out.ctypes.data, value_len)
     client.release_views(plan)
     assert (out == 7).all(), "a restored value has the wrong bytes"
     return True
@@ -70,6 +83,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="rounds per fault")
     ap.add_argument("--ttl", type=int, default=2, help="the masters' etcd lease, seconds")
     ap.add_argument("--faults", default="kill,stop,term")
+    ap.add_argument("--value-len", type=int, default=4096)
     a = ap.parse_args()
     fluxonctl = a.fluxonctl or str(Path(a.fluxond).parent / "fluxonctl")
     tmp = Path(tempfile.mkdtemp(prefix="fxfo"))
@@ -85,7 +99,7 @@ log_level: warn
 master: {{listen_address: "127.0.0.1:{free_port()}", owner_lease_ms: 5000, owner_grace_ms: 5000}}
 admin: {{listen_address: "127.0.0.1:{admins[m]}", metrics_port: 0}}
 {election}""", tmp, m)
-    seg_gib = max(1, -(-a.routes * VALUE_LEN * 5 // 4 // (1 << 30)))
+    seg_gib = max(1, -(-a.routes * a.value_len * 5 // 4 // (1 << 30)))
     owners = {}
     for node in (1, 2):
         owners[node] = Proc(a.fluxond, f"""
@@ -113,23 +127,25 @@ owner:
         c2 = fluxon.KvClient(socket_path=f"{tmp}/owner2.sock")
         t0 = time.time()
         batch = 4096
-        buf = np.full(batch * VALUE_LEN, 7, dtype=np.uint8)
+        buf = np.full(batch * a.value_len, 7, dtype=np.uint8)
         for b in range(0, a.routes, batch):
             keys = [f"route-{i:09d}" for i in range(b, min(a.routes, b + batch))]
-            plan = c1.local_fast_put_start(keys, VALUE_LEN)
-            fluxon.copy_to_plan(plan, buf.ctypes.data, VALUE_LEN)
+            plan = c1.local_fast_put_start(keys, a.value_len)
+            fluxon.copy_to_plan(plan, buf.ctypes.data, a.value_len)
             c1.local_fast_put_commit(plan).wait(120)
-        print(f"put {a.routes} values of {VALUE_LEN} B in {time.time() - t0:.1f} s")
+        print(f"put {a.routes} values of {a.value_len} B in {time.time() - t0:.1f} s")
         probe = 0
         results = {}
         for fault in a.faults.split(","):
             for r in range(a.rounds):
-                deadline = time.time() + 30
+                deadline = time.time() + 600
                 while (old := leader()) is None or \
                         stats(fluxonctl, admins[old]).get("master_routes", 0) < a.routes:
                     assert time.time() < deadline, "no leader with every route before the round"
                     time.sleep(0.05)
                 sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
+                standby = next(m for m in masters if m != old)
+                cpu0, rss0 = cpu_seconds(masters[standby].p.pid), rss_bytes(masters[standby].p.pid)
                 masters[old].p.send_signal(sig[fault])
                 t_fault = time.monotonic()
                 # Three watchers, each on its own thread, so that a call blocked on the faulted
@@ -146,7 +162,7 @@ owner:
                     found["all"] = time.monotonic() - t_fault
 
                 def watch_hit():
-                    while not remote_hit(c2, f"route-{probe:09d}"):
+                    while not remote_hit(c2, f"route-{probe:09d}", a.value_len):
                         time.sleep(0.01)
                     found["hit"] = time.monotonic() - t_fault
                 watchers = [threading.Thread(target=f, daemon=True)
@@ -154,23 +170,30 @@ owner:
                 for w in watchers:
                     w.start()
                 for w in watchers:
-                    w.join(timeout=120)
+                    w.join(timeout=600)
                 assert all(k in found for k in ("leader", "hit", "all")), \
-                    f"round {fault} {r}: not recovered in 120 s: {found}"
+                    f"round {fault} {r}: not recovered in 600 s: {found}"
                 probe += 1
                 t_leader, t_hit, t_all = found["leader"], found["hit"], found["all"]
-                results.setdefault(fault, []).append((t_leader, t_hit, t_all))
+                # The new leader's work while the owners republished into it: CPU (cores busy
+                # from its election to the last route) and memory per route.
+                pid = masters[standby].p.pid
+                cores = (cpu_seconds(pid) - cpu0) / max(t_all - t_leader, 1e-3)
+                per_route = (rss_bytes(pid) - rss0) / a.routes
+                results.setdefault(fault, []).append((t_leader, t_hit, t_all, cores, per_route))
                 print(f"{fault} round {r + 1}: leader {t_leader:.2f} s, first remote hit "
-                      f"{t_hit:.2f} s, all {a.routes} routes back {t_all:.2f} s", flush=True)
+                      f"{t_hit:.2f} s, all {a.routes} routes back {t_all:.2f} s; new leader "
+                      f"{cores:.2f} cores busy, {per_route:.0f} B RSS per route", flush=True)
                 if fault == "stop":
                     masters[old].p.send_signal(signal.SIGCONT)
                 else:
                     masters[old].p.wait(15)
                     masters[old].start()
         for fault, rs in results.items():
-            med = [statistics.median(x[i] for x in rs) for i in range(3)]
-            print(f"median {fault} ({len(rs)} rounds, TTL {a.ttl} s, {a.routes} routes): leader "
-                  f"{med[0]:.2f} s, first remote hit {med[1]:.2f} s, all routes back {med[2]:.2f} s")
+            med = [statistics.median(x[i] for x in rs) for i in range(5)]
+            print(f"median {fault} ({len(rs)} rounds, TTL {a.ttl} s, {a.routes} routes of "
+                  f"{a.value_len} B): leader {med[0]:.2f} s, first remote hit {med[1]:.2f} s, all "
+                  f"routes back {med[2]:.2f} s, {med[3]:.2f} cores, {med[4]:.0f} B/route")
     finally:
         for p in list(owners.values()) + list(masters.values()):
             p.stop()
