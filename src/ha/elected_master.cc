@@ -55,19 +55,23 @@ Leadership ElectedMaster::observed() const {
 }
 
 std::shared_ptr<MasterCore> ElectedMaster::current() const {
-  const std::shared_ptr<MasterElection> e = election();
-  const int64_t epoch = e ? e->LeaderEpoch() : 0;
   MutexLock lock(&mu_);
+  const int64_t epoch = election_ ? election_->LeaderEpoch() : 0;
   return epoch != 0 && epoch == core_epoch_ ? core_ : nullptr;
 }
 
-std::shared_ptr<MasterCore> ElectedMaster::CoreFor(int64_t epoch) {
+std::shared_ptr<MasterCore> ElectedMaster::CurrentCore(int64_t* epoch_out) {
   // Declared before the lock: a retired core is destroyed (its maintenance thread joined) after
   // the lock is released.
   std::shared_ptr<MasterCore> retired;
   MutexLock lock(&mu_);
-  if (stopped_ || epoch <= 0 || epoch < core_epoch_) {
-    if (core_ != nullptr && !stopped_ && epoch <= 0) {
+  // Read under the lock: every retirement and creation follows the leadership as it is at that
+  // moment, so a caller that looked at the election earlier can neither retire the core of a
+  // leadership that began since nor create one for a leadership that ended (epochs only grow).
+  const int64_t epoch = !stopped_ && election_ ? election_->LeaderEpoch() : 0;
+  *epoch_out = epoch;
+  if (epoch <= 0) {
+    if (core_ != nullptr && !stopped_) {
       spdlog::warn("master: leadership of epoch {} ended; its {} routes are dropped", core_epoch_,
                    core_->route_count());
     }
@@ -100,8 +104,8 @@ template <typename Reply, typename Request>
 absl::StatusOr<Reply> ElectedMaster::Forward(
     const Request& r, absl::StatusOr<Reply> (MasterApi::*method)(const Request&)) {
   const std::shared_ptr<MasterElection> e = election();
-  const int64_t epoch = e ? e->LeaderEpoch() : 0;
-  const std::shared_ptr<MasterCore> core = CoreFor(epoch);
+  int64_t epoch = 0;
+  const std::shared_ptr<MasterCore> core = e ? CurrentCore(&epoch) : nullptr;
   if (core == nullptr) return NotLeader();
   absl::StatusOr<Reply> reply = ((*core).*method)(r);
   // An answer leaves only from a master that still leads in the same epoch: a call that began

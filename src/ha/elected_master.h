@@ -59,9 +59,9 @@ class ElectedMaster final : public ForwardingMaster<ElectedMaster> {
   const MasterCounters& counters() const { return *counters_; }
 
  private:
-  // The core serving `epoch` (made when the leadership begins); null when `epoch` is not the
-  // current leadership's.
-  std::shared_ptr<MasterCore> CoreFor(int64_t epoch);
+  // The core of the leadership current now (made when it begins) and its epoch; null (epoch 0)
+  // while this candidate does not lead, and then the last leadership's core is dropped.
+  std::shared_ptr<MasterCore> CurrentCore(int64_t* epoch);
   std::shared_ptr<MasterElection> election() const;
   absl::Status NotLeader() const;
   friend class ForwardingMaster<ElectedMaster>;

@@ -10,9 +10,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/put_id.h"
 #include "gtest/gtest.h"
+#include "ha/elected_master.h"
 #include "ha/etcd_client.h"
 #include "ha/etcd_fixture.h"
 #include "ha/leader_following_master.h"
@@ -202,6 +205,76 @@ TEST_F(LeaderFollowingTest, ANewLeaderEndsTheCallsWaitingOnTheOldOne) {
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->master_epoch(), new_leader.master.epoch.load());
   EXPECT_EQ(new_leader.master.calls.load(), 1);
+}
+
+// Calls race the start of a leadership: every publish the elected master acknowledged is routed
+// by the core it serves afterwards (a call that looked at the election before the leadership
+// began must not drop the new leadership's core), and a standby answers Unavailable.
+TEST_F(LeaderFollowingTest, EveryPublishAnElectedMasterAcknowledgedIsInItsCore) {
+  ElectedMasterOptions o;
+  o.election.endpoints = {etcd_->endpoint()};
+  o.election.key = kKey;
+  o.election.ttl_s = 5;
+  o.election.poll_interval = milliseconds(20);
+  o.master.owner_lease = std::chrono::seconds(60);
+  ElectedMaster master(o);
+  auto refused = master.ListOwners({});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(IsUncertain(refused.status())) << refused.status();
+
+  std::atomic<bool> stop{false};
+  std::vector<std::vector<std::string>> acked(4);
+  std::vector<std::thread> callers;
+  for (uint32_t t = 0; t < acked.size(); ++t) {
+    callers.emplace_back([&, t] {
+      const uint32_t node = t + 1;
+      v1::RegisterOwnerRequest reg;
+      reg.set_node_id(node);
+      reg.set_generation(100 + node);
+      for (uint64_t i = 1; !stop.load(); ++i) {
+        if (!master.RegisterOwner(reg).ok()) continue;  // a standby, or not yet leading
+        v1::PublishBatchRequest p;
+        p.set_node_id(node);
+        p.set_generation(100 + node);
+        const uint64_t put_id = (uint64_t{node} << kPutIdSeqBits) | i;
+        p.set_put_id(put_id);
+        v1::RouteItem* item = p.add_items();
+        item->set_key(absl::StrCat("k", node, "-", i));
+        item->set_put_id(put_id);
+        item->set_offset(4096 * i);
+        item->set_len(4096);
+        item->set_version(1);
+        auto r = master.PublishBatch(p);
+        if (r.ok() && r->outcomes(0) == v1::PUBLISHED) acked[t].push_back(item->key());
+      }
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(100));  // the callers are busy before the campaign
+  ASSERT_TRUE(master.Campaign("127.0.0.1:1").ok());
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (!master.leading() && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(5));
+  std::this_thread::sleep_for(milliseconds(300));
+  stop = true;
+  for (std::thread& c : callers) c.join();
+  ASSERT_TRUE(master.leading());
+  const std::shared_ptr<MasterCore> core = master.current();
+  ASSERT_NE(core, nullptr);
+  size_t total = 0;
+  for (const auto& keys : acked) {
+    for (const std::string& k : keys) {
+      v1::LookupRequest lr;
+      lr.add_keys(k);
+      auto r = core->Lookup(lr);
+      ASSERT_TRUE(r.ok());
+      EXPECT_TRUE(r->found(0)) << "acknowledged " << k << " is not routed";
+    }
+    total += keys.size();
+  }
+  EXPECT_GT(total, 0u);
+  EXPECT_EQ(core->route_count(), total);
+  EXPECT_EQ(core->epoch(), static_cast<uint64_t>(master.observed().epoch));
+  master.Stop();
+  EXPECT_FALSE(master.ListOwners({}).ok());
 }
 
 }  // namespace
