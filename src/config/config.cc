@@ -694,6 +694,14 @@ absl::Status CheckAcrossSections(const Section& top, const Config& c) {
                    "and an election section are exclusive: with election the owner follows "
                    "whichever master leads");
   }
+  if (c.role == Role::kMaster && c.election && c.election->advertise_address.empty()) {
+    const std::string host = HostOfAddress(c.master->listen_address);
+    if (host == "0.0.0.0" || host == "::") {
+      return top.Bad("election.advertise_address",
+                     "is required when master.listen_address (" + c.master->listen_address +
+                         ") is a wildcard: owners are told the address to dial");
+    }
+  }
   if (c.role == Role::kEmbedded && c.owner->demotion.enabled) {
     return top.Bad("owner.demotion.enabled",
                    "a demotion moves values to a remote_cache through a cluster master: needs "

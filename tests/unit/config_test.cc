@@ -801,6 +801,15 @@ TEST(ConfigRejects, BadElection) {
   EXPECT_THAT(Reject("role: owner\nowner: {master_address: '127.0.0.1:1'}\n" + e + "}\n"),
               HasSubstr("exclusive"));
   EXPECT_THAT(Reject("role: remote_cache"), HasSubstr("or an election section"));
+  // A master listening on every interface must say which address owners dial.
+  EXPECT_THAT(Reject("role: master\nmaster: {listen_address: '0.0.0.0:50151'}\n"
+                     "security: {insecure: true}\n" +
+                     e + "}\n"),
+              HasSubstr("election.advertise_address: is required"));
+  ExpectAccepted(
+      "role: master\nmaster: {listen_address: '0.0.0.0:50151'}\n"
+      "security: {insecure: true}\n" +
+      e + ", advertise_address: '10.0.0.1:50151'}\n");
 }
 
 TEST(ConfigSchema, DocsSettingsReferenceIsTheSchemas) {
