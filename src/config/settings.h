@@ -124,8 +124,8 @@ struct OneOf {
 #define FLUXON_DEMOTION_SETTINGS(X)                                                               \
   X(enabled, "enabled", Flag{}, false,                                                            \
     "demote cold values to a remote_cache (one copy: this owner's slots are freed once the "      \
-    "copy is routed) before pressure deletes them; needs a cluster master (owner.master_address or "  \
-    "election) and owner.data_address")                                                                         \
+    "copy is routed) before pressure deletes them; needs a cluster master "                       \
+    "(owner.master_address or election) and owner.data_address")                                  \
   X(start_ratio, "start_ratio", Ratio{}, 0.85,                                                    \
     "demotion runs while used slots exceed this fraction of the capacity; below "                 \
     "owner.hot_capacity_ratio")                                                                   \

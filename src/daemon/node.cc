@@ -95,13 +95,8 @@ absl::Status FluxonNode::StartMaster() {
 absl::Status FluxonNode::Campaign() {
   std::string advertised = config_.election->advertise_address;
   if (advertised.empty()) {
+    // The config check refuses a wildcard listen address without advertise_address.
     const std::string host = HostOfAddress(config_.master->listen_address);
-    if (host.empty() || host == "0.0.0.0" || host == "::") {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "election.advertise_address is required when master.listen_address (%s) is a "
-          "wildcard: owners must be told an address they can dial",
-          config_.master->listen_address));
-    }
     const bool v6 = host.find(':') != std::string::npos;
     advertised = v6 ? absl::StrFormat("[%s]:%d", host, grpc_->master_port())
                     : absl::StrFormat("%s:%d", host, grpc_->master_port());

@@ -191,10 +191,10 @@ class Command {
     t.AddRow({"clients", Num(r.clients())});
     if (!r.election().empty()) {
       t.AddRow({"election", r.election()});
-      t.AddRow({"leader", r.leader_address().empty()
-                              ? std::string("none known")
-                              : absl::StrFormat("%s (epoch %d)", r.leader_address(),
-                                                r.leader_epoch())});
+      t.AddRow(
+          {"leader", r.leader_address().empty()
+                         ? std::string("none known")
+                         : absl::StrFormat("%s (epoch %d)", r.leader_address(), r.leader_epoch())});
     }
     std::cout << t.Render();
     return std::nullopt;

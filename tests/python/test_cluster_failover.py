@@ -89,6 +89,14 @@ admin: {{listen_address: "127.0.0.1:{self.master_admins[i]}", metrics_port: 0}}
             assert r.returncode == 0, r.stdout + r.stderr
         return json.loads(r.stdout) if r.stdout.strip().startswith(("{", "[")) else r.stdout
 
+    def kill_leader(self):
+        """kill -9 of the master that leads now; returns the new leader's index (within the
+        lease TTL and a margin)."""
+        old = self.wait_leader()
+        self.masters[old].proc.send_signal(signal.SIGKILL)
+        self.masters[old].proc.wait(timeout=10)
+        return self.wait_leader(timeout=TTL_S + 10, exclude=(old,))
+
     def master_stats_of(self, i):
         return self.ctl(self.master_admins[i], "stats", check=False)
 
@@ -123,14 +131,13 @@ def ha(daemon_factory, tmp):
 
 
 def wait_all_found(client, keys, seed, timeout):
-    """Until every key is restored through `client` with the bytes it was written with; returns
-    the seconds it took."""
+    """Until every key is restored through `client` with the bytes it was written with."""
     t0 = time.time()
     while True:
         n, data = get_pages(client, keys)
         if n == len(keys):
             expect_pages(data, n, seed)
-            return time.time() - t0
+            return
         assert time.time() - t0 < timeout, f"only {n} of {len(keys)} keys found after {timeout} s"
         time.sleep(0.1)
 
@@ -163,29 +170,24 @@ def test_leader_killed_every_acknowledged_put_is_found_from_the_other_owner(ha):
     assert n == len(seen)
     expect_pages(data, n, 5)
 
-    old = ha.wait_leader()
-    ha.masters[old].proc.send_signal(signal.SIGKILL)
-    ha.masters[old].proc.wait(timeout=10)
-    t_fault = time.time()
-    # A put committed while no master leads completes once the new leader serves.
+    # A put committed while no master leads completes once the new leader serves (failover
+    # times: bench/failover_bench.py).
     during = keys_of("during", 16)
-    put_done = {}
+    put_done = threading.Event()
 
     def put_during():
         put_pages(a, during, seed=17)
-        put_done["t"] = time.time()
-    t = threading.Thread(target=put_during)
+        put_done.set()
+    t = threading.Thread(target=put_during, daemon=True)
+    old = ha.wait_leader()
+    ha.masters[old].proc.send_signal(signal.SIGKILL)
+    ha.masters[old].proc.wait(timeout=10)
     t.start()
-
-    new = ha.wait_leader(timeout=TTL_S + 10, exclude=(old,))
-    assert new != old
-    took = wait_all_found(b, unseen, 9, timeout=30)
+    ha.wait_leader(timeout=TTL_S + 10, exclude=(old,))
+    wait_all_found(b, unseen, 9, timeout=30)
     t.join(timeout=30)
-    assert not t.is_alive() and "t" in put_done, "the put of the outage never completed"
+    assert put_done.is_set(), "the put of the outage never completed"
     wait_all_found(b, during, 17, timeout=10)
-    print(f"leader killed: new leader after {time.time() - t_fault:.2f} s at most; every route "
-          f"back after {time.time() - t_fault - took:.2f}+{took:.2f} s; the outage's put took "
-          f"{put_done['t'] - t_fault:.2f} s")
     assert ha.master_stats()["master_routes"] >= len(unseen) + len(during)
     wait_baseline(ha, {1: a, 2: b})
 
@@ -218,7 +220,7 @@ def test_etcd_down_degrades_to_local_hits_and_recovers_by_itself(ha):
     a, b = ha.client(1), ha.client(2)
     keys = keys_of("etcd", 32)
     put_pages(a, keys, seed=41)
-    leader = ha.wait_leader()
+    ha.wait_leader()
     for m in ha.etcd.members:
         m.kill()
     # The leader serves until its lease ends by its own clock, then nobody leads.
@@ -235,7 +237,6 @@ def test_etcd_down_degrades_to_local_hits_and_recovers_by_itself(ha):
     ha.wait_leader(timeout=30)
     wait_all_found(b, keys, 41, timeout=30)
     wait_baseline(ha, {1: a, 2: b})
-    del leader
 
 
 def test_under_load_an_etcd_member_killed_then_the_whole_etcd_cluster_restarted(daemon_factory,
@@ -313,10 +314,7 @@ def test_tls_to_etcd_with_the_nodes_certificates(daemon_factory, tmp):
             a, b = ha.client(1), ha.client(2)
             keys = keys_of("tls", 16)
             put_pages(a, keys, seed=61)
-            old = ha.wait_leader()
-            ha.masters[old].proc.send_signal(signal.SIGKILL)
-            ha.masters[old].proc.wait(timeout=10)
-            ha.wait_leader(timeout=TTL_S + 10, exclude=(old,))
+            ha.kill_leader()
             wait_all_found(b, keys, 61, timeout=30)
             wait_baseline(ha, {1: a, 2: b})
         finally:
