@@ -4,7 +4,8 @@
 // N, the key bytes' share apart), publish and lookup throughput per core (thread CPU time), and
 // the model for 100 M routes (memory, and the republish that fills a new leader).
 //
-//   build/bench/bench_master_footprint --routes 10000000 --key-bytes 107 --owners 2
+//   build/bench/bench_master_footprint --routes 10000000 --key-bytes 107 --owners 2 \
+//       [--route-keys full|fingerprint]
 #include <sys/resource.h>
 #include <time.h>
 
@@ -50,8 +51,9 @@ std::string KeyOf(uint64_t i, size_t bytes) {
   return k;
 }
 
-int Run(uint64_t routes, size_t key_bytes, uint32_t owners) {
+int Run(uint64_t routes, size_t key_bytes, uint32_t owners, RouteKeys route_keys) {
   MasterOptions options;
+  options.route_keys = route_keys;
   options.owner_lease = std::chrono::hours(1);
   options.owner_grace = std::chrono::hours(1);
   MasterCore master(options);
@@ -109,13 +111,14 @@ int Run(uint64_t routes, size_t key_bytes, uint32_t owners) {
   const double per_route = static_cast<double>(rss1 - rss0) / static_cast<double>(routes);
   const double publish_rate = static_cast<double>(routes) / cpu;
   std::printf(
-      "routes %lu, keys of %zu B, %u owners\n"
-      "master RSS %.1f -> %.1f MiB: %.0f B per route (of which %zu B the key itself)\n"
+      "routes %lu, keys of %zu B, %u owners, route keys kept %s\n"
+      "master RSS %.1f -> %.1f MiB: %.0f B per route (of which %zu B the key's bytes kept)\n"
       "republish into an empty master: %.2f s wall, %.0f routes/s per core\n"
       "lookup: %.0f keys/s per core (batches of %lu)\n"
       "model, 100 M routes: %.1f GiB, republish %.0f s on one core\n",
-      routes, key_bytes, owners, rss0 / 1048576.0, rss1 / 1048576.0, per_route, key_bytes, wall,
-      publish_rate, static_cast<double>(lookups) / lcpu, kBatch,
+      routes, key_bytes, owners, route_keys == RouteKeys::kFull ? "in full" : "as fingerprints",
+      rss0 / 1048576.0, rss1 / 1048576.0, per_route, route_keys == RouteKeys::kFull ? key_bytes : 0,
+      wall, publish_rate, static_cast<double>(lookups) / lcpu, kBatch,
       per_route * 1e8 / (1024.0 * 1024 * 1024), 1e8 / publish_rate);
   return 0;
 }
@@ -127,8 +130,15 @@ int main(int argc, char** argv) {
   uint64_t routes = 1'000'000;
   size_t key_bytes = 107;
   uint32_t owners = 2;
+  fluxon::RouteKeys route_keys = fluxon::RouteKeys::kFull;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--route-keys" &&
+        (std::strcmp(argv[i + 1], "full") == 0 || std::strcmp(argv[i + 1], "fingerprint") == 0)) {
+      route_keys = std::strcmp(argv[i + 1], "full") == 0 ? fluxon::RouteKeys::kFull
+                                                         : fluxon::RouteKeys::kFingerprint;
+      continue;
+    }
     const uint64_t v = std::strtoull(argv[i + 1], nullptr, 10);
     if (flag == "--routes") {
       routes = v;
@@ -137,10 +147,13 @@ int main(int argc, char** argv) {
     } else if (flag == "--owners") {
       owners = static_cast<uint32_t>(v);
     } else {
-      std::fprintf(stderr, "usage: %s [--routes N] [--key-bytes K] [--owners O]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--routes N] [--key-bytes K] [--owners O] "
+                   "[--route-keys full|fingerprint]\n",
+                   argv[0]);
       return 2;
     }
   }
   if (routes == 0 || owners == 0 || owners > 1000) return 2;
-  return fluxon::Run(routes, key_bytes, owners);
+  return fluxon::Run(routes, key_bytes, owners, route_keys);
 }

@@ -53,6 +53,15 @@ class ShardedTable {
     return it->second;
   }
 
+  // Runs `fn(const V* current_or_null)` under the key's shard lock and returns its result.
+  template <typename Fn>
+  auto Read(const K& key, Fn&& fn) const {
+    const Shard& s = shards_[ShardOf(key)];
+    MutexLock lock(&s.mu);
+    auto it = s.map.find(key);
+    return fn(it == s.map.end() ? nullptr : &it->second);
+  }
+
   bool Contains(const K& key) const {
     const Shard& s = shards_[ShardOf(key)];
     MutexLock lock(&s.mu);

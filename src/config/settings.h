@@ -195,7 +195,11 @@ struct OneOf {
   X(owner_lease, "owner_lease_ms", Millis{}, std::chrono::milliseconds(5'000),                    \
     "an owner not heard for this is not live; only then may another process take its node_id")   \
   X(owner_grace, "owner_grace_ms", Millis{}, std::chrono::milliseconds(5'000),                    \
-    "an owner not heard for owner_lease_ms + this expires: its routes and gets are dropped")
+    "an owner not heard for owner_lease_ms + this expires: its routes and gets are dropped")      \
+  X(route_keys, "route_keys", OneOf({"full", "fingerprint"}), "full",                             \
+    "what the master keeps of a routed key: full (its bytes, so fluxonctl keys lists them) or "   \
+    "fingerprint (a 128-bit keyed hash only: ~110 B less per route at 100 B keys; listing "       \
+    "keys is refused)")
 
 #define FLUXON_REPLICA_PLACEMENT_SETTINGS(X)                                                      \
   X(restrict_to_remote_only_node_roles, "restrict_to_remote_only_node_roles", Flag{}, false,      \

@@ -26,9 +26,11 @@ MasterCore::MasterCore(MasterOptions options, uint64_t epoch,
                        std::shared_ptr<MasterCounters> counters)
     : options_(options),
       epoch_(epoch != 0 ? epoch : NewEpoch()),
+      routes_(options.route_keys),
       inflight_(options.inflight_get_ttl),
       counters_(counters ? std::move(counters) : std::make_shared<MasterCounters>()) {
-  spdlog::info("master epoch {:#x}", epoch_);
+  spdlog::info("master epoch {:#x}, route keys kept {}", epoch_,
+               options.route_keys == RouteKeys::kFull ? "in full" : "as fingerprints");
 }
 
 size_t MasterCore::DropGetsOf(uint32_t node, uint64_t generation) {
@@ -181,6 +183,14 @@ void FillRoute(const std::string& key, const Route& r, v1::Route* out) {
 
 absl::StatusOr<v1::PublishBatchReply> MasterCore::PublishBatch(const v1::PublishBatchRequest& r) {
   if (absl::Status s = CheckGeneration(r.node_id(), r.generation()); !s.ok()) return s;
+  // Checked before anything is routed: a refused batch changes nothing.
+  for (const v1::RouteItem& item : r.items()) {
+    if (item.len() > kMaxRoutedValueBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("publish of '%s' names a %d-byte value; a route takes at most %d bytes",
+                          item.key(), item.len(), kMaxRoutedValueBytes));
+    }
+  }
   v1::PublishBatchReply reply;
   reply.set_master_epoch(epoch_);
   counters_->publish_batches.fetch_add(1, std::memory_order_relaxed);
@@ -354,7 +364,9 @@ absl::StatusOr<v1::ListKeysReply> MasterCore::ListKeys(const v1::ListKeysRequest
   bool more = false;
   v1::ListKeysReply reply;
   size_t key_bytes = 0;
-  for (const auto& [key, route] : routes_.ListByPrefix(r.prefix(), limit, r.start_after(), &more)) {
+  auto listed = routes_.ListByPrefix(r.prefix(), limit, r.start_after(), &more);
+  if (!listed.ok()) return listed.status();
+  for (const auto& [key, route] : *listed) {
     if (reply.routes_size() > 0 && key_bytes + key.size() > kPageKeyBytes) {
       more = true;
       break;

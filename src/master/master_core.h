@@ -122,7 +122,11 @@ inline constexpr MasterCounterDef kMasterCounterDefs[] = {
 // The master's settings; defaults are the config's (their one definition: config/settings.h).
 struct MasterOptions {
   static MasterOptions FromConfig(const MasterConfig& c) {
-    return MasterOptions{c.owner_lease, c.owner_grace, c.inflight_ttl, PlacementFromConfig(c)};
+    return MasterOptions{c.owner_lease, c.owner_grace, c.inflight_ttl, PlacementFromConfig(c),
+                         RouteKeysFromConfig(c)};
+  }
+  static RouteKeys RouteKeysFromConfig(const MasterConfig& c) {
+    return c.route_keys == "fingerprint" ? RouteKeys::kFingerprint : RouteKeys::kFull;
   }
   static ReplicaPlacementOptions PlacementFromConfig(const MasterConfig& c) {
     const ReplicaPlacementConfig& p = c.replica_task_placement;
@@ -134,6 +138,7 @@ struct MasterOptions {
   std::chrono::milliseconds owner_grace = MasterConfig{}.owner_grace;
   std::chrono::milliseconds inflight_get_ttl = MasterConfig{}.inflight_ttl;
   ReplicaPlacementOptions placement = PlacementFromConfig(MasterConfig{});
+  RouteKeys route_keys = RouteKeysFromConfig(MasterConfig{});
 };
 
 class MasterCore final : public MasterApi {

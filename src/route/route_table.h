@@ -20,20 +20,25 @@
 // - Removing a location removes exactly (node, generation, put_id); the route goes with its last
 //   location, and the first copy becomes primary when the primary goes.
 // - Sharded by key (256 shards, G10): one shard lock per key, O(locations) work under it.
+// - Keyed by the key's 128-bit keyed fingerprint (route/route_key.h), never by its bytes: what a
+//   route costs does not grow with its key. RouteKeys::kFull keeps the bytes beside it (and
+//   compares them, so a fingerprint that matched another key is a miss, never its route);
+//   kFingerprint keeps none, and listing keys is refused.
+// - A location's len is below 4 GiB (a value lives in one grant): a larger one is refused.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/status/statusor.h"
 #include "common/put_id.h"
-#include "common/sharded_table.h"
 
 namespace fluxon {
 
@@ -71,11 +76,28 @@ struct PublishKind {
   bool copy = false;
 };
 
+// What the master keeps of a route's key (master.route_keys).
+enum class RouteKeys {
+  kFull,         // its bytes beside its fingerprint: keys can be listed (fluxonctl keys)
+  kFingerprint,  // its fingerprint only: ~110 B per route less at SGLang's key sizes
+};
+
+// The largest location len a route takes (a value lives in one grant, far below it).
+inline constexpr uint64_t kMaxRoutedValueBytes = (uint64_t{1} << 32) - 1;
+
 class RouteTable {
  public:
+  explicit RouteTable(RouteKeys keys = RouteKeys::kFull);
+  ~RouteTable();
+  RouteTable(const RouteTable&) = delete;
+  RouteTable& operator=(const RouteTable&) = delete;
+
+  RouteKeys keys() const { return keys_; }
+
   enum class PublishOutcome { kPublished, kRepublished, kSuperseded, kReplaced, kRefused };
 
-  // Publishes `loc` for `key` by the rules above. On kReplaced, `displaced` (when given)
+  // Publishes `loc` for `key` by the rules above (kRefused also for a len over
+  // kMaxRoutedValueBytes). On kReplaced, `displaced` (when given)
   // receives the locations the route named before.
   PublishOutcome Publish(const std::string& key, const RouteLocation& loc, PublishKind kind = {},
                          std::vector<RouteLocation>* displaced = nullptr);
@@ -118,21 +140,19 @@ class RouteTable {
   std::map<uint32_t, NodeUsage> UsagePerNode() const;
   // Routes whose key starts with `prefix` and sorts after `start_after` (all when empty), sorted
   // by key, at most `limit`; `*more` (when given) says whether more such routes exist. Holds at
-  // most limit + 1 routes while it scans.
-  std::vector<std::pair<std::string, Route>> ListByPrefix(const std::string& prefix, size_t limit,
-                                                          const std::string& start_after = "",
-                                                          bool* more = nullptr) const;
-  size_t size() const { return routes_.size(); }
+  // most limit + 1 routes while it scans. FailedPrecondition with RouteKeys::kFingerprint (no
+  // key bytes are kept).
+  absl::StatusOr<std::vector<std::pair<std::string, Route>>> ListByPrefix(
+      const std::string& prefix, size_t limit, const std::string& start_after = "",
+      bool* more = nullptr) const;
+  size_t size() const;
+
+  // The storage, one per RouteKeys (route_table.cc): the policy is a type parameter there.
+  class Store;
 
  private:
-  // Applies what one change did to a route (every change is one of these, under its shard lock).
-  void Count(int64_t routes, int64_t locations, int64_t logical, int64_t physical);
-
-  ShardedTable<std::string, Route> routes_;
-  std::atomic<int64_t> routes_n_{0};
-  std::atomic<int64_t> locations_n_{0};
-  std::atomic<int64_t> logical_bytes_{0};
-  std::atomic<int64_t> physical_bytes_{0};
+  const RouteKeys keys_;
+  const std::unique_ptr<Store> store_;
 };
 
 }  // namespace fluxon

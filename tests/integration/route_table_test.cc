@@ -1,4 +1,5 @@
-// RouteTable: versions, copies and exact removal (T1, T2).
+// RouteTable: versions, copies and exact removal (T1, T2), with either key policy
+// (master.route_keys): the rules do not depend on what the table keeps of a key.
 #include "route/route_table.h"
 
 #include <gtest/gtest.h>
@@ -18,11 +19,13 @@ uint64_t PutOf(uint32_t node, uint64_t seq) {
   return (static_cast<uint64_t>(node) << kPutIdSeqBits) | seq;
 }
 
+class RouteTableTest : public testing::TestWithParam<RouteKeys> {};
+
 // Item 3 of the versions issue: after a master restart the owners republish in any order, and the
 // higher version wins whoever comes first; a fresh put never replaces a route.
-TEST(RouteTable, RepublishedHigherVersionReplacesTheRouteAndALowerOneIsSuperseded) {
+TEST_P(RouteTableTest, RepublishedHigherVersionReplacesTheRouteAndALowerOneIsSuperseded) {
   const PublishKind republish{/*republish=*/true, /*copy=*/false};
-  RouteTable t;
+  RouteTable t(GetParam());
   const RouteLocation v1 = Loc(1, 10, PutOf(1, 5), 0, /*version=*/100);
   const RouteLocation v2 = Loc(2, 20, PutOf(2, 9), 0, /*version=*/200);
   EXPECT_EQ(t.Publish("k", v1, republish), RouteTable::PublishOutcome::kPublished);
@@ -34,7 +37,7 @@ TEST(RouteTable, RepublishedHigherVersionReplacesTheRouteAndALowerOneIsSupersede
   EXPECT_EQ(t.Publish("k", v1, republish), RouteTable::PublishOutcome::kSuperseded);
   EXPECT_EQ(t.Lookup("k")->version(), 200u);
   // The other order ends the same way.
-  RouteTable u;
+  RouteTable u(GetParam());
   EXPECT_EQ(u.Publish("k", v2, republish), RouteTable::PublishOutcome::kPublished);
   EXPECT_EQ(u.Publish("k", v1, republish), RouteTable::PublishOutcome::kSuperseded);
   EXPECT_EQ(u.Lookup("k")->version(), 200u);
@@ -46,8 +49,8 @@ TEST(RouteTable, RepublishedHigherVersionReplacesTheRouteAndALowerOneIsSupersede
 
 // Item 4: equal put_ids are not trusted. The same put_id with another version is another value;
 // the same identity from an owner that did not put it joins only as a copy.
-TEST(RouteTable, EqualPutIdsAreNotTrustedToBeEqualValues) {
-  RouteTable t;
+TEST_P(RouteTableTest, EqualPutIdsAreNotTrustedToBeEqualValues) {
+  RouteTable t(GetParam());
   const uint64_t put = PutOf(1, 77);
   EXPECT_EQ(t.Publish("k", Loc(1, 10, put, 0, 100)), RouteTable::PublishOutcome::kPublished);
   // A restarted node 1 that drew the same put_id for new bytes: another version, superseded.
@@ -64,8 +67,8 @@ TEST(RouteTable, EqualPutIdsAreNotTrustedToBeEqualValues) {
   EXPECT_EQ(t.Lookup("k")->locations.size(), 3u);
 }
 
-TEST(RouteTable, PublishIsIdempotentAndOtherIdentitiesAreSuperseded) {
-  RouteTable t;
+TEST_P(RouteTableTest, PublishIsIdempotentAndOtherIdentitiesAreSuperseded) {
+  RouteTable t(GetParam());
   EXPECT_EQ(t.Publish("k", Loc(1, 10, 7)), RouteTable::PublishOutcome::kPublished);
   EXPECT_EQ(t.Publish("k", Loc(1, 10, 7)), RouteTable::PublishOutcome::kRepublished);
   EXPECT_EQ(t.Publish("k", Loc(2, 20, 8)), RouteTable::PublishOutcome::kSuperseded);
@@ -75,8 +78,8 @@ TEST(RouteTable, PublishIsIdempotentAndOtherIdentitiesAreSuperseded) {
   EXPECT_EQ(t.Lookup("k")->primary().node_id, 1u);
 }
 
-TEST(RouteTable, CopiesJoinOnlyTheRoutedVersionAndPromoteWhenThePrimaryGoes) {
-  RouteTable t;
+TEST_P(RouteTableTest, CopiesJoinOnlyTheRoutedVersionAndPromoteWhenThePrimaryGoes) {
+  RouteTable t(GetParam());
   t.Publish("k", Loc(1, 10, 7));
   EXPECT_FALSE(t.AddCopy("k", Loc(2, 20, 8)));  // another version: stale (T2)
   EXPECT_FALSE(t.AddCopy("absent", Loc(2, 20, 7)));
@@ -94,8 +97,8 @@ TEST(RouteTable, CopiesJoinOnlyTheRoutedVersionAndPromoteWhenThePrimaryGoes) {
   EXPECT_EQ(t.size(), 0u);
 }
 
-TEST(RouteTable, RemoveIfCopiedKeepsTheLastServingLocation) {
-  RouteTable t;
+TEST_P(RouteTableTest, RemoveIfCopiedKeepsTheLastServingLocation) {
+  RouteTable t(GetParam());
   t.Publish("k", Loc(1, 10, 7));
   const auto any = [](const RouteLocation&) { return true; };
   const auto none = [](const RouteLocation&) { return false; };
@@ -117,8 +120,8 @@ TEST(RouteTable, RemoveIfCopiedKeepsTheLastServingLocation) {
 
 // Capacity counted once (P3): logical bytes count each value once, physical bytes every location;
 // every change keeps the totals equal to a recount.
-TEST(RouteTable, TotalsCountEachValueOnceAndEveryLocation) {
-  RouteTable t;
+TEST_P(RouteTableTest, TotalsCountEachValueOnceAndEveryLocation) {
+  RouteTable t(GetParam());
   auto expect = [&](uint64_t routes, uint64_t locations, uint64_t logical, uint64_t physical) {
     const RouteTable::Totals x = t.totals();
     EXPECT_EQ(x.routes, routes);
@@ -156,8 +159,8 @@ TEST(RouteTable, TotalsCountEachValueOnceAndEveryLocation) {
   expect(0, 0, 0, 0);
 }
 
-TEST(RouteTable, DropNodeRemovesEveryLocationOfThatGeneration) {
-  RouteTable t;
+TEST_P(RouteTableTest, DropNodeRemovesEveryLocationOfThatGeneration) {
+  RouteTable t(GetParam());
   t.Publish("a", Loc(1, 10, 1));
   t.Publish("b", Loc(2, 20, 2));
   t.AddCopy("b", Loc(1, 10, 2));
@@ -167,20 +170,24 @@ TEST(RouteTable, DropNodeRemovesEveryLocationOfThatGeneration) {
   ASSERT_TRUE(t.Lookup("b").has_value());
   EXPECT_EQ(t.Lookup("b")->locations.size(), 1u);
   EXPECT_TRUE(t.Lookup("c").has_value());
-  auto listed = t.ListByPrefix("", 10);
-  ASSERT_EQ(listed.size(), 2u);
-  EXPECT_EQ(listed[0].first, "b");
+  EXPECT_EQ(t.size(), 2u);
+  if (GetParam() == RouteKeys::kFull) {
+    auto listed = t.ListByPrefix("", 10);
+    ASSERT_TRUE(listed.ok());
+    ASSERT_EQ(listed->size(), 2u);
+    EXPECT_EQ((*listed)[0].first, "b");
+  }
 }
 
-TEST(RouteTable, ListByPrefixPagesInKeyOrderAndSaysWhetherMoreMatch) {
-  RouteTable t;
+TEST(RouteTableFullKeys, ListByPrefixPagesInKeyOrderAndSaysWhetherMoreMatch) {
+  RouteTable t(RouteKeys::kFull);
   for (int i = 99; i >= 0; --i) t.Publish(absl::StrFormat("p/%03d", i), Loc(1, 10, i + 1));
   t.Publish("q/0", Loc(1, 10, 500));
   std::vector<std::string> seen;
   std::string after;
   bool more = true;
   while (more) {
-    auto page = t.ListByPrefix("p/", 7, after, &more);
+    auto page = *t.ListByPrefix("p/", 7, after, &more);
     ASSERT_LE(page.size(), 7u);
     ASSERT_FALSE(page.empty());
     for (const auto& [key, route] : page) seen.push_back(key);
@@ -188,10 +195,67 @@ TEST(RouteTable, ListByPrefixPagesInKeyOrderAndSaysWhetherMoreMatch) {
   }
   ASSERT_EQ(seen.size(), 100u);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(seen[i], absl::StrFormat("p/%03d", i));
-  auto last = t.ListByPrefix("p/", 10, "p/090", &more);
+  auto last = *t.ListByPrefix("p/", 10, "p/090", &more);
   EXPECT_EQ(last.size(), 9u);
   EXPECT_FALSE(more);
 }
+
+// With fingerprints only the table holds no key bytes: it still tells keys apart (a key that was
+// never routed misses, however close to a routed one) and refuses to list.
+TEST(RouteTableFingerprints, KeysAreToldApartAndListingIsRefused) {
+  RouteTable t(RouteKeys::kFingerprint);
+  for (int i = 0; i < 10'000; ++i) {
+    ASSERT_EQ(t.Publish(absl::StrFormat("k/%d", i), Loc(1, 10, i + 1)),
+              RouteTable::PublishOutcome::kPublished);
+  }
+  EXPECT_EQ(t.size(), 10'000u);
+  for (int i = 0; i < 10'000; ++i) {
+    const auto r = t.Lookup(absl::StrFormat("k/%d", i));
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->put_id(), static_cast<uint64_t>(i + 1));
+    EXPECT_FALSE(t.Lookup(absl::StrFormat("k/%d ", i)).has_value());
+  }
+  const auto listed = t.ListByPrefix("k/", 10);
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Two tables draw different secrets: a fingerprint names a key only inside its process, and
+// routing is the same whatever the draw.
+TEST(RouteTableFingerprints, TablesAgreeOnRoutesWhateverTheirSecrets) {
+  RouteTable a(RouteKeys::kFingerprint);
+  RouteTable b(RouteKeys::kFingerprint);
+  for (int i = 0; i < 1'000; ++i) {
+    a.Publish(absl::StrFormat("x%d", i), Loc(1, 10, i + 1));
+    b.Publish(absl::StrFormat("x%d", 999 - i), Loc(1, 10, 1'000 - i));
+  }
+  for (int i = 0; i < 1'000; ++i) {
+    EXPECT_EQ(a.Lookup(absl::StrFormat("x%d", i))->put_id(),
+              b.Lookup(absl::StrFormat("x%d", i))->put_id());
+  }
+}
+
+// A value of 4 GiB or more does not fit a route's 32-bit len: refused, never truncated.
+TEST_P(RouteTableTest, ALenOver32BitsIsRefused) {
+  RouteTable t(GetParam());
+  RouteLocation big = Loc(1, 10, PutOf(1, 1));
+  big.len = kMaxRoutedValueBytes + 1;
+  EXPECT_EQ(t.Publish("k", big), RouteTable::PublishOutcome::kRefused);
+  EXPECT_FALSE(t.Lookup("k").has_value());
+  big.len = kMaxRoutedValueBytes;
+  EXPECT_EQ(t.Publish("k", big), RouteTable::PublishOutcome::kPublished);
+  EXPECT_EQ(t.Lookup("k")->primary().len, kMaxRoutedValueBytes);
+  RouteLocation copy = big;
+  copy.node_id = 2;
+  copy.len = kMaxRoutedValueBytes + 1;
+  EXPECT_FALSE(t.AddCopy("k", copy));
+  EXPECT_EQ(t.totals().physical_bytes, kMaxRoutedValueBytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(KeyPolicies, RouteTableTest,
+                         testing::Values(RouteKeys::kFull, RouteKeys::kFingerprint),
+                         [](const testing::TestParamInfo<RouteKeys>& info) {
+                           return info.param == RouteKeys::kFull ? "Full" : "Fingerprint";
+                         });
 
 }  // namespace
 }  // namespace fluxon

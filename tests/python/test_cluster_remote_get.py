@@ -194,6 +194,41 @@ def test_a_page_written_on_owner_a_is_restored_on_owner_b_and_cached_there(clust
     wait_baseline(cluster, {1: a, 2: b})
 
 
+def test_a_master_keeping_key_fingerprints_only_routes_the_same_and_refuses_to_list(
+        daemon_factory, tmp):
+    """master.route_keys: fingerprint — the master holds a keyed 128-bit hash of each key, not
+    its bytes: remote gets, copies and a master restart (republish, under a new secret) behave as
+    with full keys; a key that was never put misses; listing keys is refused with the reason."""
+    cluster = Cluster(daemon_factory, tmp, master_extra=", route_keys: fingerprint")
+    a, b = cluster.client(1), cluster.client(2)
+    keys = keys_of("fp", 24)
+    put_pages(a, keys, seed=11)
+    t, data = get_pages(b, keys[:12])
+    assert t == 12
+    expect_pages(data, 12, seed=11)
+    assert sorted(l["node_id"] for l in cluster.route(keys[3])["route"]["locations"]) == [1, 2]
+    assert [l["node_id"] for l in cluster.route(keys[20])["route"]["locations"]] == [1]
+    assert get_pages(b, ["fp-never-put"])[0] == 0
+    assert cluster.master_stats()["master_routes"] == 24
+    r = subprocess.run([FLUXONCTL, "--admin", f"127.0.0.1:{cluster.master_admin}", "keys"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode != 0
+    assert "route_keys: fingerprint" in r.stdout + r.stderr
+    # A restarted master (a new secret) is filled again by the owners' republish: B reads the
+    # half it never read from A through the new master's routes.
+    cluster.master.stop()
+    cluster.restart_master()
+    deadline = time.time() + 20
+    while cluster.master_stats().get("master_routes", 0) < 24:
+        assert time.time() < deadline, "the owners did not republish into the new master"
+        time.sleep(0.1)
+    assert sorted(l["node_id"] for l in cluster.route(keys[3])["route"]["locations"]) == [1, 2]
+    t, data = get_pages(b, keys[12:])
+    assert t == 12
+    expect_pages(data, 12, seed=11 + 12)
+    wait_baseline(cluster, {1: a, 2: b})
+
+
 def test_control_calls_grow_with_batches_not_keys(cluster):  # G8
     a, b = cluster.client(1), cluster.client(2)
     for batch in range(3):

@@ -286,6 +286,17 @@ admin: {allow_mutations: true}
   EXPECT_EQ(client_again->client->socket_path, "/tmp/x.sock");
 }
 
+TEST(Config, MasterRouteKeysAreFullOrFingerprint) {
+  auto d = ParseConfig("");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->master->route_keys, "full");
+  auto f = ParseConfig("role: master\nmaster: {route_keys: fingerprint}\n");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->master->route_keys, "fingerprint");
+  EXPECT_THAT(Reject("role: master\nmaster: {route_keys: hashed}\n"),
+              HasSubstr("master.route_keys: must be one of full"));
+}
+
 TEST(Config, NewFieldDefaultsMatchTheHeader) {
   auto c = ParseConfig("");
   ASSERT_TRUE(c.ok()) << c.status();
