@@ -48,6 +48,21 @@ TEST(MasterCore, PublishIsIdempotentByIdentity) {
   EXPECT_EQ(other->outcomes(1), v1::PUBLISHED);
 }
 
+// A batch naming a value of 4 GiB or more (a buggy or hostile owner) is refused whole, before
+// any of its items is routed.
+TEST(MasterCore, APublishWithAnOversizedLenIsRefusedWhole) {
+  MasterCore m;
+  Register(m, 1, 10);
+  v1::PublishBatchRequest r = Batch(1, 10, 7, {"a", "b", "c"});
+  r.mutable_items(2)->set_len(kMaxRoutedValueBytes + 1);
+  const auto refused = m.PublishBatch(r);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.route_count(), 0u);
+  r.mutable_items(2)->set_len(kMaxRoutedValueBytes);
+  ASSERT_TRUE(m.PublishBatch(r).ok());
+  EXPECT_EQ(m.route_count(), 3u);
+}
+
 TEST(MasterCore, RemoveIsExact) {
   MasterCore m;
   Register(m, 1, 10);
