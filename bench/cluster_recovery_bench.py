@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Soft-state recovery after a master restart, measured with real processes on loopback.
 
-Starts a master and one owner (separate fluxond processes, each with its own config), puts
---routes values (4 KiB each, batches of 4,096), kills the master with SIGKILL, restarts it on the
-same port after --outage seconds, and measures:
-  - rediscover: restart -> the owner is registered with the new master (its heartbeat reached it;
-    the control channel's reconnect backoff is capped at 1 s),
-  - republish: restart -> the master routes every value again (the owner's republish),
-and the republish rate (routes/s). Repeats --rounds times (the same owner, a new master each
-round) and prints each round and the medians.
+Starts a master and --owners owners (separate fluxond processes, each with its own config),
+puts --routes values spread over the owners (4 KiB each, batches of 4,096), kills the master with
+SIGKILL, restarts it on the same port after --outage seconds, and measures:
+  - rediscover: restart -> every owner is registered with the new master (its heartbeat reached
+    it; the control channel's reconnect backoff is capped at 1 s),
+  - republish: restart -> the master routes every value again (the owners' republish),
+the republish rate (routes/s), the master's CPU time from its restart until every route is back
+(core-seconds, and as cores: CPU time over that interval) and its resident memory then.
+Repeats --rounds times (the same owners, a new master each round) and prints each round and the
+medians. --route-keys sets master.route_keys (full or fingerprint).
 
     PYTHONPATH=build/python python3 bench/cluster_recovery_bench.py --fluxond build/src/fluxond \\
         --routes 1000000 --rounds 3
@@ -16,6 +18,7 @@ round) and prints each round and the medians.
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -40,6 +43,19 @@ def owners(fluxonctl, admin):
     return {o["node_id"]: o for o in json.loads(r.stdout).get("owners", [])}
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,24 +64,37 @@ def main():
     ap.add_argument("--routes", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--outage", type=float, default=1.5, help="seconds the master stays down")
+    ap.add_argument("--owners", type=int, default=1, help="owners sharing the routes")
+    ap.add_argument("--route-keys", choices=("full", "fingerprint"), default="full",
+                    help="master.route_keys")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds a round may wait for every route")
     a = ap.parse_args()
     fluxonctl = a.fluxonctl or str(Path(a.fluxond).parent / "fluxonctl")
     value_len = 4096
-    seg_gib = max(1, -(-a.routes * value_len * 5 // 4 // (1 << 30)))
+    per_owner = -(-a.routes // a.owners)
+    seg_gib = max(1, -(-per_owner * value_len * 5 // 4 // (1 << 30)))
     tmp = tempfile.mkdtemp(prefix="fxrec")
-    mport, madmin, oadmin = free_port(), free_port(), free_port()
+    mport, madmin = free_port(), free_port()
     master_cfg = f"""
 role: master
 log_level: warn
-master: {{listen_address: "127.0.0.1:{mport}", owner_lease_ms: 5000, owner_grace_ms: 5000}}
+master: {{listen_address: "127.0.0.1:{mport}", owner_lease_ms: 5000, owner_grace_ms: 5000,
+          route_keys: {a.route_keys}}}
 admin: {{listen_address: "127.0.0.1:{madmin}", metrics_port: 0}}
 """
-    sock = f"{tmp}/owner.sock"
-    owner_cfg = f"""
+    tmp = Path(tmp)
+    master = Proc(a.fluxond, master_cfg, tmp, "master")
+    procs, socks = [], []
+    try:
+        for node in range(1, a.owners + 1):
+            sock = f"{tmp}/owner{node}.sock"
+            socks.append(sock)
+            procs.append(Proc(a.fluxond, f"""
 role: owner
-node_id: 1
+node_id: {node}
 log_level: warn
-admin: {{listen_address: "127.0.0.1:{oadmin}", metrics_port: 0}}
+admin: {{listen_address: "127.0.0.1:{free_port()}", metrics_port: 0}}
 owner:
   master_address: "127.0.0.1:{mport}"
   socket_path: {sock}
@@ -73,23 +102,23 @@ owner:
   heartbeat_interval_ms: 200
   data_address: "127.0.0.1:0"
   transports: [tcp]
-"""
-    tmp = Path(tmp)
-    master = Proc(a.fluxond, master_cfg, tmp, "master")
-    owner = Proc(a.fluxond, owner_cfg, tmp, "owner")
-    try:
-        c = fluxon.KvClient(socket_path=sock)
+""", tmp, f"owner{node}"))
         t0 = time.time()
         batch = 4096
         buf = np.full(batch * value_len, 7, dtype=np.uint8)
-        for b in range(0, a.routes, batch):
-            keys = [f"route-{i:09d}" for i in range(b, min(a.routes, b + batch))]
-            plan = c.local_fast_put_start(keys, value_len)
-            fluxon.copy_to_plan(plan, buf.ctypes.data, value_len)
-            c.local_fast_put_commit(plan).wait(120)
+        for node, sock in enumerate(socks):
+            c = fluxon.KvClient(socket_path=sock)
+            first, last = node * per_owner, min(a.routes, (node + 1) * per_owner)
+            for b in range(first, last, batch):
+                keys = [f"route-{i:09d}" for i in range(b, min(last, b + batch))]
+                plan = c.local_fast_put_start(keys, value_len)
+                fluxon.copy_to_plan(plan, buf.ctypes.data, value_len)
+                c.local_fast_put_commit(plan).wait(120)
+            del c
         put_s = time.time() - t0
-        print(f"put {a.routes} values in {put_s:.1f} s; master routes "
-              f"{owners(fluxonctl, madmin)[1]['routes']}")
+        routed = sum(int(o.get("routes", 0)) for o in owners(fluxonctl, madmin).values())
+        print(f"put {a.routes} values over {a.owners} owner(s) in {put_s:.1f} s; master routes "
+              f"{routed}, resident {rss_bytes(master.p.pid) / 2**20:,.0f} MiB")
         results = []
         for r in range(a.rounds):
             master.kill()
@@ -97,25 +126,34 @@ owner:
             t_restart = time.time()
             master.start()
             rediscover = republish = None
-            deadline = time.time() + 600
+            deadline = time.time() + a.timeout
             while time.time() < deadline:
-                o = owners(fluxonctl, madmin).get(1)
+                listed = owners(fluxonctl, madmin)
                 now = time.time() - t_restart
-                if o is not None and rediscover is None:
+                if len(listed) == a.owners and rediscover is None:
                     rediscover = now
-                if o is not None and int(o.get("routes", 0)) >= a.routes:
+                if sum(int(o.get("routes", 0)) for o in listed.values()) >= a.routes:
                     republish = now
                     break
                 time.sleep(0.05)
-            results.append((rediscover, republish))
+            if republish is None:
+                print(f"round {r + 1}: not every route back within {a.timeout} s")
+                return 1
+            cpu = cpu_seconds(master.p.pid)
+            rss = rss_bytes(master.p.pid)
+            results.append((rediscover, republish, cpu, rss))
             print(f"round {r + 1}: rediscover {rediscover:.2f} s, all {a.routes} routes back "
-                  f"{republish:.2f} s ({a.routes / republish:,.0f} routes/s)")
-        med_d = statistics.median(x for x, _ in results)
-        med_r = statistics.median(y for _, y in results)
-        print(f"median over {a.rounds} rounds: rediscover {med_d:.2f} s, republish {med_r:.2f} s "
-              f"({a.routes / med_r:,.0f} routes/s) at {a.routes} routes")
+                  f"{republish:.2f} s ({a.routes / republish:,.0f} routes/s); master CPU "
+                  f"{cpu:.2f} s ({cpu / republish:.2f} cores), resident {rss / 2**20:,.0f} MiB "
+                  f"({rss / a.routes:.0f} B/route)")
+        med = [statistics.median(x[i] for x in results) for i in range(4)]
+        print(f"median over {a.rounds} rounds at {a.routes} routes, {a.owners} owner(s), "
+              f"route_keys {a.route_keys}: rediscover {med[0]:.2f} s, republish {med[1]:.2f} s "
+              f"({a.routes / med[1]:,.0f} routes/s), master CPU {med[2]:.2f} s "
+              f"({med[2] / med[1]:.2f} cores), resident {med[3] / 2**20:,.0f} MiB")
     finally:
-        owner.stop()
+        for p in procs:
+            p.stop()
         master.stop()
     return 0
 

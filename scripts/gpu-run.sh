@@ -44,6 +44,10 @@
 #            multiturn; the options after the second colon, comma-separated, are that run's own),
 #            CAPACITY_ARGS passes options (Mooncake is not in the pack: leave mooncake-L+R out of
 #            --configs); not part of all
+#     recovery: bench/cluster_recovery_bench.py (a master restart: time until the owners'
+#            republish routes every value again, the master's CPU and memory meanwhile; CPU only,
+#            for route counts whose values this machine's memory can hold; RECOVERY_ARGS passes
+#            options, RECOVERY_TIMEOUT_S bounds it); not part of all
 #     all  : test and bench (default); quick: tests in quick mode and the benchmark without sweeps
 #     Each step runs in its own process (a GPU fault in one cannot hide the others' results).
 #     Logs and the benchmark CSV go to $OUT (or ./gpu-out); the short tables are printed last.
@@ -123,7 +127,8 @@ PY
     cp "$BUILD_DIR"/tests/kernels/_fluxon_kernels_testing*.so "$DEST/tests/"
     mkdir -p "$DEST/bench"
     cp bench/gpu/linker_bench.py bench/gpu/serving_bench.py bench/replica_bench.py bench/soak_cluster.py \
-      bench/capacity_split.py bench/mooncake_compare.py bench/eviction_fluxond_replay.py "$DEST/bench/"
+      bench/capacity_split.py bench/mooncake_compare.py bench/eviction_fluxond_replay.py \
+      bench/cluster_recovery_bench.py "$DEST/bench/"
     # The eviction traces the capacity split replays (bench/eviction_tables.sh's shapes).
     mkdir -p "$DEST/traces"
     "$BUILD_DIR"/bench/bench_eviction_policy --dump-traces "$DEST/traces" --capacities 25 \
@@ -274,6 +279,11 @@ PY
         --bench-transport "env LD_LIBRARY_PATH=$PACK/lib $PACK/bin/bench_transport" \
         --transport-peer "$PACK/bin/transport_peer" ${REPLICA_ARGS:-}
       cat "$OUTDIR/replica.log"
+    fi
+    if [ "$what" = recovery ]; then
+      STEP_TIMEOUT_S=${RECOVERY_TIMEOUT_S:-560} step recovery recovery.log "$PY" \
+        "$PACK/bench/cluster_recovery_bench.py" --fluxond "$FLUXOND" ${RECOVERY_ARGS:-}
+      cat "$OUTDIR/recovery.log"
     fi
     if [ "$what" = capacity ]; then
       for run in ${CAPACITY_RUNS:-cyclic:614400 mix:565248}; do

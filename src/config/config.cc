@@ -695,8 +695,7 @@ absl::Status CheckAcrossSections(const Section& top, const Config& c) {
                    "whichever master leads");
   }
   if (c.role == Role::kMaster && c.election && c.election->advertise_address.empty()) {
-    const std::string host = HostOfAddress(c.master->listen_address);
-    if (host == "0.0.0.0" || host == "::") {
+    if (IsWildcardHost(HostOfAddress(c.master->listen_address))) {
       return top.Bad("election.advertise_address",
                      "is required when master.listen_address (" + c.master->listen_address +
                          ") is a wildcard: owners are told the address to dial");
@@ -888,6 +887,10 @@ std::string HostOfAddress(absl::string_view address) {
     return std::string(address);  // no port, or an unbracketed IPv6 literal
   }
   return std::string(address.substr(0, colon));
+}
+
+bool IsWildcardHost(absl::string_view host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
 }
 
 bool IsLoopbackHost(absl::string_view host) {

@@ -155,6 +155,8 @@ struct Config {
 // True for "localhost", 127.0.0.0/8 and ::1 (bracketed or not): an address only this machine
 // reaches. Anything else (0.0.0.0, [::], other IPs, host names) may be reached from the network.
 bool IsLoopbackHost(absl::string_view host);
+// True for the hosts that mean every interface: 0.0.0.0, :: (bracketed or not), and empty.
+bool IsWildcardHost(absl::string_view host);
 // The host part of "host:port" / "[v6]:port" (brackets removed); the text itself without a colon.
 std::string HostOfAddress(absl::string_view address);
 // The start-up rule for ports reachable from the network: FailedPrecondition naming the key when

@@ -101,7 +101,16 @@ absl::Status FluxonNode::Campaign() {
     advertised = v6 ? absl::StrFormat("[%s]:%d", host, grpc_->master_port())
                     : absl::StrFormat("%s:%d", host, grpc_->master_port());
   }
-  return elected_->Campaign(advertised);
+  // fluxonctl --etcd reaches the leader's admin service: a wildcard admin host is reachable at
+  // the advertised master's host.
+  std::string admin = admin_address();
+  if (IsWildcardHost(HostOfAddress(admin))) {
+    const std::string port = admin.substr(admin.rfind(':') + 1);
+    const std::string host = HostOfAddress(advertised);
+    admin = host.find(':') != std::string::npos ? absl::StrFormat("[%s]:%s", host, port)
+                                                : absl::StrFormat("%s:%s", host, port);
+  }
+  return elected_->Campaign(advertised, admin);
 }
 
 absl::Status FluxonNode::StartOwner(const std::string& cluster_secret) {
@@ -268,8 +277,7 @@ std::string FluxonNode::PeerServiceAddress() const {
   // A wildcard admin address is reachable at the data plane's host (peers reach that one).
   std::string address = admin_address();
   const size_t colon = address.rfind(':');
-  const std::string host = address.substr(0, colon);
-  if (host == "0.0.0.0" || host == "[::]" || host == "::") {
+  if (IsWildcardHost(address.substr(0, colon))) {
     const std::string data = data_address();
     const size_t data_colon = data.rfind(':');
     if (data_colon != std::string::npos)

@@ -9,9 +9,11 @@ ElectedMaster::ElectedMaster(ElectedMasterOptions options) : options_(std::move(
 
 ElectedMaster::~ElectedMaster() { Stop(); }
 
-absl::Status ElectedMaster::Campaign(const std::string& advertised) {
+absl::Status ElectedMaster::Campaign(const std::string& advertised,
+                                     const std::string& admin_address) {
   ElectionOptions eo = options_.election;
   eo.value = advertised;
+  eo.admin_address = admin_address;
   {
     MutexLock lock(&mu_);
     if (stopped_) return absl::FailedPreconditionError("the master is stopping");
@@ -19,7 +21,8 @@ absl::Status ElectedMaster::Campaign(const std::string& advertised) {
   }
   absl::StatusOr<std::unique_ptr<MasterElection>> e = MasterElection::Start(std::move(eo));
   if (!e.ok()) return e.status();
-  spdlog::info("master: campaigning for {} in etcd as {}", options_.election.key, advertised);
+  spdlog::info("master: campaigning for {} in etcd as {} (admin {})", options_.election.key,
+               advertised, admin_address);
   MutexLock lock(&mu_);
   election_ = std::move(*e);
   return absl::OkStatus();

@@ -32,7 +32,7 @@
 namespace fluxon {
 
 struct ElectedMasterOptions {
-  ElectionOptions election;  // its value is set by Campaign
+  ElectionOptions election;  // its value and admin address are set by Campaign
   MasterOptions master;
   std::chrono::milliseconds maintenance_interval{100};  // each core's ExpireDue period
 };
@@ -45,8 +45,9 @@ class ElectedMaster final : public ForwardingMaster<ElectedMaster> {
   ElectedMaster& operator=(const ElectedMaster&) = delete;
 
   // Starts campaigning with `advertised` (the master service's address owners dial) as the
-  // published value. Until then every call is refused.
-  absl::Status Campaign(const std::string& advertised);
+  // published value and `admin_address` (fluxonctl's; empty: none) beside it
+  // (ha/leader_record.h). Until then every call is refused.
+  absl::Status Campaign(const std::string& advertised, const std::string& admin_address);
   // Gives the leadership up (the key goes at once: a standby takes over without waiting out the
   // TTL) and refuses every call from then on.
   void Stop();

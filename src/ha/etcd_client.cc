@@ -134,7 +134,8 @@ absl::Status EtcdClient::RevokeLease(int64_t lease_id) {
 
 absl::StatusOr<EtcdClient::CreateResult> EtcdClient::CreateIfAbsent(const std::string& key,
                                                                     const std::string& value,
-                                                                    int64_t lease_id) {
+                                                                    int64_t lease_id,
+                                                                    const KeyValues& attached) {
   grpc::ClientContext ctx;
   Arm(&ctx);
   etcdserverpb::TxnRequest req;
@@ -147,6 +148,12 @@ absl::StatusOr<EtcdClient::CreateResult> EtcdClient::CreateIfAbsent(const std::s
   put->set_key(key);
   put->set_value(value);
   put->set_lease(lease_id);
+  for (const auto& [k, v] : attached) {
+    etcdserverpb::PutRequest* also = req.add_success()->mutable_request_put();
+    also->set_key(k);
+    also->set_value(v);
+    also->set_lease(lease_id);
+  }
   req.add_success()->mutable_request_range()->set_key(key);
   req.add_failure()->mutable_request_range()->set_key(key);
   etcdserverpb::TxnResponse resp;
@@ -173,6 +180,29 @@ absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(const std::string& k
   if (absl::Status st = Note(Current().kv->Range(&ctx, req, &resp)); !st.ok()) return st;
   if (resp.kvs_size() == 0) return std::optional<EtcdKeyValue>();
   return std::optional<EtcdKeyValue>(FromProto(resp.kvs(0)));
+}
+
+absl::StatusOr<std::vector<std::optional<EtcdKeyValue>>> EtcdClient::GetAtOneRevision(
+    const std::vector<std::string>& keys) {
+  grpc::ClientContext ctx;
+  Arm(&ctx);
+  etcdserverpb::TxnRequest req;  // no compare: the success branch always runs, atomically
+  for (const std::string& k : keys) req.add_success()->mutable_request_range()->set_key(k);
+  etcdserverpb::TxnResponse resp;
+  if (absl::Status st = Note(Current().kv->Txn(&ctx, req, &resp)); !st.ok()) return st;
+  if (resp.responses_size() != static_cast<int>(keys.size())) {
+    return absl::UnavailableError(
+        absl::StrCat("etcd answered ", resp.responses_size(), " reads for ", keys.size()));
+  }
+  std::vector<std::optional<EtcdKeyValue>> out;
+  for (const etcdserverpb::ResponseOp& op : resp.responses()) {
+    if (op.response_range().kvs_size() > 0) {
+      out.emplace_back(FromProto(op.response_range().kvs(0)));
+    } else {
+      out.emplace_back();
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<bool> EtcdClient::DeleteIfRevision(const std::string& key, int64_t mod_revision) {

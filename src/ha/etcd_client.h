@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,15 +47,21 @@ class EtcdClient {
   absl::StatusOr<int64_t> KeepAliveOnce(int64_t lease_id);
   absl::Status RevokeLease(int64_t lease_id);
 
-  // Creates `key` = `value` attached to `lease` if the key does not exist. Returns whether this
-  // call created it and the key as it is afterwards (this call's or the existing holder's).
+  // Creates `key` = `value` attached to `lease` if the key does not exist, and in the same
+  // transaction each of `attached` (key, value) on the same lease: they appear, and go with the
+  // lease, together. Returns whether this call created the key and the key as it is afterwards
+  // (this call's or the existing holder's).
   struct CreateResult {
     bool created = false;
     EtcdKeyValue kv;
   };
+  using KeyValues = std::vector<std::pair<std::string, std::string>>;
   absl::StatusOr<CreateResult> CreateIfAbsent(const std::string& key, const std::string& value,
-                                              int64_t lease_id);
+                                              int64_t lease_id, const KeyValues& attached = {});
   absl::StatusOr<std::optional<EtcdKeyValue>> Get(const std::string& key);
+  // Reads several keys at one revision (one transaction): a consistent snapshot of them.
+  absl::StatusOr<std::vector<std::optional<EtcdKeyValue>>> GetAtOneRevision(
+      const std::vector<std::string>& keys);
   // Deletes `key` only while its mod_revision is `mod_revision` (a holder giving up what it
   // holds, never a successor's key); true when deleted.
   absl::StatusOr<bool> DeleteIfRevision(const std::string& key, int64_t mod_revision);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "ha/leader_record.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon {
@@ -33,7 +34,11 @@ absl::StatusOr<std::unique_ptr<MasterElection>> MasterElection::Start(ElectionOp
 }
 
 MasterElection::MasterElection(ElectionOptions options, std::unique_ptr<EtcdClient> etcd)
-    : options_(std::move(options)), etcd_(std::move(etcd)) {}
+    : options_(std::move(options)), etcd_(std::move(etcd)) {
+  if (!options_.admin_address.empty()) {
+    attached_.emplace_back(LeaderAdminKey(options_.key), options_.admin_address);
+  }
+}
 
 MasterElection::~MasterElection() { Stop(); }
 
@@ -150,7 +155,7 @@ std::chrono::milliseconds MasterElection::Step() {
     return std::min(keepalive_every, std::chrono::milliseconds(1000));
   }
   absl::StatusOr<EtcdClient::CreateResult> r =
-      etcd_->CreateIfAbsent(options_.key, options_.value, lease);
+      etcd_->CreateIfAbsent(options_.key, options_.value, lease, attached_);
   if (!r.ok()) {
     spdlog::debug("election {}: campaign: {}", options_.key, r.status().ToString());
     return options_.poll_interval;

@@ -36,7 +36,8 @@ struct ElectionOptions {
   std::vector<std::string> endpoints;  // etcd members, host:port
   std::string key;                     // the leadership key, e.g. /fluxon/<cluster>/master/leader
   std::string value;                   // what this candidate publishes there (its address)
-  int64_t ttl_s = 5;                   // the lease: how long a dead leader keeps the key
+  std::string admin_address;  // published at LeaderAdminKey(key) with it (ha/leader_record.h)
+  int64_t ttl_s = 5;          // the lease: how long a dead leader keeps the key
   std::chrono::milliseconds poll_interval{200};                // a standby's look at the key
   std::chrono::milliseconds call_deadline{1000};               // each etcd call
   std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;  // TLS to etcd (null: plaintext)
@@ -76,6 +77,7 @@ class MasterElection {
 
   const ElectionOptions options_;
   const std::unique_ptr<EtcdClient> etcd_;
+  EtcdClient::KeyValues attached_;  // written with the key: the admin address (set once)
   StopSignal stop_;
   // Campaign state, written by the campaign thread only (read under mu_ by the others).
   mutable Mutex mu_;

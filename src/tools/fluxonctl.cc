@@ -2,8 +2,10 @@
 // aligned tables (or JSON with --json).
 //
 // Commands, flags and help are CLI11's; the global flags (--admin, --json, --timeout-ms) may stand
-// before or after the command. --json prints the reply messages through protobuf's JSON printer
-// (proto field names, every field), with 64-bit integers as JSON numbers.
+// before or after the command. --etcd ENDPOINTS instead of --admin sends the command to the
+// master that leads the election in etcd (at the admin address it publishes beside the key). --json
+// prints the reply messages through protobuf's JSON printer (proto field names, every field), with
+// 64-bit integers as JSON numbers.
 //
 // Exit status: 0 on success, 1 when the RPC fails (daemon unreachable, or it refused the
 // request), 2 on a usage error (unknown command or flag, missing or malformed argument).
@@ -34,6 +36,8 @@
 #include "common/fault_injector.h"
 #include "fluxon/v1/admin.grpc.pb.h"
 #include "fluxon/v1/peer.grpc.pb.h"
+#include "ha/etcd_client.h"
+#include "ha/leader_record.h"
 #include "nlohmann/json.hpp"
 #include "rpc_grpc/grpc_master.h"
 #include "rpc_grpc/grpc_security.h"
@@ -572,6 +576,8 @@ std::string UsageMessage(const CLI::App& app, const CLI::ParseError& e) {
 // The flags every command takes.
 struct GlobalFlags {
   std::string address = "127.0.0.1:50152";
+  std::vector<std::string> etcd_endpoints;  // set: the command goes to the leading master
+  std::string etcd_key = "/fluxon/default/master/leader";
   bool as_json = false;
   int32_t timeout_ms = 5000;
   TlsConfig tls;  // mutual TLS (the node's security.tls): all three files or none
@@ -579,9 +585,20 @@ struct GlobalFlags {
 };
 
 void AddGlobalFlags(CLI::App& app, GlobalFlags* g) {
-  app.add_option("--admin", g->address, "fluxond admin service")
-      ->type_name("ADDRESS")
-      ->capture_default_str();
+  CLI::Option* admin = app.add_option("--admin", g->address, "fluxond admin service")
+                           ->type_name("ADDRESS")
+                           ->capture_default_str();
+  CLI::Option* etcd =
+      app.add_option("--etcd", g->etcd_endpoints,
+                     "etcd members (host:port, comma-separated): the command goes to the master "
+                     "that leads the election there, at the admin address it publishes")
+          ->type_name("ENDPOINTS")
+          ->delimiter(',')
+          ->excludes(admin);
+  app.add_option("--etcd-key", g->etcd_key, "the leadership key (the masters' election.key)")
+      ->type_name("KEY")
+      ->capture_default_str()
+      ->needs(etcd);
   app.add_option("--tls-cert", g->tls.cert_file, "client certificate (PEM) for a TLS admin service")
       ->type_name("FILE")
       ->envname("FLUXON_TLS_CERT");
@@ -719,6 +736,23 @@ absl::StatusOr<GrpcSecurity> SecurityFromFlags(const GlobalFlags& g) {
   return GrpcSecurity::MutualTls(std::move(*material));
 }
 
+// The admin address of the master that leads the election in etcd (ha/leader_record.h), reached
+// with the same certificate as the admin service when TLS is on.
+absl::StatusOr<std::string> LeaderAdminAddress(const GlobalFlags& g, const GrpcSecurity& security) {
+  absl::StatusOr<std::unique_ptr<EtcdClient>> etcd =
+      EtcdClient::Connect(g.etcd_endpoints, std::chrono::milliseconds(g.timeout_ms),
+                          security.tls() ? security.ChannelCredentials() : nullptr);
+  if (!etcd.ok()) return etcd.status();
+  absl::StatusOr<LeaderRecord> leader = ReadLeaderRecord(**etcd, g.etcd_key);
+  if (!leader.ok()) {
+    return absl::Status(
+        leader.status().code(),
+        absl::StrFormat("cannot find the leading master in etcd (%s): %s",
+                        absl::StrJoin(g.etcd_endpoints, ","), leader.status().message()));
+  }
+  return leader->admin_address;
+}
+
 // "fluxonctl help" and the single-dash "-help" ask for the help too.
 std::vector<std::string> NormalizeHelpWords(int argc, char** argv) {
   std::vector<std::string> words(argv, argv + argc);
@@ -766,6 +800,16 @@ int Main(int argc, char** argv) {
     std::cerr << "fluxonctl: " << security.status().message() << "\n";
     return kExitUsage;
   }
+  std::string address = flags.address;
+  if (!flags.etcd_endpoints.empty()) {
+    absl::StatusOr<std::string> leader = LeaderAdminAddress(flags, *security);
+    if (!leader.ok()) {
+      std::cerr << "fluxonctl: " << leader.status().message() << "\n";
+      return leader.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage
+                                                                          : kExitRpcError;
+    }
+    address = *leader;
+  }
   // The daemon's message limits, not gRPC's 4 MiB default: every admin answer the daemon may
   // send (a page of keys, a large owner listing) is readable. Not the control channels' short
   // reconnect backoff: its minimum is also the connect (and TLS handshake) deadline, which one
@@ -773,7 +817,7 @@ int Main(int argc, char** argv) {
   grpc::ChannelArguments limits;
   limits.SetMaxReceiveMessageSize(kGrpcMaxMessageBytes);
   limits.SetMaxSendMessageSize(kGrpcMaxMessageBytes);
-  Command command(security->Channel(flags.address, limits, flags.tls_name), flags.address,
+  Command command(security->Channel(address, limits, flags.tls_name), address,
                   std::chrono::milliseconds(flags.timeout_ms), flags.as_json);
   try {
     if (std::optional<std::string> error = runs.at(selected)(command)) {

@@ -2,6 +2,7 @@
 // MasterElection and writes what it believes into a state file every 20 ms (written to a
 // temporary name and renamed, so a reader sees whole lines):
 //   seq=<n> leader_now=<0|1> epoch=<LeaderEpoch()> observed=<value>@<epoch>
+// It publishes "<VALUE>-admin" as its admin address (ha/leader_record.h).
 // SIGTERM: Stop() (the lease is revoked) and exit 0.
 //
 // Usage: election_candidate ENDPOINTS(comma-separated) KEY VALUE TTL_S STATE_FILE
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   o.endpoints = absl::StrSplit(argv[1], ',');
   o.key = argv[2];
   o.value = argv[3];
+  o.admin_address = std::string(argv[3]) + "-admin";
   o.ttl_s = std::atoi(argv[4]);
   o.poll_interval = std::chrono::milliseconds(100);
   const std::string state = argv[5];

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "ha/etcd_client.h"
 #include "ha/etcd_fixture.h"
+#include "ha/leader_record.h"
 #include "tools/tool_test_util.h"
 
 namespace fluxon {
@@ -185,6 +186,47 @@ TEST_F(ElectionTest, AKilledLeaderIsReplacedOnceItsLeaseEnds) {
   ASSERT_TRUE(second.has_value());
   EXPECT_EQ(second->first, "b");
   EXPECT_GT(second->second, first->second);
+}
+
+TEST_F(ElectionTest, TheLeaderRecordNamesTheLeadersAdminAddressAndGoesWithItsLease) {
+  EXPECT_TRUE(absl::IsNotFound(ReadLeaderRecord(*client_, kKey).status()));
+  StartCandidate("a");
+  auto first = WaitLeader(milliseconds(10000));
+  ASSERT_TRUE(first.has_value());
+  absl::StatusOr<LeaderRecord> r = ReadLeaderRecord(*client_, kKey);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->master_address, "a");
+  EXPECT_EQ(r->admin_address, "a-admin");
+  EXPECT_EQ(r->epoch, first->second);
+  // Killed: both keys go with the lease (nobody else campaigns).
+  candidates_.at("a").Kill();
+  ASSERT_TRUE(WaitFor([&] { return !Holder().has_value(); }, milliseconds(kTtlS * 1000 + 5000)));
+  EXPECT_TRUE(absl::IsNotFound(ReadLeaderRecord(*client_, kKey).status()));
+  absl::StatusOr<std::optional<EtcdKeyValue>> admin = client_->Get(LeaderAdminKey(kKey));
+  ASSERT_TRUE(admin.ok());
+  EXPECT_FALSE(admin->has_value()) << (*admin)->value;
+  // The next leader's record is its own, with its epoch.
+  StartCandidate("b");
+  auto second = WaitLeader(milliseconds(10000), "a");
+  ASSERT_TRUE(second.has_value());
+  r = ReadLeaderRecord(*client_, kKey);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->master_address, "b");
+  EXPECT_EQ(r->admin_address, "b-admin");
+  EXPECT_EQ(r->epoch, second->second);
+  EXPECT_GT(r->epoch, first->second);
+}
+
+TEST_F(ElectionTest, ALeaderKeyWithoutAnAdminAddressIsReportedAsSuch) {
+  // A leader that published no admin address (a master that predates it): FailedPrecondition
+  // naming the key, not a wrong address.
+  absl::StatusOr<EtcdClient::Lease> lease = client_->GrantLease(kTtlS);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(client_->CreateIfAbsent(kKey, "old-master", lease->id).ok());
+  absl::StatusOr<LeaderRecord> r = ReadLeaderRecord(*client_, kKey);
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find(LeaderAdminKey(kKey)), std::string::npos) << r.status();
+  EXPECT_TRUE(client_->RevokeLease(lease->id).ok());
 }
 
 TEST_F(ElectionTest, ALeaderPausedPastItsLeaseWakesUpNoLongerLeading) {

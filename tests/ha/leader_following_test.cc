@@ -250,7 +250,7 @@ TEST_F(LeaderFollowingTest, EveryPublishAnElectedMasterAcknowledgedIsInItsCore) 
     });
   }
   std::this_thread::sleep_for(milliseconds(100));  // the callers are busy before the campaign
-  ASSERT_TRUE(master.Campaign("127.0.0.1:1").ok());
+  ASSERT_TRUE(master.Campaign("127.0.0.1:1", "").ok());
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   while (!master.leading() && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(5));
   std::this_thread::sleep_for(milliseconds(300));
@@ -275,6 +275,68 @@ TEST_F(LeaderFollowingTest, EveryPublishAnElectedMasterAcknowledgedIsInItsCore) 
   EXPECT_EQ(core->epoch(), static_cast<uint64_t>(master.observed().epoch));
   master.Stop();
   EXPECT_FALSE(master.ListOwners({}).ok());
+}
+
+// The leadership ends while a call runs on its core: the call's answer does not leave (it is
+// Unavailable, an uncertain outcome the caller retries at the next leader), though the core did
+// the work: only a master that leads in the same epoch from the start to the end of a call
+// answers it.
+TEST_F(LeaderFollowingTest, AnAnswerDoesNotLeaveWhenTheLeadershipEndedDuringTheCall) {
+  // A publish large enough to outlast the start of Stop(); doubled until one does.
+  for (int items = 50'000; items <= 1'600'000; items *= 2) {
+    ElectedMasterOptions o;
+    o.election.endpoints = {etcd_->endpoint()};
+    o.election.key = kKey;
+    o.election.ttl_s = 5;
+    o.election.poll_interval = milliseconds(20);
+    o.master.owner_lease = std::chrono::seconds(60);
+    ElectedMaster master(o);
+    ASSERT_TRUE(master.Campaign("127.0.0.1:1", "").ok());
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (!master.leading() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    ASSERT_TRUE(master.leading());
+    v1::RegisterOwnerRequest reg;
+    reg.set_node_id(1);
+    reg.set_generation(7);
+    ASSERT_TRUE(master.RegisterOwner(reg).ok());
+    v1::PublishBatchRequest p;
+    p.set_node_id(1);
+    p.set_generation(7);
+    p.set_put_id((uint64_t{1} << kPutIdSeqBits) | 1);
+    for (int i = 0; i < items; ++i) {
+      v1::RouteItem* item = p.add_items();
+      item->set_key(absl::StrCat("long-call-", i));
+      item->set_put_id(p.put_id());
+      item->set_offset(4096 * uint64_t(i));
+      item->set_len(4096);
+      item->set_version(1);
+    }
+    std::atomic<bool> started{false};
+    Clock::time_point call_end;
+    absl::StatusOr<v1::PublishBatchReply> reply;
+    std::thread caller([&] {
+      started = true;
+      reply = master.PublishBatch(p);
+      call_end = Clock::now();
+    });
+    while (!started.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(milliseconds(5));
+    master.Stop();
+    const Clock::time_point stopped = Clock::now();
+    caller.join();
+    if (call_end <= stopped) {
+      // The call may have ended before the leadership did: nothing to judge; try a longer one.
+      if (reply.ok()) continue;
+      // Ended as the leadership ended: its answer must be the refusal, never an outcome.
+    }
+    ASSERT_FALSE(reply.ok()) << items << " items: the answer left after the leadership ended";
+    EXPECT_TRUE(IsUncertain(reply.status())) << reply.status();
+    if (reply.status().message().find("ended during the call") != std::string::npos) return;
+    // Refused at the start (Stop won the race to the call): try a longer call.
+  }
+  FAIL() << "no publish outlasted the start of Stop(), even of 1.6 M items";
 }
 
 }  // namespace

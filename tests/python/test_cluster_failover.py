@@ -43,6 +43,7 @@ class HaCluster(Cluster):
         self.remote_timeout_ms, self.owner_extra = 5000, ""
         self.masters = {}       # index -> Daemon
         self.master_admins = {}  # index -> admin port
+        self.master_ports = {}   # index -> master service port
         self.master_configs = {}
         for i in range(masters):
             self.start_master(i)
@@ -59,10 +60,11 @@ class HaCluster(Cluster):
     def start_master(self, i):
         if i not in self.master_configs:
             self.master_admins[i] = free_port()
+            self.master_ports[i] = free_port()
             self.master_configs[i] = f"""
 role: master
 log_level: info
-master: {{listen_address: "127.0.0.1:{free_port()}", owner_lease_ms: 1500, owner_grace_ms: 1000,
+master: {{listen_address: "127.0.0.1:{self.master_ports[i]}", owner_lease_ms: 1500, owner_grace_ms: 1000,
           inflight_ttl_ms: 60000}}
 admin: {{listen_address: "127.0.0.1:{self.master_admins[i]}", metrics_port: 0}}
 {self.election()}{self.security}"""
@@ -88,6 +90,16 @@ admin: {{listen_address: "127.0.0.1:{self.master_admins[i]}", metrics_port: 0}}
         if check:
             assert r.returncode == 0, r.stdout + r.stderr
         return json.loads(r.stdout) if r.stdout.strip().startswith(("{", "[")) else r.stdout
+
+    def ctl_etcd(self, *args, check=True):
+        """fluxonctl sent to the leading master through etcd (--etcd instead of --admin)."""
+        r = subprocess.run([FLUXONCTL, "--etcd", ",".join(self.etcd.endpoints), "--etcd-key",
+                            self.key, *self.ctl_tls, "--json", *args],
+                           capture_output=True, text=True, timeout=20)
+        if check:
+            assert r.returncode == 0, r.stdout + r.stderr
+            return json.loads(r.stdout)
+        return r
 
     def kill_leader(self):
         """kill -9 of the master that leads now; returns the new leader's index (within the
@@ -190,6 +202,43 @@ def test_leader_killed_every_acknowledged_put_is_found_from_the_other_owner(ha):
     wait_all_found(b, during, 17, timeout=10)
     assert ha.master_stats()["master_routes"] >= len(unseen) + len(during)
     wait_baseline(ha, {1: a, 2: b})
+
+
+def test_fluxonctl_reaches_whichever_master_leads_through_etcd(ha):
+    """fluxonctl --etcd finds the leader's admin address in etcd (published with the leadership
+    key, on its lease): before and after a failover it reaches the master that leads, and with
+    no master leading it says so."""
+    a = ha.client(1)
+    keys = keys_of("ctl", 8)
+    put_pages(a, keys, seed=41)
+    old = ha.wait_leader()
+    s = ha.ctl_etcd("status")
+    assert s["election"] == "leader" and s["leader_address"] == f"127.0.0.1:{ha.master_ports[old]}", s
+    assert ha.ctl_etcd("stats")["master_routes"] == len(keys)
+    assert {o["node_id"] for o in ha.ctl_etcd("owners")["owners"]} == {1, 2}
+    new = ha.kill_leader()
+    deadline = time.time() + 10
+    while ha.ctl_etcd("status", check=False).returncode != 0 or \
+            ha.ctl_etcd("status")["leader_address"] != f"127.0.0.1:{ha.master_ports[new]}":
+        assert time.time() < deadline, ha.ctl_etcd("status", check=False)
+        time.sleep(0.1)
+    assert ha.ctl_etcd("status")["election"] == "leader"
+    # No master leads: a clear error (exit 1), not an attempt at a stale address.
+    ha.masters[new].proc.send_signal(signal.SIGKILL)
+    ha.masters[new].proc.wait(timeout=10)
+    deadline = time.time() + TTL_S + 10
+    while True:
+        r = ha.ctl_etcd("status", check=False)
+        if r.returncode != 0 and "no master leads" in r.stderr:
+            break
+        assert time.time() < deadline, r
+        time.sleep(0.1)
+    assert r.returncode == 1, r
+    # --etcd and --admin are exclusive; --etcd-key needs --etcd.
+    for bad in (["--etcd", ha.etcd.endpoints[0], "--admin", "127.0.0.1:1", "status"],
+                ["--etcd-key", ha.key, "status"]):
+        r = subprocess.run([FLUXONCTL, *bad], capture_output=True, text=True, timeout=20)
+        assert r.returncode == 2, r
 
 
 def test_leader_paused_past_its_lease_serves_nothing_when_resumed(ha):
@@ -314,6 +363,8 @@ def test_tls_to_etcd_with_the_nodes_certificates(daemon_factory, tmp):
             a, b = ha.client(1), ha.client(2)
             keys = keys_of("tls", 16)
             put_pages(a, keys, seed=61)
+            # fluxonctl reaches etcd with the operator's certificate, then the leader.
+            assert ha.ctl_etcd("status")["election"] == "leader"
             ha.kill_leader()
             wait_all_found(b, keys, 61, timeout=30)
             wait_baseline(ha, {1: a, 2: b})
