@@ -37,6 +37,7 @@ set, rounded to 512 MiB grants; pick --value-len so that a share is a whole gran
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -158,12 +159,34 @@ owner:
             time.sleep(0.1)
 
     def _start(self, args, tmp, name, cfg):
+        self.tmp = tmp
         path = os.path.join(tmp, f"{name}.yaml")
         Path(path).write_text(cfg)
         log = open(os.path.join(tmp, f"{name}.log"), "w")
         self.procs.append(subprocess.Popen([args.fluxond, "--config", path], stdout=log,
                                            stderr=subprocess.STDOUT))
         time.sleep(0.3)
+
+    def warnings(self):
+        """The daemons' warning and error lines, digits folded, counted by kind (top 6 each):
+        what a run's failed demotions and drops were."""
+        out = {}
+        for name in ("owner", "remote-cache", "master"):
+            kinds = {}
+            try:
+                text = Path(os.path.join(self.tmp, f"{name}.log")).read_text(errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if "[warning]" not in line and "[error]" not in line:
+                    continue
+                msg = line.split("] ", 2)[-1]
+                kind = re.sub(r"[0-9a-f]{6,}|\d+", "N", msg)[:160]
+                kinds[kind] = kinds.get(kind, 0) + 1
+            top = sorted(kinds.items(), key=lambda kv: -kv[1])[:6]
+            if top:
+                out[name] = top
+        return out
 
     def cache_stats(self):
         r = subprocess.run([self.fluxonctl, "--admin", f"127.0.0.1:{self.cache_admin}", "--json",
@@ -296,6 +319,9 @@ def main():
                     for stat, n in sorted(s.items()):
                         if stat.startswith("replica_tasks_") and n:
                             e[stat] = n
+                    warned = side.warnings()
+                    if warned:
+                        e["warnings"] = warned
                 results[name].append(res)
             finally:
                 side.close()
@@ -318,7 +344,11 @@ def main():
             ratio = summary[split]["hit rate %"] / max(summary["owner-L+R"]["hit rate %"], 1e-9)
             print(f"{split} hit rate / owner-L+R: {100 * ratio:.0f} %")
     for name, e in sorted(extra.items()):
-        print(f"{name} (round) counters: " + ", ".join(f"{k} {v}" for k, v in e.items()))
+        print(f"{name} (round) counters: " + ", ".join(
+            f"{k} {v}" for k, v in e.items() if k != "warnings"))
+        for daemon, kinds in e.get("warnings", {}).items():
+            for kind, n in kinds:
+                print(f"  {daemon} warned {n}x: {kind}")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "rounds": results,
                                                "counters": extra}, indent=1))
