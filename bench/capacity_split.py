@@ -191,9 +191,6 @@ owner:
     def cache_stats(self):
         r = subprocess.run([self.fluxonctl, "--admin", f"127.0.0.1:{self.cache_admin}", "--json",
                             "stats"], capture_output=True, text=True, timeout=20)
-        print("DEBUG stats out", r.returncode, repr(r.stdout[:300]), r.stderr[-300:], file=sys.stderr)
-        if r.returncode != 0 or not r.stdout.strip():
-            print("DEBUG cache_stats failed", r.returncode, r.stderr[-500:], file=sys.stderr)
         return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {}
 
     def close(self):
@@ -311,7 +308,6 @@ def main():
                         "remote_duplicate_pages",
                         "relocalised_pages")}
                     cache = side.cache_stats()
-                    print("DEBUG cache", sorted(cache.items())[:400], file=sys.stderr)
                     e["cache_evicted_pages"] = cache.get("owner_evicted_pages", 0)
                     e["cache_dropped_on_request_pages"] = cache.get(
                         "owner_dropped_on_request_pages", 0)

@@ -167,6 +167,8 @@ class HotTier {
       const uint64_t after = policy_.Predecessor(*id);
       policy_.Evict(*id);
       auto it = cohorts_.find(*id);
+      FLUXON_DCHECK(it != cohorts_.end(), "the policy named a cohort the tier does not hold");
+      if (it == cohorts_.end()) continue;  // (cannot happen: Readmit admits an id once)
       taken += it->second.weight;
       Unaccount(it->second);
       it->second.after = after;
@@ -176,9 +178,27 @@ class HotTier {
     return out;
   }
   // A cohort that could not be evicted now (pinned, in use) goes back where it was: the tail of
-  // its chain (a new chain if its predecessor is gone), without counting as an access.
+  // its chain (a new chain if its predecessor is gone), without counting as an access. A part
+  // of a cohort readmitted while another part of it (the same id) is here joins that part: one
+  // id is admitted once, or the policy would list it twice and name as a victim an id the tier
+  // no longer holds.
   void Readmit(Cohort cohort) {
     MutexLock lock(&mu_);
+    if (auto held = cohorts_.find(cohort.id); held != cohorts_.end()) {
+      Cohort& c = held->second;
+      const uint64_t after = policy_.Predecessor(c.id);
+      policy_.Erase(c.id);
+      Unaccount(c);
+      for (std::string& k : cohort.keys) {
+        if (std::find(c.keys.begin(), c.keys.end(), k) == c.keys.end())
+          c.keys.push_back(std::move(k));
+      }
+      c.weight += cohort.weight;
+      c.copied_elsewhere = c.copied_elsewhere && cohort.copied_elsewhere;
+      policy_.Insert(c.id, after, clock_, /*refresh=*/false, c.fingerprint, c.weight);
+      Account(c, /*cold=*/true);
+      return;
+    }
     policy_.Insert(cohort.id, cohort.after, clock_, /*refresh=*/false, cohort.fingerprint,
                    cohort.weight);
     cohort.moving = false;

@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -393,6 +396,77 @@ TEST(TraceSuiteTest, EveryBarrierTurnExtendsItsConversation) {
     }
   }
   EXPECT_EQ(extended, 12u * 2);  // every turn after the first extends the conversation's last
+}
+
+// Random sequences of what the hot tier does to its policy — batches admitted as chains (after a
+// resident, an evicted or no cohort), prefixes touched, victims taken (and some readmitted where
+// they were), cohorts taken and readmitted under the same id (a partial drop), cohorts erased —
+// keep every structural invariant after every step.
+TEST(AdaptiveChainPolicyStress, RandomOperationsKeepEveryInvariant) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    std::mt19937_64 rng(seed);
+    AdaptiveChainPolicy p;
+    std::vector<uint64_t> resident, gone;
+    std::map<uint64_t, std::pair<uint64_t, uint64_t>> held;  // id -> (weight, fingerprint)
+    uint64_t next = 1, now = 0;
+    auto pick = [&](const std::vector<uint64_t>& v) -> uint64_t {
+      return v.empty() ? 0 : v[rng() % v.size()];
+    };
+    auto drop = [&](uint64_t id) {
+      resident.erase(std::find(resident.begin(), resident.end(), id));
+      gone.push_back(id);
+    };
+    for (int step = 0; step < 4000; ++step) {
+      const int op = static_cast<int>(rng() % 100);
+      if (resident.empty() || (op < 35 && resident.size() < 300)) {
+        uint64_t after = rng() % 4 == 0 ? 0 : (rng() % 5 == 0 ? pick(gone) : pick(resident));
+        const int n = 1 + static_cast<int>(rng() % 4);
+        ++now;
+        for (int i = 0; i < n; ++i) {
+          const uint64_t id = next++;
+          const uint64_t w = 1 + rng() % (uint64_t{1} << 22);
+          const uint64_t fp = rng() % 3 == 0 ? 1 + rng() % 64 : 0;
+          p.Insert(id, after, now, /*refresh=*/true, fp, w);
+          held[id] = {w, fp};
+          resident.push_back(id);
+          after = id;
+        }
+      } else if (op < 55) {
+        std::vector<uint64_t> prefix{pick(resident)};  // tail first
+        for (int i = 0; i < 5; ++i) {
+          const uint64_t before = p.Predecessor(prefix.back());
+          if (before == 0 || !held.contains(before)) break;
+          prefix.push_back(before);
+        }
+        p.Touch(prefix, ++now);
+      } else if (op < 75) {
+        const std::optional<uint64_t> v = p.Coldest(now);
+        ASSERT_TRUE(v.has_value());
+        ASSERT_TRUE(held.contains(*v)) << "the policy named a cohort it does not hold: " << *v;
+        const uint64_t after = p.Predecessor(*v);
+        p.Evict(*v);
+        if (rng() % 3 == 0) {  // could not go now: back where it was
+          p.Insert(*v, after, now, /*refresh=*/false, held[*v].second, held[*v].first);
+        } else {
+          held.erase(*v);
+          drop(*v);
+        }
+      } else if (op < 88) {
+        const uint64_t id = pick(resident);  // part of a cohort dropped: the rest readmitted
+        const uint64_t after = p.Predecessor(id);
+        p.Evict(id);
+        held[id].first = std::max<uint64_t>(1, held[id].first / 2);
+        p.Insert(id, after, now, /*refresh=*/false, held[id].second, held[id].first);
+      } else {
+        const uint64_t id = pick(resident);
+        p.Erase(id);
+        held.erase(id);
+        drop(id);
+      }
+      ASSERT_EQ(p.CheckInvariants(), "") << "seed " << seed << ", step " << step << ", op " << op;
+      ASSERT_EQ(p.cohorts(), held.size());
+    }
+  }
 }
 
 }  // namespace

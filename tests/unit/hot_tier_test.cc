@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,41 @@ TEST(HotTierTest, S4ReadmittedCohortReturnsToItsChainTail) {
   EXPECT_EQ(Ids(tier.TakeVictims(3)), (std::vector<uint64_t>{3, 2, 1}));
   EXPECT_EQ(tier.weight(), 0u);
   EXPECT_TRUE(tier.TakeVictims(1).empty());
+}
+
+// A cohort split in two (a remote_cache asked to drop some of its values while others are read)
+// and both parts readmitted: one cohort under its id, with both parts' keys and weight, and the
+// policy listing it once — before, the second admission left the policy naming a victim the
+// tier no longer held (a remote_cache crashed on it under the capacity-split benchmark).
+TEST(HotTierTest, TwoPartsOfOneCohortReadmittedAreOneCohort) {
+  HotTier<> tier;
+  std::vector<Cohort> chain = Chain(1, 3);
+  chain[2].keys = {"c1", "c2", "c3"};
+  chain[2].weight = 3;
+  tier.AdmitChain(std::move(chain));
+  auto v = tier.TakeVictims(1);
+  ASSERT_EQ(Ids(v), (std::vector<uint64_t>{3}));
+  Cohort stay = v[0], pinned = v[0];
+  stay.keys = {"c2", "c3"};
+  stay.weight = 2;
+  pinned.keys = {"c1"};
+  pinned.weight = 1;
+  tier.Readmit(std::move(stay));
+  tier.Readmit(std::move(pinned));
+  EXPECT_EQ(tier.size(), 3u);
+  EXPECT_EQ(tier.weight(), 5u);
+  EXPECT_EQ(tier.InspectPolicy([](const AdaptiveChainPolicy& p) { return p.CheckInvariants(); }),
+            "");
+  EXPECT_EQ(tier.InspectPolicy([](const AdaptiveChainPolicy& p) { return p.cohorts(); }), 3u);
+  // Everything leaves once, the split cohort whole.
+  std::vector<Cohort> all = tier.TakeVictims(100);
+  ASSERT_EQ(Ids(all), (std::vector<uint64_t>{3, 2, 1}));
+  std::vector<std::string> keys = all[0].keys;
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys, (std::vector<std::string>{"c1", "c2", "c3"}));
+  EXPECT_EQ(all[0].weight, 3u);
+  EXPECT_EQ(tier.weight(), 0u);
+  EXPECT_EQ(tier.size(), 0u);
 }
 
 TEST(HotTierTest, CopiedCohortsGoFirstLeastRecentlyUsedFromAnywhereInTheirChain) {

@@ -100,6 +100,7 @@
 #include <deque>
 #include <list>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -291,6 +292,78 @@ class AdaptiveChainPolicy {
   size_t ghost_index_size() const { return ghost_index_.size(); }
   size_t chains() const { return chains_.size(); }
   size_t cohorts() const { return members_.size(); }
+
+  // The structure's invariants, checked in full (tests): empty when they hold, else the first
+  // broken one. Every member names a live chain that lists it at its position; every chain is
+  // non-empty, on the recency list once, weighs its members, and is indexed exactly when its
+  // tail has no branches, in the index its period says; the class mask names the non-empty
+  // classes; the victim, if any, is a live chain.
+  std::string CheckInvariants() const {
+    auto live = [&](const Chain* c) {
+      if (c == nullptr) return false;
+      auto it = chains_.find(c->id);
+      return it != chains_.end() && &it->second == c;
+    };
+    uint64_t weight = 0, probation = 0, periods = 0;
+    for (const auto& [id, m] : members_) {
+      if (!live(m.chain)) return "member " + std::to_string(id) + " names a dead chain";
+      if (m.pos >= m.chain->cohorts.size() || m.chain->cohorts[m.pos] != id) {
+        return "member " + std::to_string(id) + " is not at its position in its chain";
+      }
+      weight += m.weight;
+    }
+    if (weight != total_weight_) return "total weight differs from the members' sum";
+    size_t listed = 0;
+    for (const Chain* c = lru_head_; c != nullptr; c = c->older) {
+      if (!live(c)) return "a dead chain on the recency list";
+      if (++listed > chains_.size()) return "the recency list loops";
+      if (c->older == nullptr && c != lru_tail_) return "the recency list's tail is wrong";
+    }
+    if (listed != chains_.size()) return "the recency list misses chains";
+    for (const auto& [id, c] : chains_) {
+      if (c.cohorts.empty()) return "chain " + std::to_string(id) + " is empty";
+      uint64_t w = 0;
+      for (uint64_t m : c.cohorts) {
+        auto it = members_.find(m);
+        if (it == members_.end() || it->second.chain != &c) {
+          return "chain " + std::to_string(id) + " lists a cohort that is not its member";
+        }
+        w += it->second.weight;
+      }
+      if (w != c.weight) return "chain " + std::to_string(id) + " weight differs";
+      if (c.indexed != (c.tail_children == 0)) {
+        return "chain " + std::to_string(id) + " indexed but not a leaf, or a leaf not indexed";
+      }
+      if (!c.indexed) continue;
+      if (c.has_period) {
+        ++periods;
+        if (!by_pred_.contains({c.indexed_pred, c.id, const_cast<Chain*>(&c)})) {
+          return "chain " + std::to_string(id) + " missing from the prediction index";
+        }
+      } else {
+        probation += c.weight;
+        const LastKey k{c.indexed_last, c.id, const_cast<Chain*>(&c)};
+        if (!no_period_.contains(k) || !by_class_[c.indexed_class].contains(k)) {
+          return "chain " + std::to_string(id) + " missing from the probation indexes";
+        }
+      }
+    }
+    if (periods != period_count_ || by_pred_.size() != period_count_) {
+      return "the prediction index holds other chains than the indexed ones with a period";
+    }
+    if (probation != probation_weight_) return "probation weight differs";
+    size_t in_classes = 0;
+    for (int k = 0; k < 64; ++k) {
+      if (by_class_[k].empty() == ((class_mask_ >> k) & 1)) return "class mask is wrong";
+      in_classes += by_class_[k].size();
+    }
+    if (in_classes != no_period_.size()) return "the class index holds other chains";
+    for (const LastKey& k : no_period_) {
+      if (!live(k.chain)) return "a dead chain in the probation index";
+    }
+    if (victim_ != nullptr && !live(victim_)) return "the victim is a dead chain";
+    return "";
+  }
 
  private:
   static constexpr uint64_t kRecentTicks = 4;
