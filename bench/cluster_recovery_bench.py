@@ -18,7 +18,6 @@ medians. --route-keys sets master.route_keys (full or fingerprint).
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import fluxon
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak_cluster import Proc, free_port  # noqa: E402  (one process wrapper for both benches)
+from soak_cluster import Proc, cpu_seconds, free_port, rss_bytes  # noqa: E402  (one process wrapper for both benches)
 
 
 def owners(fluxonctl, admin):
@@ -41,19 +40,6 @@ def owners(fluxonctl, admin):
     if r.returncode != 0 or not r.stdout.strip():
         return {}
     return {o["node_id"]: o for o in json.loads(r.stdout).get("owners", [])}
-
-
-def cpu_seconds(pid):
-    """User + system CPU time of a process so far, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_bytes(pid):
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def main():

@@ -18,7 +18,6 @@ fault.
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -34,7 +33,7 @@ import fluxon
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from election_failover import start_etcd  # noqa: E402
-from soak_cluster import Proc, free_port  # noqa: E402
+from soak_cluster import Proc, cpu_seconds, free_port, rss_bytes  # noqa: E402
 
 KEY = "/fluxon/bench/failover/leader"
 
@@ -45,19 +44,6 @@ def stats(fluxonctl, admin):
     if r.returncode != 0 or not r.stdout.strip().startswith("{"):
         return {}
     return json.loads(r.stdout)
-
-
-def cpu_seconds(pid):
-    """User + system CPU seconds of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_bytes(pid):
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def remote_hit(client, key, value_len):

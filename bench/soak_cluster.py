@@ -78,6 +78,20 @@ def page_bytes(key: str) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, VALUE_LEN, dtype=np.uint8)
 
 
+def cpu_seconds(pid) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid) -> int:
+    """Resident memory of a process now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 class Proc:
     def __init__(self, fluxond: str, text: str, tmp: Path, name: str):
         self.fluxond, self.text, self.tmp, self.name = fluxond, text, tmp, name

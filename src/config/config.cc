@@ -889,6 +889,11 @@ std::string HostOfAddress(absl::string_view address) {
   return std::string(address.substr(0, colon));
 }
 
+std::string JoinHostPort(absl::string_view host, int port) {
+  return host.find(':') != absl::string_view::npos ? absl::StrFormat("[%s]:%d", host, port)
+                                                   : absl::StrFormat("%s:%d", host, port);
+}
+
 bool IsWildcardHost(absl::string_view host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
 }

@@ -159,6 +159,8 @@ bool IsLoopbackHost(absl::string_view host);
 bool IsWildcardHost(absl::string_view host);
 // The host part of "host:port" / "[v6]:port" (brackets removed); the text itself without a colon.
 std::string HostOfAddress(absl::string_view address);
+// "host:port", the host bracketed when it is an IPv6 literal (the inverse of HostOfAddress).
+std::string JoinHostPort(absl::string_view host, int port);
 // The start-up rule for ports reachable from the network: FailedPrecondition naming the key when
 // the master or admin service listens on a non-loopback address without security.tls, or the
 // data plane (owner.data_address) does without security.cluster_secret_file, unless

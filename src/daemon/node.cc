@@ -96,19 +96,13 @@ absl::Status FluxonNode::Campaign() {
   std::string advertised = config_.election->advertise_address;
   if (advertised.empty()) {
     // The config check refuses a wildcard listen address without advertise_address.
-    const std::string host = HostOfAddress(config_.master->listen_address);
-    const bool v6 = host.find(':') != std::string::npos;
-    advertised = v6 ? absl::StrFormat("[%s]:%d", host, grpc_->master_port())
-                    : absl::StrFormat("%s:%d", host, grpc_->master_port());
+    advertised = JoinHostPort(HostOfAddress(config_.master->listen_address), grpc_->master_port());
   }
   // fluxonctl --etcd reaches the leader's admin service: a wildcard admin host is reachable at
   // the advertised master's host.
   std::string admin = admin_address();
   if (IsWildcardHost(HostOfAddress(admin))) {
-    const std::string port = admin.substr(admin.rfind(':') + 1);
-    const std::string host = HostOfAddress(advertised);
-    admin = host.find(':') != std::string::npos ? absl::StrFormat("[%s]:%s", host, port)
-                                                : absl::StrFormat("%s:%s", host, port);
+    admin = JoinHostPort(HostOfAddress(advertised), grpc_->admin_port());
   }
   return elected_->Campaign(advertised, admin);
 }

@@ -421,7 +421,7 @@ v1::DropCopiesReply Evictor::DropCopies(const v1::DropCopiesRequest& req) {
     }
     named[cohort].push_back(item.key());
   }
-  std::vector<Cohort> victims, rests;
+  std::vector<Cohort> victims;
   uint64_t asked = 0;
   for (auto& [id, keys] : named) {
     std::optional<Cohort> c = hot_->Take(id);
@@ -437,11 +437,11 @@ v1::DropCopiesReply Evictor::DropCopies(const v1::DropCopiesRequest& req) {
     out.set_kept(out.kept() + keys.size() - drop.size());  // not members any more
     const uint64_t members = drop.size() + stay.size();
     const uint64_t stay_weight = members == 0 ? 0 : c->weight * stay.size() / members;
-    if (!stay.empty()) {
+    if (!stay.empty()) {  // (named members Settle keeps join it: HotTier::Readmit, one id once)
       Cohort rest = *c;
       rest.keys = std::move(stay);
       rest.weight = stay_weight;
-      rests.push_back(std::move(rest));
+      hot_->Readmit(std::move(rest));
     }
     if (drop.empty()) continue;
     c->keys = std::move(drop);
@@ -449,23 +449,8 @@ v1::DropCopiesReply Evictor::DropCopies(const v1::DropCopiesRequest& req) {
     asked += c->keys.size();
     victims.push_back(std::move(*c));
   }
-  // What stays of each cohort — the members not named, and named ones still pinned or read —
-  // goes back as ONE cohort under its id: two admissions of one id would leave the policy
-  // listing it twice (and the hot tier holding one of them).
   uint64_t pages = 0;
-  std::vector<Cohort> kept;
-  Settle(std::move(victims), /*only_if_copied=*/false, &pages, &kept);
-  std::map<uint64_t, Cohort> back;
-  for (std::vector<Cohort>* parts : {&rests, &kept}) {
-    for (Cohort& part : *parts) {
-      auto [it, fresh] = back.try_emplace(part.id, part);
-      if (fresh) continue;
-      for (std::string& k : part.keys) it->second.keys.push_back(std::move(k));
-      it->second.weight += part.weight;
-      it->second.copied_elsewhere = it->second.copied_elsewhere && part.copied_elsewhere;
-    }
-  }
-  for (auto& [id, cohort] : back) hot_->Readmit(std::move(cohort));
+  Settle(std::move(victims), /*only_if_copied=*/false, &pages);
   out.set_dropped(pages);
   out.set_kept(out.kept() + (asked - std::min(asked, pages)));
   counters_->dropped_on_request_pages.fetch_add(static_cast<int64_t>(pages),
@@ -545,24 +530,16 @@ void Evictor::ReplicaGroupEnded(const std::vector<std::string>& keys, uint64_t p
   CandidatesChanged();
 }
 
-uint64_t Evictor::Settle(std::vector<Cohort> victims, bool only_if_copied, uint64_t* pages,
-                         std::vector<Cohort>* kept_out) {
+uint64_t Evictor::Settle(std::vector<Cohort> victims, bool only_if_copied, uint64_t* pages) {
   if (victims.empty()) return 0;
   const std::vector<Removal> removals =
       RemoveCohorts(victims, kEvictRemoveAttempts, only_if_copied);
-  const auto readmit = [&](Cohort c) {
-    if (kept_out != nullptr) {
-      kept_out->push_back(std::move(c));
-    } else {
-      hot_->Readmit(std::move(c));
-    }
-  };
   uint64_t evicted = 0;
   for (size_t i = 0; i < victims.size(); ++i) {
     Cohort& cohort = victims[i];
     if (removals[i].result == RemoveResult::kInUse) {
       counters_->eviction_skipped_pinned.fetch_add(1, std::memory_order_relaxed);
-      readmit(std::move(cohort));  // S4: back to the tier, not dropped
+      hot_->Readmit(std::move(cohort));  // S4: back to the tier, not dropped
       continue;
     }
     if (only_if_copied) {
@@ -580,7 +557,7 @@ uint64_t Evictor::Settle(std::vector<Cohort> victims, bool only_if_copied, uint6
       kept.keys = removals[i].pinned_keys;
       kept.weight = kept_weight;
       if (removals[i].sole > 0) kept.copied_elsewhere = false;  // the hint was stale
-      readmit(std::move(kept));
+      hot_->Readmit(std::move(kept));
       counters_->evicted_pages.fetch_add(removals[i].pages, std::memory_order_relaxed);
       counters_->evicted_bytes.fetch_add(freed, std::memory_order_relaxed);
       continue;

@@ -214,11 +214,7 @@ class Evictor final : public EvictionSignals {
   std::vector<RouteVerdict> RemoveRoutes(const v1::RemoveRoutesRequest& req, int attempts);
   // Evicts `victims` (taken from the hot tier), readmitting what must stay; returns bytes freed
   // (and adds the values freed to `*pages`, when given).
-  // `kept` (not null): the cohorts (or parts) that stay are handed back there instead of being
-  // readmitted, for a caller that readmits another part of the same cohort (one id, one
-  // admission).
-  uint64_t Settle(std::vector<Cohort> victims, bool only_if_copied, uint64_t* pages = nullptr,
-                  std::vector<Cohort>* kept = nullptr);
+  uint64_t Settle(std::vector<Cohort> victims, bool only_if_copied, uint64_t* pages = nullptr);
 
   const Options options_;
   MasterRegistration* const registration_;

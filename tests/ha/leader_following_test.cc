@@ -123,6 +123,16 @@ class LeaderFollowingTest : public ::testing::Test {
     return r->kv.create_revision;
   }
   void Resign() { EXPECT_TRUE(etcd_client_->RevokeLease(lease_).ok()); }
+  // An elected master of this test's etcd and key (a standby poll of 20 ms, owners kept 60 s).
+  ElectedMasterOptions ElectedOptions() const {
+    ElectedMasterOptions o;
+    o.election.endpoints = {etcd_->endpoint()};
+    o.election.key = kKey;
+    o.election.ttl_s = 5;
+    o.election.poll_interval = milliseconds(20);
+    o.master.owner_lease = std::chrono::seconds(60);
+    return o;
+  }
 
   void Follow() {
     LeaderFollowingOptions o;
@@ -211,13 +221,7 @@ TEST_F(LeaderFollowingTest, ANewLeaderEndsTheCallsWaitingOnTheOldOne) {
 // by the core it serves afterwards (a call that looked at the election before the leadership
 // began must not drop the new leadership's core), and a standby answers Unavailable.
 TEST_F(LeaderFollowingTest, EveryPublishAnElectedMasterAcknowledgedIsInItsCore) {
-  ElectedMasterOptions o;
-  o.election.endpoints = {etcd_->endpoint()};
-  o.election.key = kKey;
-  o.election.ttl_s = 5;
-  o.election.poll_interval = milliseconds(20);
-  o.master.owner_lease = std::chrono::seconds(60);
-  ElectedMaster master(o);
+  ElectedMaster master(ElectedOptions());
   auto refused = master.ListOwners({});
   ASSERT_FALSE(refused.ok());
   EXPECT_TRUE(IsUncertain(refused.status())) << refused.status();
@@ -284,13 +288,7 @@ TEST_F(LeaderFollowingTest, EveryPublishAnElectedMasterAcknowledgedIsInItsCore) 
 TEST_F(LeaderFollowingTest, AnAnswerDoesNotLeaveWhenTheLeadershipEndedDuringTheCall) {
   // A publish large enough to outlast the start of Stop(); doubled until one does.
   for (int items = 50'000; items <= 1'600'000; items *= 2) {
-    ElectedMasterOptions o;
-    o.election.endpoints = {etcd_->endpoint()};
-    o.election.key = kKey;
-    o.election.ttl_s = 5;
-    o.election.poll_interval = milliseconds(20);
-    o.master.owner_lease = std::chrono::seconds(60);
-    ElectedMaster master(o);
+    ElectedMaster master(ElectedOptions());
     ASSERT_TRUE(master.Campaign("127.0.0.1:1", "").ok());
     const auto deadline = Clock::now() + std::chrono::seconds(10);
     while (!master.leading() && Clock::now() < deadline) {

@@ -716,6 +716,12 @@ TEST(ConfigSecurity, LoopbackHosts) {
   EXPECT_EQ(HostOfAddress("[::1]:5"), "::1");
   EXPECT_EQ(HostOfAddress("a.b:5"), "a.b");
   EXPECT_EQ(HostOfAddress("10.0.0.1:0"), "10.0.0.1");
+  for (const char* h : {"0.0.0.0", "::", "[::]", ""}) EXPECT_TRUE(IsWildcardHost(h)) << h;
+  for (const char* h : {"127.0.0.1", "::1", "10.0.0.1", "a.b"})
+    EXPECT_FALSE(IsWildcardHost(h)) << h;
+  EXPECT_EQ(JoinHostPort("10.0.0.1", 5), "10.0.0.1:5");
+  EXPECT_EQ(JoinHostPort("::1", 5), "[::1]:5");
+  EXPECT_EQ(JoinHostPort(HostOfAddress("[fe80::2]:7"), 7), "[fe80::2]:7");
 }
 
 // The settings reference in docs/settings.md is the schema's (config/settings.h): a setting added,
