@@ -44,12 +44,12 @@ MasterElection::~MasterElection() { Stop(); }
 
 bool MasterElection::IsLeaderNow() const {
   MutexLock lock(&mu_);
-  return leader_ && Clock::now() < lease_valid_until_;
+  return term_.Leads(Clock::now());
 }
 
 int64_t MasterElection::LeaderEpoch() const {
   MutexLock lock(&mu_);
-  return leader_ && Clock::now() < lease_valid_until_ ? observed_.epoch : 0;
+  return term_.Leads(Clock::now()) ? term_.epoch() : 0;
 }
 
 Leadership MasterElection::Observed() const {
@@ -60,8 +60,8 @@ Leadership MasterElection::Observed() const {
 bool MasterElection::WaitLeader(std::chrono::milliseconds timeout) const {
   const auto deadline = Clock::now() + timeout;
   MutexLock lock(&mu_);
-  while (!(leader_ && Clock::now() < lease_valid_until_)) {
-    if (!changed_.WaitUntil(&mu_, deadline)) return leader_ && Clock::now() < lease_valid_until_;
+  while (!term_.Leads(Clock::now())) {
+    if (!changed_.WaitUntil(&mu_, deadline)) return term_.Leads(Clock::now());
   }
   return true;
 }
@@ -75,7 +75,7 @@ void MasterElection::Stop() {
     MutexLock lock(&mu_);
     lease = lease_id_;
     lease_id_ = 0;
-    leader_ = false;
+    term_.End();
     changed_.SignalAll();
   }
   if (lease != 0) {
@@ -95,31 +95,39 @@ void MasterElection::Run() {
 
 void MasterElection::Lose(const char* why) {
   MutexLock lock(&mu_);
-  if (leader_) {
-    spdlog::warn("election {}: leadership (epoch {}) lost: {}", options_.key, observed_.epoch, why);
+  if (term_.leading()) {
+    spdlog::warn("election {}: leadership (epoch {}) lost: {}", options_.key, term_.epoch(), why);
   }
-  leader_ = false;
+  term_.End();
   lease_id_ = 0;  // a new lease for the next campaign
   observed_.mine = false;
   changed_.SignalAll();
 }
 
+void MasterElection::GiveUp(int64_t lease, const char* why) {
+  Lose(why);
+  if (absl::Status st = etcd_->RevokeLease(lease); !st.ok()) {
+    spdlog::debug("election {}: revoking lease {:x}: {} (the key goes when it expires)",
+                  options_.key, lease, st.ToString());
+  }
+}
+
 std::chrono::milliseconds MasterElection::Step() {
   const auto keepalive_every = std::chrono::milliseconds(options_.ttl_s * 1000 / 3);
-  bool expired = false;
-  {
-    MutexLock lock(&mu_);
-    expired = lease_id_ != 0 && Clock::now() >= lease_valid_until_;
-  }
-  // The lease ran out by the local clock (no keep-alive answered in time, or the process was
-  // paused): whatever etcd says, this candidate no longer leads.
-  if (expired) Lose("the lease's TTL passed without a keep-alive");
+  const std::chrono::milliseconds margin = Margin(options_.ttl_s);
   int64_t lease = 0;
-  bool leader = false;
+  bool leader = false, expired = false;
   {
     MutexLock lock(&mu_);
     lease = lease_id_;
-    leader = leader_;
+    leader = term_.leading();
+    expired = lease != 0 && term_.Expired(Clock::now());
+  }
+  // The lease ran out by the local clock (no keep-alive answered in time, or the process was
+  // paused): whatever etcd says, this candidate no longer leads, and gives that lease up.
+  if (expired) {
+    GiveUp(lease, "the lease's TTL passed without a keep-alive");
+    return std::chrono::milliseconds(0);
   }
   if (lease == 0) {
     const Clock::time_point sent = Clock::now();
@@ -130,13 +138,20 @@ std::chrono::milliseconds MasterElection::Step() {
     }
     MutexLock lock(&mu_);
     lease = lease_id_ = granted->id;
-    lease_valid_until_ = sent + std::chrono::seconds(granted->ttl_s) - Margin(options_.ttl_s);
+    term_.Granted(sent, std::chrono::seconds(granted->ttl_s), margin);
   } else {
     const Clock::time_point sent = Clock::now();
     absl::StatusOr<int64_t> ttl = etcd_->KeepAliveOnce(lease);
     if (ttl.ok()) {
-      MutexLock lock(&mu_);
-      lease_valid_until_ = sent + std::chrono::seconds(*ttl) - Margin(options_.ttl_s);
+      bool renewed = false;
+      {
+        MutexLock lock(&mu_);
+        renewed = term_.Renewed(sent, std::chrono::seconds(*ttl), margin, Clock::now());
+      }
+      if (!renewed) {
+        GiveUp(lease, "a keep-alive was answered after the lease's local estimate ran out");
+        return std::chrono::milliseconds(0);
+      }
     } else if (absl::IsNotFound(ttl.status())) {
       Lose("etcd says the lease is gone");
       return std::chrono::milliseconds(0);
@@ -149,7 +164,7 @@ std::chrono::milliseconds MasterElection::Step() {
     // Still the holder? (An operator may have deleted the key.)
     absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd_->Get(options_.key);
     if (kv.ok() && (!kv->has_value() || (*kv)->lease != lease)) {
-      Lose("the leadership key no longer names this candidate's lease");
+      GiveUp(lease, "the leadership key no longer names this candidate's lease");
       return std::chrono::milliseconds(0);
     }
     return std::min(keepalive_every, std::chrono::milliseconds(1000));
@@ -160,15 +175,22 @@ std::chrono::milliseconds MasterElection::Step() {
     spdlog::debug("election {}: campaign: {}", options_.key, r.status().ToString());
     return options_.poll_interval;
   }
-  MutexLock lock(&mu_);
   const bool mine = r->kv.lease == lease;
-  observed_ = Leadership{true, mine, r->kv.value, r->kv.create_revision};
-  if (mine && !leader_) {
-    leader_ = true;
-    spdlog::info("election {}: leader, epoch {}", options_.key, observed_.epoch);
+  bool leads = false;
+  {
+    MutexLock lock(&mu_);
+    // The key is ours but the lease may have run out meanwhile: then it is not led with.
+    leads = mine && term_.Begin(r->kv.create_revision, Clock::now());
+    observed_ = Leadership{true, leads, r->kv.value, r->kv.create_revision};
+    if (leads) spdlog::info("election {}: leader, epoch {}", options_.key, observed_.epoch);
+    changed_.SignalAll();
   }
-  changed_.SignalAll();
-  return mine ? std::min(keepalive_every, std::chrono::milliseconds(1000)) : options_.poll_interval;
+  if (mine && !leads) {
+    GiveUp(lease, "the lease ran out while the key was being taken");
+    return std::chrono::milliseconds(0);
+  }
+  return leads ? std::min(keepalive_every, std::chrono::milliseconds(1000))
+               : options_.poll_interval;
 }
 
 }  // namespace fluxon

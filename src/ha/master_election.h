@@ -8,10 +8,11 @@
 //
 // Invariants:
 // - IsLeaderNow() is true only while this candidate holds the key and its lease is valid by the
-//   local monotonic clock: until (the time the last successful keep-alive was sent) + (the TTL it
-//   returned) - margin. etcd starts that TTL later than the send, so the estimate is early, never
-//   late: a paused process (SIGSTOP past the TTL) wakes up no longer leader without asking etcd,
-//   before anyone else could have been elected.
+//   local monotonic clock (LeadershipTerm): a paused process (SIGSTOP past the TTL) wakes up no
+//   longer leader without asking etcd, before anyone else could have been elected.
+// - A leadership that ended by the local clock is never resumed, even when etcd later renews the
+//   lease (a keep-alive answered late, etcd back from an outage): the candidate revokes that
+//   lease and campaigns again, so its next leadership has a new epoch.
 // - One thread runs the campaign (grant, create-if-absent, keep-alive, watch by polling); every
 //   etcd call is bounded by the client's deadline, every wait by StopSignal.
 // - Stop() revokes the lease: the key goes at once and a standby takes over without waiting out
@@ -29,6 +30,7 @@
 #include "common/mutex.h"
 #include "common/stop_signal.h"
 #include "ha/etcd_client.h"
+#include "ha/leadership_term.h"
 
 namespace fluxon {
 
@@ -74,6 +76,8 @@ class MasterElection {
   // One step of the campaign; returns how long to wait before the next.
   std::chrono::milliseconds Step();
   void Lose(const char* why);
+  // Lose(why), then revokes `lease` (best effort) so the key it holds goes at once.
+  void GiveUp(int64_t lease, const char* why);
 
   const ElectionOptions options_;
   const std::unique_ptr<EtcdClient> etcd_;
@@ -83,8 +87,7 @@ class MasterElection {
   mutable Mutex mu_;
   mutable CondVar changed_;
   int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;
-  Clock::time_point lease_valid_until_ ABSL_GUARDED_BY(mu_);
-  bool leader_ ABSL_GUARDED_BY(mu_) = false;
+  LeadershipTerm term_ ABSL_GUARDED_BY(mu_);  // of lease_id_
   Leadership observed_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

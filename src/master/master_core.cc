@@ -110,6 +110,9 @@ absl::StatusOr<v1::RegisterOwnerReply> MasterCore::RegisterOwner(
     rec.info.mutable_transports()->CopyFrom(r.transports());
     *rec.info.mutable_capacity() = r.capacity();
     rec.last_heard = now;
+    // Routes exist only for registered owners (expiry and unregistration drop them): an owner
+    // this table did not know holds no route here.
+    reply.set_newly_registered(old_generation != r.generation());
     if (old_generation == r.generation() && rec.republish_due) {
       reply.set_republish(true);
       rec.republish_due = false;

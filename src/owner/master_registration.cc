@@ -31,9 +31,23 @@ absl::Status MasterRegistration::Register() {
   if (r.ok()) {
     NoteInflightGetTtl(r->inflight_get_ttl_ms());
     NoteClock(r->hlc());
+    const uint64_t epoch_before = epoch_.load(std::memory_order_acquire);
     NoteEpoch(r->master_epoch());
     SetRegistered(true);
     if (peer_reads_ && r->peer_reads_size() > 0) peer_reads_(r->peer_reads());
+    if (r->newly_registered()) {
+      // The master's table did not know this owner, so none of our routes are there (at the
+      // first registration: nothing is committed yet). Later, this is a master or a leadership
+      // that started empty, maybe under an epoch already seen: republish.
+      if (registered_once_.exchange(true, std::memory_order_acq_rel) &&
+          epoch_before == r->master_epoch()) {  // (a new epoch is logged by NoteEpoch)
+        spdlog::info(
+            "the master did not know this owner (generation {}): republishing every "
+            "committed value",
+            req.generation());
+      }
+      MarkRepublishDue();
+    }
     if (r->republish()) {
       // A newer version of one of our keys replaced our route: republishing drops what was
       // superseded (a value no reader may be served any more).

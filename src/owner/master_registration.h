@@ -11,7 +11,8 @@
 // - Routes are soft state. Every master answer carries the master's epoch (random per master
 //   instance); when an answer shows an epoch other than the last one seen, or this owner had
 //   to register under a new generation, the routes the master held for it are gone and a
-//   republish is due (TakeRepublishDue; the Republisher does it).
+//   republish is due (TakeRepublishDue; the Republisher does it). So is it when the master
+//   answers a registration as new to it (it holds routes of registered owners only).
 // - An owner the master expired (not heard for lease + grace: SIGSTOP, a long pause, a
 //   partition) is refused under that generation from then on. The heartbeat notices the
 //   refusal, picks a new generation (never 0, never the one before), tells the generation
@@ -156,6 +157,7 @@ class MasterRegistration {
   HybridClock clock_;
   std::atomic<uint64_t> generation_;
   std::atomic<bool> registered_{false};
+  std::atomic<bool> registered_once_{false};  // a registration has succeeded before
   std::atomic<uint64_t> epoch_{0};
   std::atomic<bool> republish_due_{false};
   std::atomic<bool> refused_{false};

@@ -125,6 +125,34 @@ TEST(MasterCore, RegistrationOfALiveOwnersNodeIdIsRefused) {
   EXPECT_EQ(m.route_count(), 2u);
 }
 
+// Routes exist only for registered owners, so a registration new to the table is answered as
+// such (the owner republishes); a heartbeat of a known identity is not.
+TEST(MasterCore, ARegistrationNewToTheTableIsAnsweredAsNewAndAHeartbeatIsNot) {
+  MasterCore m(MasterOptions{std::chrono::milliseconds(60'000)});
+  v1::RegisterOwnerRequest r;
+  r.set_node_id(1);
+  r.set_generation(10);
+  auto first = m.RegisterOwner(r);
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->newly_registered());
+  auto beat = m.RegisterOwner(r);
+  ASSERT_TRUE(beat.ok());
+  EXPECT_FALSE(beat->newly_registered());
+  v1::UnregisterOwnerRequest u;
+  u.set_node_id(1);
+  u.set_generation(10);
+  ASSERT_TRUE(m.UnregisterOwner(u).ok());
+  auto again = m.RegisterOwner(r);  // the same identity, forgotten meanwhile
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->newly_registered());
+  // A fresh table under the same epoch (a leadership that began again) does not know it either.
+  MasterCore same_epoch(MasterOptions{std::chrono::milliseconds(60'000)}, m.epoch(),
+                        std::make_shared<MasterCounters>());
+  auto fresh = same_epoch.RegisterOwner(r);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_TRUE(fresh->newly_registered());
+}
+
 TEST(MasterCore, UnregisterFreesTheNodeIdAndDropsItsRoutes) {
   MasterCore m(MasterOptions{std::chrono::milliseconds(60'000)});
   Register(m, 1, 10);

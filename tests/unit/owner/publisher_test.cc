@@ -3,6 +3,7 @@
 // lost, duplicated and undelivered answers roll forward with the same identity (A2, T1); definite
 // answers drop the local values; the bounded queue's backpressure; stopping cancels the backlog.
 #include "owner/publisher.h"
+#include "owner/republisher.h"
 
 #include "tests/unit/owner/owner_parts_fixture.h"
 
@@ -160,6 +161,31 @@ TEST_F(PublisherTest, GenerationRefusalReRegistersAndRetries) {
   EXPECT_EQ(o.counters->master_reregistrations.load(), 1);
   EXPECT_GE(o.counters->publish_retries.load(), 1);
   EXPECT_TRUE(o.registration->registered());
+}
+
+// A master table that forgot this owner under an epoch the owner had already seen (an elected
+// master whose leadership lapsed and began again empty, or the owner unregistered meanwhile):
+// the re-registration is answered as new, so a republish is due, and it puts back the routes
+// of the values committed before.
+TEST_F(PublisherTest, ATableThatForgotThisOwnerUnderTheSameEpochGetsItsRoutesRepublished) {
+  PartsOptions po;
+  po.heartbeat_interval = milliseconds(60'000);  // only a refusal wakes it within the test
+  OwnerParts& o = Make(po);
+  ASSERT_TRUE(PutAndPublish(o, {"before"}).ok());
+  (void)o.registration->TakeRepublishDue();  // the first registration's (nothing was committed)
+  v1::UnregisterOwnerRequest gone;
+  gone.set_node_id(o.node_id());
+  gone.set_generation(o.generation());
+  ASSERT_TRUE(master().UnregisterOwner(gone).ok());
+  ASSERT_FALSE(RouteOf(master(), "before").has_value());
+  // Refused, re-registered, retried — all under the same epoch (the same MasterCore).
+  ASSERT_TRUE(PutAndPublish(o, {"after"}).ok());
+  ASSERT_TRUE(o.registration->TakeRepublishDue());
+  Republisher republisher(Republisher::Options{}, o.registration.get(), &faulty(), o.keys.get(),
+                          o.evictor.get(), o.counters.get(), &o.stop);
+  ASSERT_TRUE(republisher.RunRound());
+  EXPECT_TRUE(RouteOf(master(), "before").has_value());
+  EXPECT_TRUE(RouteOf(master(), "after").has_value());
 }
 
 // Backpressure: ReservePlace never lets the queue hold more than queue_capacity jobs; a place
