@@ -69,12 +69,15 @@ def parse_bytes(s, working_set):
 def replay_trace(side, prompts, args, pool, out):
     """The eviction traces' prompts (bench/eviction_tables.sh), served as multiturn serves a turn."""
     requested = hit = written = failed = 0
+    turn_s = args.turn_ms / 1e3  # paced like the multi-turn sessions: the GPU's time per prompt
     t0 = time.perf_counter()
     for prompt in prompts:
         keys = [f"{side.name}:{p}" for p in prompt]
         requested += len(keys)
         h, w, f = mc.serve_prompt(side, keys, args.pages_per_batch, pool, out)
         hit, written, failed = hit + h, written + w, failed + f
+        if turn_s:
+            time.sleep(turn_s)
     mc.finish_puts(side)
     return {"hit rate %": 100.0 * hit / requested,
             "pages/s": (hit + written) / (time.perf_counter() - t0), "failed puts": failed}
@@ -240,7 +243,8 @@ def main():
     ap.add_argument("--first-turn-pages", type=int, default=16)
     ap.add_argument("--pages-per-turn", type=int, default=8)
     ap.add_argument("--turn-ms", type=float, default=0,
-                    help="the GPU's time per turn between requests (0: back to back)")
+                    help="the GPU's time per turn (per prompt with --trace) between requests "
+                         "(0: back to back)")
     ap.add_argument("--demotion-start", type=float, default=0.85,
                     help="the owner's owner.demotion.start_ratio")
     ap.add_argument("--remote-budget", type=float, default=0.9,

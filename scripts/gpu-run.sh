@@ -286,14 +286,17 @@ PY
       cat "$OUTDIR/recovery.log"
     fi
     if [ "$what" = capacity ]; then
+      n=0  # runs of one trace with other options get their own logs
       for run in ${CAPACITY_RUNS:-cyclic:614400 mix:565248}; do
         IFS=: read -r trace vlen extra <<<"$run"
+        n=$((n + 1))
         targs=(--value-len "$vlen")
         [ "$trace" = multiturn ] || targs+=(--trace "$PACK/traces/$trace.trace")
-        step "capacity-$trace" "capacity-$trace.log" env PYTHONPATH="$PACK/bench" "$PY" \
+        step "capacity-$n-$trace" "capacity-$n-$trace.log" env PYTHONPATH="$PACK/bench" "$PY" \
           "$PACK/bench/capacity_split.py" --fluxond "$FLUXOND" "${targs[@]}" ${CAPACITY_ARGS:-} \
-          ${extra//,/ } --json "$OUTDIR/capacity-$trace.json"
-        tail -n 12 "$OUTDIR/capacity-$trace.log"
+          ${extra//,/ } --json "$OUTDIR/capacity-$n-$trace.json"
+        echo "capacity run $n: $run ${CAPACITY_ARGS:-}"
+        sed -n '/^| configuration/,$p' "$OUTDIR/capacity-$n-$trace.log"
       done
     fi
     if [ "$what" = bulk ]; then
