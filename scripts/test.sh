@@ -7,7 +7,10 @@
 #      annotations) and AddressSanitizer+UBSan and runs its unit and stress tests,
 #   5. builds and installs the fluxon wheel in a venv and runs the Python tests against it; then
 #      builds the auditwheel-repaired wheel (scripts/build-wheel.sh), installs it into a clean venv
-#      and runs the Python tests again against its fluxond/fluxonctl, away from the build tree.
+#      and runs the Python tests that reach every part of the package against its
+#      fluxond/fluxonctl, away from the build tree (the binaries are the same as the installed
+#      wheel's; this checks how they are packaged: bundled libraries, TLS, etcd, libsystemd,
+#      kernels, the SGLang integration).
 #   6. starts a master and two owners, checks their /metrics pages with promtool and the Grafana
 #      dashboard's metric names against them (scripts/check-metrics.sh).
 #   7. verifies the systemd units (systemd/) with systemd-analyze (scripts/check-systemd-units.sh).
@@ -52,7 +55,7 @@ step "python wheel (scikit-build-core) and pytest against the installed wheel"
 python3 -m venv --system-site-packages build/venv
 build/venv/bin/python -m pip install -q --no-deps --no-build-isolation --force-reinstall \
   --config-settings=build-dir=build/wheel "$ROOT"
-(cd tests/python && FLUXOND="$ROOT/build/src/fluxond" "$ROOT/build/venv/bin/python" -m pytest -q -p no:cacheprovider)
+(cd tests/python && FLUXOND="$ROOT/build/src/fluxond" "$ROOT/build/venv/bin/python" -m pytest -q -p no:cacheprovider --durations=12)
 
 step "repaired wheel (scripts/build-wheel.sh, python3) in a clean venv, pytest against its executables"
 # Reuses the previous step's build directory: only the packaging and auditwheel run again.
@@ -68,12 +71,19 @@ WSITE=$("$WV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["plat
 for b in "$WSITE"/fluxon/_bin/* "$WSITE"/fluxon/*.so; do
   if env -u LD_LIBRARY_PATH ldd "$b" | grep "not found"; then echo "$b: unresolved" >&2; exit 1; fi
 done
+# Every part of the package: the client and its module, fluxonctl, the data plane between
+# processes, TLS (security), the etcd client (with TLS), libsystemd, the CPU kernels, the SGLang
+# backend and linker. The fault and soak suites run the same binaries in the step above.
+PACKAGE_TESTS=(test_client.py test_fluxonctl.py test_cluster_remote_get.py test_security.py
+  "test_cluster_failover.py::test_tls_to_etcd_with_the_nodes_certificates"
+  test_systemd_notify.py test_kernels_cpu.py test_gpu_standins.py test_local_files.py
+  test_sglang_backend.py test_sglang_linker.py test_hicache.py)
 WTMP=$(mktemp -d)
 cp -r tests/python "$WTMP/tests"
 (cd "$WTMP/tests" && unset LD_LIBRARY_PATH PYTHONPATH &&
   export FLUXOND="$WV/bin/fluxond" FLUXONCTL="$WV/bin/fluxonctl" &&
   "$WV/bin/python" -c 'import fluxon, sys; assert fluxon.__file__.startswith(sys.prefix), fluxon.__file__' &&
-  "$WV/bin/python" -m pytest -q -p no:cacheprovider)
+  "$WV/bin/python" -m pytest -q -p no:cacheprovider --durations=5 "${PACKAGE_TESTS[@]}")
 rm -rf "$WTMP"
 
 step "/metrics of a loopback cluster (promtool) and the Grafana dashboard's metrics"
