@@ -14,6 +14,9 @@
 #              build/wheel-{wheel_tag}, one per interpreter). Kept between runs, so a second run
 #              only rebuilds what changed.
 #   DIST       where the repaired wheels go (default: dist).
+#   CONFIG_SETTINGS  more pip --config-settings, space-separated (scripts/test.sh builds the wheel
+#              in its own build directory with that build's type and options, so nothing is
+#              compiled twice).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -57,6 +60,7 @@ for py in "${selected[@]}"; do
   rm -rf "$raw"
   args=(--no-deps -w "$raw")
   [ -z "${BUILD_DIR:-}" ] || args+=(--config-settings=build-dir="$BUILD_DIR")
+  for c in ${CONFIG_SETTINGS:-}; do args+=(--config-settings="$c"); done
   # The build requirements of the interpreter itself when it has them, else pip's isolated ones.
   if "$py" -c 'import scikit_build_core, pybind11' 2>/dev/null; then
     args+=(--no-build-isolation)

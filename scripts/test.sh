@@ -52,14 +52,20 @@ step "lock annotations of the whole tree (clang -Wthread-safety, syntax only)"
 bash scripts/check-thread-safety.sh build-tsa
 
 step "python wheel (scikit-build-core) and pytest against the installed wheel"
+# The wheel is built in the build directory above, with its type and options: its targets are
+# up to date there, so scikit-build-core only packages them (a build directory of its own would
+# compile the whole tree a second time).
+WHEEL_SETTINGS="build-dir=build cmake.build-type=RelWithDebInfo cmake.define.FLUXON_BUILD_TESTS=ON
+  cmake.define.FLUXON_BUILD_BENCH=ON"
 python3 -m venv --system-site-packages build/venv
+# shellcheck disable=SC2046
 build/venv/bin/python -m pip install -q --no-deps --no-build-isolation --force-reinstall \
-  --config-settings=build-dir=build/wheel "$ROOT"
+  $(printf -- '--config-settings=%s ' $WHEEL_SETTINGS) "$ROOT"
 (cd tests/python && FLUXOND="$ROOT/build/src/fluxond" "$ROOT/build/venv/bin/python" -m pytest -q -p no:cacheprovider --durations=12)
 
 step "repaired wheel (scripts/build-wheel.sh, python3) in a clean venv, pytest against its executables"
-# Reuses the previous step's build directory: only the packaging and auditwheel run again.
-BUILD_DIR=build/wheel DIST=build/dist bash scripts/build-wheel.sh python3
+# Reuses the same build directory: only the packaging and auditwheel run again.
+CONFIG_SETTINGS="$WHEEL_SETTINGS" DIST=build/dist bash scripts/build-wheel.sh python3
 PYTAG=$(python3 -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 WV="$ROOT/build/venv-wheel"
 rm -rf "$WV"
