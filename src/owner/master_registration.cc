@@ -35,12 +35,11 @@ absl::Status MasterRegistration::Register() {
     NoteEpoch(r->master_epoch());
     SetRegistered(true);
     if (peer_reads_ && r->peer_reads_size() > 0) peer_reads_(r->peer_reads());
-    if (r->newly_registered()) {
-      // The master's table did not know this owner, so none of our routes are there (at the
-      // first registration: nothing is committed yet). Later, this is a master or a leadership
-      // that started empty, maybe under an epoch already seen: republish.
-      if (registered_once_.exchange(true, std::memory_order_acq_rel) &&
-          epoch_before == r->master_epoch()) {  // (a new epoch is logged by NoteEpoch)
+    // The master's table did not know this owner, so none of our routes are there: a master or
+    // a leadership that started empty, maybe under an epoch already seen. (Not at the first
+    // registration: nothing is committed before it.)
+    if (r->newly_registered() && registered_once_.exchange(true, std::memory_order_acq_rel)) {
+      if (epoch_before == r->master_epoch()) {  // (a new epoch is logged by NoteEpoch)
         spdlog::info(
             "the master did not know this owner (generation {}): republishing every "
             "committed value",
