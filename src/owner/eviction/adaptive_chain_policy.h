@@ -98,6 +98,8 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <iterator>
+#include <limits>
 #include <list>
 #include <optional>
 #include <string>
@@ -342,6 +344,10 @@ class AdaptiveChainPolicy {
         }
       } else {
         probation += c.weight;
+        // PredictionVictim finds the newest chain not recent by this order.
+        if (c.indexed_last != c.last) {
+          return "chain " + std::to_string(id) + " on probation is indexed at another last access";
+        }
         const LastKey k{c.indexed_last, c.id, const_cast<Chain*>(&c)};
         if (!no_period_.contains(k) || !by_class_[c.indexed_class].contains(k)) {
           return "chain " + std::to_string(id) + " missing from the probation indexes";
@@ -616,8 +622,22 @@ class AdaptiveChainPolicy {
     for (auto it = by_pred_.rbegin(); it != by_pred_.rend(); ++it) {
       if (consider(it->pred, it->chain)) break;
     }
-    for (auto it = no_period_.rbegin(); it != no_period_.rend(); ++it) {
-      if (consider(static_cast<double>(it->chain->last_request) + mean, it->chain)) break;
+    if (!no_period_.empty()) {
+      // no_period_ is ordered by last access, so its recent chains are its newest end and the
+      // candidate is the chain just before the first recent one: found in O(log n). (Walking
+      // from the newest end passed every recent chain on each call, and an eviction round that
+      // puts pinned cohorts back, each a chain of its own at the same tick, made that thousands
+      // of chains per victim: the owner's maintenance thread spent most of its time here.)
+      if (fallback == nullptr) fallback = no_period_.rbegin()->chain;
+      auto first_recent =
+          now >= kRecentTicks
+              ? no_period_.upper_bound(
+                    {now - kRecentTicks, std::numeric_limits<uint64_t>::max(), nullptr})
+              : no_period_.begin();
+      if (first_recent != no_period_.begin()) {
+        Chain* c = std::prev(first_recent)->chain;
+        consider(static_cast<double>(c->last_request) + mean, c);
+      }
     }
     return best != nullptr ? best : fallback;
   }
