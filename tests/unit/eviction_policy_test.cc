@@ -114,6 +114,25 @@ TEST(AdaptiveChainPolicyTest, S4ReadmitIsLosslessAndReturnsUnderItsParent) {
   EXPECT_TRUE(tier.TakeVictims(1).empty());
 }
 
+// The prediction expert's candidate among chains on probation is the newest one not accessed in
+// the last few ticks (chains being served now are not victims), however many recent chains
+// there are: cohorts put back at one tick (pinned values an eviction round could not take) are
+// all recent, and the candidate is found past them by the index's order, not by a walk.
+TEST(AdaptiveChainPolicyTest, TheProbationCandidateIsTheNewestChainThatIsNotRecent) {
+  PredictionOnly p;
+  for (uint64_t id = 1; id <= 5; ++id) p.Insert(id, 0, /*now=*/id, /*refresh=*/true, 0, 1);
+  for (uint64_t id = 100; id < 2100; ++id) p.Insert(id, 0, /*now=*/20, /*refresh=*/false, 0, 1);
+  EXPECT_EQ(p.Coldest(20), std::optional<uint64_t>(5)) << "chains at ticks 17-20 are recent";
+  EXPECT_EQ(p.CheckInvariants(), "");
+  p.Erase(5);
+  EXPECT_EQ(p.Coldest(20), std::optional<uint64_t>(4));
+  PredictionOnly all_recent;
+  for (uint64_t id = 1; id <= 50; ++id) all_recent.Insert(id, 0, 20, /*refresh=*/false, 0, 1);
+  EXPECT_EQ(all_recent.Coldest(21), std::optional<uint64_t>(50))
+      << "every chain recent: the newest one, as before";
+  EXPECT_EQ(all_recent.Coldest(2), std::optional<uint64_t>(50)) << "a clock below the window";
+}
+
 TEST(AdaptiveChainPolicyTest, ADeleteIsNotAGhost) {
   HotTier<AdaptiveChainPolicy> tier;
   Cohort a = Make(1);
