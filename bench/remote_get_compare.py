@@ -514,13 +514,14 @@ def report(rows, sides, args):
     shares = []
     for x in rows:  # owner B's own split of its remote-get time (warm-up batch included)
         cs = x.get("client_stats") or {}
-        c, r = cs.get("remote_control_us", 0), cs.get("remote_read_us", 0)
+        c = sum(cs.get(f"remote_{part}_us", 0) for part in ("claim", "start", "finish", "install"))
+        r = cs.get("remote_read_us", 0)
         if x["side"] == "fluxon" and x["pass"] == "remote" and c + r > 0:
             shares.append(100.0 * c / (c + r))
     if shares:
         summary["fluxon owner control share %"] = float(np.median(shares))
         print(f"fluxon owner B, inside get_start: control path (claims, BatchGetStart, "
-              f"BatchGetDone) {np.median(shares):.1f}% of remote-get time, data-plane read "
+              f"BatchGetDone, installs) {np.median(shares):.1f}% of remote-get time, data-plane read "
               f"{100 - np.median(shares):.1f}% (median of {len(shares)} rounds)")
     missed = sum(x["missed"] for x in rows)
     failed = sum(x["bad_pages"] for x in rows) + sum(x.get("errors", 0) for x in rows)

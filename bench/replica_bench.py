@@ -9,7 +9,8 @@ modes alternating inside every round (the VM is noisy); the summary gives median
    and 1,024 x 65,536 B); the clock runs from the commit's acknowledgement (the routes are
    published, the tasks queued) until the source counts every task completed (its stats, polled
    every 0.5 ms): pages/s and GB/s of pulls, and the shares of that time the remote_cache spent
-   in its data-plane reads and in its control steps (claims, BatchGetStart/Done, installs), and
+   in its data-plane reads and in its control steps (claims, BatchGetStart, BatchGetDone,
+   installs: each printed apart too), and
    the source in its PlaceReplicas and PullReplicas calls (summed over the batches in flight, so
    a share can pass 100 %). The ceiling in the same round is the data
    plane's own read of the same values between two processes: `bench_transport` (fluxon-tcp and
@@ -48,6 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak_cluster import Proc, free_port  # noqa: E402  (one process wrapper for the benches)
 
 SHAPES = [(128, 4_718_592), (1024, 65_536)]
+# The remote_cache's control steps of a pull, in order (fluxon_remote_get_seconds_total{part}):
+# claiming target slots, BatchGetStart, BatchGetDone (or Revoke), installing the copies.
+CONTROL_PARTS = ("claim", "start", "finish", "install")
 CYCLE_PAGES, CYCLE_LEN = 64, 262_144
 
 
@@ -151,7 +155,8 @@ def replicate_once(client, cache_stats, tag, pages, value_len, buf):
     cache_after = cache_stats()
     parts = {part: (cache_after.get(f"owner_remote_{part}_us", 0) -
                     cache_before.get(f"owner_remote_{part}_us", 0)) / 1e6
-             for part in ("read", "control")}
+             for part in ("read",) + CONTROL_PARTS}
+    parts["control"] = sum(parts[p] for p in CONTROL_PARTS)
     for part in ("place", "pull"):
         parts[part] = (s.get(f"replica_{part}_us", 0) - before.get(f"replica_{part}_us", 0)) / 1e6
     return elapsed, parts
@@ -208,7 +213,7 @@ def main():
     procs, sock, cache_stats = start_cluster(a.fluxond, tmp, batch_keys=a.batch_keys,
                                              pulls_in_flight=a.pulls_in_flight)
     rows = {f"{p}x{v}": {"replica_s": [], "read": [], "control": [], "place": [], "pull": [],
-                         "fluxon-tcp": [], "raw-tcp": []}
+                         "fluxon-tcp": [], "raw-tcp": [], **{c: [] for c in CONTROL_PARTS}}
             for p, v in SHAPES}
     cycles = {"off": [], "on": [], "on-paused": []}
     cache_proc = procs[0]
@@ -265,6 +270,16 @@ def main():
         print(f"| {p} x {v:,} B | {p / sec:,.0f} | {gbps:.2f} | {share['read']:.0f} % | "
               f"{share['control']:.0f} % | {share['place']:.0f} % | {share['pull']:.0f} % | "
               f"{ft:.2f} | {raw:.2f} | {100 * gbps / ft:.0f} % | {100 * gbps / raw:.0f} % |")
+    print()
+    print("the remote_cache's control steps, shares of the elapsed time (medians; summed over the "
+          "batches in flight)")
+    print("| values | " + " | ".join(CONTROL_PARTS) + " |")
+    print("|---|" + "---|" * len(CONTROL_PARTS))
+    for p, v in SHAPES:
+        name = f"{p}x{v}"
+        sec = statistics.median(rows[name]["replica_s"])
+        print(f"| {p} x {v:,} B | " + " | ".join(
+            f"{100 * statistics.median(rows[name][c]) / sec:.0f} %" for c in CONTROL_PARTS) + " |")
     print()
     print(f"put cycle, {CYCLE_PAGES} x {CYCLE_LEN:,} B per batch, {a.cycle_batches} batches per "
           f"mode per round, {a.rounds} rounds")

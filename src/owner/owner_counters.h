@@ -141,10 +141,15 @@ enum class CounterKind { kCounter, kGauge, kMicros };
     "Data-plane read batches that failed (peer dead, refused, deadline).")                        \
   X(remote_start_lost, kCounter, "fluxon_remote_start_lost_total", "",                            \
     "BatchGetStart calls whose answer never came: their targets were quarantined.")               \
-  X(remote_control_us, kMicros, "fluxon_remote_get_seconds_total", "part=control",                \
-    "Time remote gets spent, by part: control (target claims and the BatchGetStart, Done and "    \
-    "Revoke calls) and read (the data-plane reads, all peers of a batch at once).")               \
+  X(remote_claim_us, kMicros, "fluxon_remote_get_seconds_total", "part=claim",                    \
+    "Time remote gets spent, by part: claim (reserving the keys and claiming target slots), "     \
+    "start (the BatchGetStart call), read (the data-plane reads, all peers of a batch at once), " \
+    "finish (the BatchGetDone or Revoke calls) and install (the copies into the index and the "   \
+    "hot tier).")                                                                                 \
+  X(remote_start_us, kMicros, "fluxon_remote_get_seconds_total", "part=start", "")                \
   X(remote_read_us, kMicros, "fluxon_remote_get_seconds_total", "part=read", "")                  \
+  X(remote_finish_us, kMicros, "fluxon_remote_get_seconds_total", "part=finish", "")              \
+  X(remote_install_us, kMicros, "fluxon_remote_get_seconds_total", "part=install", "")            \
   X(remote_join_wait_us, kMicros, "fluxon_get_join_wait_seconds_total", "",                       \
     "Time get batches spent waiting for another batch's in-flight lookup or fetch of a key.")     \
   X(remote_quarantined_slots, kGauge, "fluxon_remote_quarantined_slots", "",                      \

@@ -338,9 +338,22 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
   const std::chrono::milliseconds ttl = registration_->inflight_get_ttl();
   const Clock::time_point deadline = t0 + std::min(options_.timeout, ttl - Margin(ttl));
 
+  // Each part's time goes to its counter as it ends (the parts follow one another).
+  Clock::time_point part_begin = t0;
+  const auto part_ended = [&part_begin](std::atomic<int64_t>& counter) {
+    const Clock::time_point now = Clock::now();
+    counter.fetch_add(
+        std::chrono::duration_cast<std::chrono::microseconds>(now - part_begin).count(),
+        std::memory_order_relaxed);
+    part_begin = now;
+  };
   std::vector<std::unique_ptr<Target>> targets = ReserveAndClaim(leaders, deadline, misses);
+  part_ended(counters_->remote_claim_us);
   std::vector<Target*> started, revoke;  // revoke: started, but with an answer we do not trust
-  if (targets.empty() || !StartGets(targets, deadline, ttl, replica, &started, &revoke)) {
+  const bool any_started =
+      !targets.empty() && StartGets(targets, deadline, ttl, replica, &started, &revoke);
+  if (!targets.empty()) part_ended(counters_->remote_start_us);
+  if (!any_started) {
     for (const auto& t : targets) {
       if (t) (*misses)[t->index] = t->miss;
     }
@@ -348,22 +361,17 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
     return out;
   }
   // Reads: bounded by the pin (TTL from before the start, minus the margin) and the deadline.
-  const Clock::time_point read_begin = Clock::now();
   ReadAll(started, std::min(deadline, t0 + ttl - Margin(ttl)));
-  const Clock::time_point read_end = Clock::now();
+  part_ended(counters_->remote_read_us);
   std::vector<Target*> done;
   HideReads(started, &done, &revoke);
   Finish(done, revoke, std::max(deadline, Clock::now() + std::chrono::milliseconds(500)));
-  const auto us = [](Clock::duration d) {
-    return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
-  };
-  counters_->remote_read_us.fetch_add(us(read_end - read_begin), std::memory_order_relaxed);
-  counters_->remote_control_us.fetch_add(us((read_begin - t0) + (Clock::now() - read_end)),
-                                         std::memory_order_relaxed);
+  part_ended(counters_->remote_finish_us);
   for (const auto& t : targets) {
     if (t) (*misses)[t->index] = t->fate == Target::Fate::kInstalled ? FetchMiss::kNone : t->miss;
   }
   const uint32_t hits = Collect(targets, &out, cohorts);
+  part_ended(counters_->remote_install_us);
   counters_->remote_hits.fetch_add(hits, std::memory_order_relaxed);
   counters_->remote_misses.fetch_add(n - hits, std::memory_order_relaxed);
   return out;

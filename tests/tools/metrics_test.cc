@@ -400,7 +400,7 @@ TEST(HistogramFamily, LabelledSeriesAndEmptyCollectable) {
 TEST(CounterCollectables, OwnerTableOneFamilyPerMetricMicrosInSeconds) {
   OwnerCounters counters;
   counters.put_batches = 42;
-  counters.remote_control_us = 1'500'000;
+  counters.remote_claim_us = 1'500'000;
   counters.remote_read_us = 250;
   counters.live_handles = 3;
   counters.put_no_space = 5;
@@ -429,7 +429,7 @@ TEST(CounterCollectables, OwnerTableOneFamilyPerMetricMicrosInSeconds) {
   const std::string text = Serialize(families);
   std::map<std::string, double> s = Samples(text);
   EXPECT_THAT(text, HasSubstr("\nfluxon_put_batches_total 42\n"));
-  EXPECT_EQ(s["fluxon_remote_get_seconds_total{part=\"control\"}"], 1.5);
+  EXPECT_EQ(s["fluxon_remote_get_seconds_total{part=\"claim\"}"], 1.5);
   EXPECT_EQ(s["fluxon_remote_get_seconds_total{part=\"read\"}"], 0.00025);
   EXPECT_EQ(s["fluxon_live_get_handles"], 3);
   EXPECT_THAT(text, HasSubstr("# TYPE fluxon_live_get_handles gauge\n"));
