@@ -55,7 +55,7 @@ CONTROL_PARTS = ("claim", "start", "finish", "install")
 CYCLE_PAGES, CYCLE_LEN = 64, 262_144
 
 
-def start_cluster(fluxond, tmp, cache_gib=8, batch_keys=256, pulls_in_flight=2, step_keys=None):
+def start_cluster(fluxond, tmp, cache_gib=8, batch_keys=256, pulls_in_flight=2):
     mport, madmin = free_port(), free_port()
     master = Proc(fluxond, f"""
 role: master
@@ -94,7 +94,6 @@ owner:
   heartbeat_interval_ms: 200
   data_address: "127.0.0.1:0"
   local_reserve: {{warm_grants: {2 * cache_gib}}}
-{f"  replica_pull_step_keys: {step_keys}" if step_keys else ""}
 """, tmp, "remote-cache")
     # Both owners populate their segments up front (every grant position warm): the puts and
     # pulls measured write into populated memory, as in owners that have been running (a
@@ -208,14 +207,11 @@ def main():
                     help="the source's owner.replica_batch_keys")
     ap.add_argument("--pulls-in-flight", type=int, default=2,
                     help="the source's owner.replica_pulls_in_flight")
-    ap.add_argument("--step-keys", type=int, default=None,
-                    help="the remote_cache's owner.replica_pull_step_keys (default: the daemon's)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fxrepl"))
     procs, sock, cache_stats = start_cluster(a.fluxond, tmp, batch_keys=a.batch_keys,
-                                             pulls_in_flight=a.pulls_in_flight,
-                                             step_keys=a.step_keys)
+                                             pulls_in_flight=a.pulls_in_flight)
     rows = {f"{p}x{v}": {"replica_s": [], "read": [], "control": [], "place": [], "pull": [],
                          "fluxon-tcp": [], "raw-tcp": [], **{c: [] for c in CONTROL_PARTS}}
             for p, v in SHAPES}

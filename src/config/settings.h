@@ -181,9 +181,6 @@ struct OneOf {
     "replica tasks placed and sent to targets per batch (one PullReplicas per target)")           \
   X(replica_pulls_in_flight, "replica_pulls_in_flight", IntIn<uint32_t>(1, 64), 2,               \
     "replica batches sent at once (their control round trips overlap each other's reads)")       \
-  X(replica_pull_step_keys, "replica_pull_step_keys", IntIn<uint64_t>(1, 65'536), 64,           \
-    "as a pull's target: its values are fetched in steps of this many, each step's BatchGetStart " \
-    "and BatchGetDone overlapping the reads of the step before (a smaller pull is one step)")     \
   X(replica_pull_timeout, "replica_pull_timeout_ms", Millis{}, std::chrono::milliseconds(30'000), \
     "a PullReplicas call ends within this (retried twice while its outcome is unknown)")
 

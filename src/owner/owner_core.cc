@@ -77,8 +77,7 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
                                               registration, master, pool, c.keys_.get(),
                                               c.hot_.get(), c.publisher_.get(), counters,
                                               c.evictor_.get(), rt.data_plane, rt.faults, &c.stop_);
-  c.puller_ = std::make_unique<ReplicaPuller>(c.keys_.get(), c.remote_.get(), counters,
-                                              config.replica_pull_step_keys);
+  c.puller_ = std::make_unique<ReplicaPuller>(c.keys_.get(), c.remote_.get(), counters);
   c.gets_ = std::make_unique<GetPath>(kJoinTimeout, registration, master, c.keys_.get(),
                                       c.flights_.get(), c.handles_.get(), c.hot_.get(), counters,
                                       c.evictor_.get(), c.remote_.get());

@@ -19,7 +19,6 @@ struct RemoteFetcher::Target {
   uint64_t len = 0;
   uint32_t source_node_id = 0;  // only this location may be the source (generation 0: any)
   uint64_t source_generation = 0;
-  uint32_t group = 0;           // the atomic group (0: alone); a step never splits one
   bool reserved = false;        // the key's Reserved(put_id) entry is ours
   std::optional<SlotRef> slot;  // claimed (Prepared) until CommitHidden
   HolderRef holder;             // after the read: the Pending target's holder
@@ -31,20 +30,6 @@ struct RemoteFetcher::Target {
   FetchMiss miss = FetchMiss::kFailed;  // why, unless installed
   HolderRef result;                     // installed: the canonical holder
   uint64_t cohort = 0;
-};
-
-struct RemoteFetcher::PeerRead {
-  std::vector<Target*> targets;
-  transport::BatchHandle handle;
-  uint32_t node = 0;
-  Clock::time_point at;
-  bool drop = false;
-};
-
-struct RemoteFetcher::Step {
-  std::vector<std::unique_ptr<Target>> targets;
-  std::vector<Target*> started, revoke;  // revoke: started, but with an answer we do not trust
-  std::vector<PeerRead> reads;           // submitted, not awaited yet
 };
 
 namespace {
@@ -164,7 +149,6 @@ std::vector<std::unique_ptr<RemoteFetcher::Target>> RemoteFetcher::ReserveAndCla
     t->len = leaders[i].len;
     t->source_node_id = leaders[i].source_node_id;
     t->source_generation = leaders[i].source_generation;
-    t->group = leaders[i].group;
     t->reserved = true;
     t->slot = claims[i].slot;
     counters_->remote_pending_targets.fetch_add(1, std::memory_order_relaxed);
@@ -337,8 +321,7 @@ uint32_t RemoteFetcher::Collect(std::vector<std::unique_ptr<Target>>& targets,
 
 std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& leaders,
                                             std::vector<uint64_t>* cohorts,
-                                            std::vector<FetchMiss>* misses, bool replica,
-                                            size_t step_keys) {
+                                            std::vector<FetchMiss>* misses, bool replica) {
   const size_t n = leaders.size();
   std::vector<HolderRef> out(n);
   cohorts->assign(n, 0);
@@ -364,71 +347,49 @@ std::vector<HolderRef> RemoteFetcher::Fetch(const std::vector<RemoteLeader>& lea
         std::memory_order_relaxed);
     part_begin = now;
   };
-  std::vector<std::unique_ptr<Target>> claimed = ReserveAndClaim(leaders, deadline, misses);
+  std::vector<std::unique_ptr<Target>> targets = ReserveAndClaim(leaders, deadline, misses);
   part_ended(counters_->remote_claim_us);
-  std::vector<Step> steps = SplitIntoSteps(std::move(claimed), step_keys);
-  // Step k's read is awaited (and its gets finished) only after step k + 1's BatchGetStart and
-  // read submission. Every read is bounded by the pin of its step's BatchGetStart: `deadline`
-  // is at most the TTL (minus the margin) from t0, before any of them.
-  const auto complete = [&](Step& s) {
-    if (s.started.empty() && s.revoke.empty()) return;
-    AwaitReads(s.reads, deadline);
-    part_ended(counters_->remote_read_us);
-    std::vector<Target*> done;
-    HideReads(s.started, &done, &s.revoke);
-    Finish(done, s.revoke, std::max(deadline, Clock::now() + std::chrono::milliseconds(500)));
-    part_ended(counters_->remote_finish_us);
-  };
-  bool starting = true;  // false once a BatchGetStart failed: no later step starts
-  for (size_t k = 0; k < steps.size(); ++k) {
-    Step& s = steps[k];
-    if (starting) {
-      starting = StartGets(s.targets, deadline, ttl, replica, &s.started, &s.revoke);
-      if (starting) s.reads = SubmitReads(s.started, deadline);
-      part_ended(counters_->remote_start_us);
-    } else {
-      for (const auto& t : s.targets) Free(*t);  // never started: a failed miss
+  std::vector<Target*> started, revoke;  // revoke: started, but with an answer we do not trust
+  const bool any_started =
+      !targets.empty() && StartGets(targets, deadline, ttl, replica, &started, &revoke);
+  if (!targets.empty()) part_ended(counters_->remote_start_us);
+  if (!any_started) {
+    for (const auto& t : targets) {
+      if (t) (*misses)[t->index] = t->miss;
     }
-    if (k > 0) complete(steps[k - 1]);
+    counters_->remote_misses.fetch_add(n, std::memory_order_relaxed);
+    return out;
   }
-  if (!steps.empty()) complete(steps.back());
-  uint32_t hits = 0;
-  for (Step& s : steps) {
-    for (const auto& t : s.targets) {
-      if (t) (*misses)[t->index] = t->fate == Target::Fate::kInstalled ? FetchMiss::kNone : t->miss;
-    }
-    hits += Collect(s.targets, &out, cohorts);
+  // Reads: bounded by the pin (TTL from before the start, minus the margin) and the deadline.
+  ReadAll(started, std::min(deadline, t0 + ttl - Margin(ttl)));
+  part_ended(counters_->remote_read_us);
+  std::vector<Target*> done;
+  HideReads(started, &done, &revoke);
+  Finish(done, revoke, std::max(deadline, Clock::now() + std::chrono::milliseconds(500)));
+  part_ended(counters_->remote_finish_us);
+  for (const auto& t : targets) {
+    if (t) (*misses)[t->index] = t->fate == Target::Fate::kInstalled ? FetchMiss::kNone : t->miss;
   }
-  if (!steps.empty()) part_ended(counters_->remote_install_us);
+  const uint32_t hits = Collect(targets, &out, cohorts);
+  part_ended(counters_->remote_install_us);
   counters_->remote_hits.fetch_add(hits, std::memory_order_relaxed);
   counters_->remote_misses.fetch_add(n - hits, std::memory_order_relaxed);
   return out;
 }
 
-std::vector<RemoteFetcher::Step> RemoteFetcher::SplitIntoSteps(
-    std::vector<std::unique_ptr<Target>> targets, size_t step_keys) {
-  std::vector<Step> steps;
-  if (targets.empty()) return steps;
-  if (step_keys == 0) step_keys = targets.size();
-  uint32_t previous_group = 0;
-  for (std::unique_ptr<Target>& t : targets) {
-    const bool same_group = t->group != 0 && t->group == previous_group;
-    previous_group = t->group;
-    if (steps.empty() || (steps.back().targets.size() >= step_keys && !same_group)) {
-      steps.emplace_back();
-    }
-    steps.back().targets.push_back(std::move(t));
-  }
-  return steps;
-}
-
-std::vector<RemoteFetcher::PeerRead> RemoteFetcher::SubmitReads(std::vector<Target*>& started,
-                                                                Clock::time_point read_deadline) {
-  std::vector<PeerRead> batches;
-  if (started.empty()) return batches;
+void RemoteFetcher::ReadAll(std::vector<Target*>& started, Clock::time_point read_deadline) {
+  if (started.empty()) return;
   // One read batch per source peer (address, generation).
   std::map<std::pair<std::string, uint64_t>, std::vector<Target*>> by_peer;
   for (Target* t : started) by_peer[{t->source_address, t->source.generation()}].push_back(t);
+  struct Submitted {
+    std::vector<Target*> targets;
+    transport::BatchHandle handle;
+    uint32_t node = 0;
+    Clock::time_point at;
+    bool drop = false;
+  };
+  std::vector<Submitted> batches;
   for (auto& [peer, group] : by_peer) {
     std::optional<FaultRule> rule;
     if (faults_ != nullptr) rule = faults_->Take("peer.read");
@@ -457,7 +418,7 @@ std::vector<RemoteFetcher::PeerRead> RemoteFetcher::SubmitReads(std::vector<Targ
       spdlog::warn("remote read from {}: {}", peer.first, h.status().ToString());
       continue;
     }
-    PeerRead s;
+    Submitted s;
     s.targets = group;
     s.handle = *h;
     s.node = group.front()->source.node_id();
@@ -465,11 +426,7 @@ std::vector<RemoteFetcher::PeerRead> RemoteFetcher::SubmitReads(std::vector<Targ
     s.drop = rule && rule->action == FaultAction::kDrop;
     batches.push_back(std::move(s));
   }
-  return batches;
-}
-
-void RemoteFetcher::AwaitReads(std::vector<PeerRead>& batches, Clock::time_point read_deadline) {
-  for (PeerRead& s : batches) {
+  for (Submitted& s : batches) {
     const transport::BatchResult& r = s.handle.Wait();
     const Clock::time_point end = Clock::now();
     {

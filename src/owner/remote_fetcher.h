@@ -11,12 +11,6 @@
 //     is the canonical MemoryInfo every joiner shares (G7)
 //   everything else -> ONE BatchGetRevoke, retried until acknowledged; then the slot is freed
 //
-// A replica pull may run in steps (`step_keys`): the claimed targets are cut into sub-batches of
-// that many keys (never inside an atomic group), each with its own BatchGetStart, read and
-// BatchGetDone, and step k + 1's BatchGetStart and read submission come before step k's read is
-// awaited, so one step's control round trips overlap the previous step's read. A client's get
-// is always one step (G8: one BatchGetStart and one Done/Revoke per get batch).
-//
 // Invariants:
 // - A target slot always has exactly one owner: this batch, then either the key index (a
 //   committed copy) or the unfinished list (Done/Revoke still being retried, in the background
@@ -97,12 +91,10 @@ class RemoteFetcher {
   bool enabled() const { return transport_ != nullptr; }
   // Fetches every leader; returns one holder per leader (empty: miss) and its cohort, and (when
   // `misses` is given) why each leader was missed. `replica`: the copies are replicas a source
-  // asked for (the master counts them apart), not a client's get. `step_keys` > 0 fetches in
-  // steps of that many keys, pipelined (replicas only); 0: the whole batch is one step.
+  // asked for (the master counts them apart), not a client's get.
   std::vector<HolderRef> Fetch(const std::vector<RemoteLeader>& leaders,
                                std::vector<uint64_t>* cohorts,
-                               std::vector<FetchMiss>* misses = nullptr, bool replica = false,
-                               size_t step_keys = 0);
+                               std::vector<FetchMiss>* misses = nullptr, bool replica = false);
   // Frees quarantined targets whose time has come and retries unfinished Done/Revoke calls.
   void RunMaintenance(Clock::time_point now);
 
@@ -110,9 +102,7 @@ class RemoteFetcher {
   std::map<uint32_t, LatencyHistogram::Snapshot> PeerLatency() const;
 
  private:
-  struct Target;    // one key's fetch: reservation, slot, get_id, source, holder
-  struct PeerRead;  // one submitted data-plane read batch (one source peer)
-  struct Step;      // one sub-batch of a fetch: its targets, started gets and reads
+  struct Target;  // one key's fetch: reservation, slot, get_id, source, holder
   struct Unfinished;
   struct Pending;
   // Fetch's phases, in order:
@@ -136,14 +126,8 @@ class RemoteFetcher {
   // background retries; returns the hits.
   uint32_t Collect(std::vector<std::unique_ptr<Target>>& targets, std::vector<HolderRef>* out,
                    std::vector<uint64_t>* cohorts);
-  // Cuts the claimed targets into steps of `step_keys` (0: one step), extending a step to the
-  // end of the atomic group it would split.
-  static std::vector<Step> SplitIntoSteps(std::vector<std::unique_ptr<Target>> targets,
-                                          size_t step_keys);
-  // Submits the started targets' reads, one batch per source peer; AwaitReads waits for them and
-  // marks each target read in time or not.
-  std::vector<PeerRead> SubmitReads(std::vector<Target*>& started, Clock::time_point read_deadline);
-  void AwaitReads(std::vector<PeerRead>& reads, Clock::time_point read_deadline);
+  // Transfers the started targets, one read batch per source peer.
+  void ReadAll(std::vector<Target*>& started, Clock::time_point read_deadline);
   // Done for `done`, Revoke for `revoke`; what stays uncertain goes to the unfinished list.
   void Finish(std::vector<Target*>& done, std::vector<Target*>& revoke, Clock::time_point until);
   // One Done/Revoke round for `u`; true when it is resolved (certainly).

@@ -132,8 +132,7 @@ absl::StatusOr<std::vector<PullOutcome>> ReplicaPuller::Pull(const std::vector<P
   if (!leaders.empty()) {
     std::vector<uint64_t> cohorts;
     std::vector<FetchMiss> misses;
-    std::vector<HolderRef> got =
-        fetcher_->Fetch(leaders, &cohorts, &misses, /*replica=*/true, step_keys_);
+    std::vector<HolderRef> got = fetcher_->Fetch(leaders, &cohorts, &misses, /*replica=*/true);
     for (size_t j = 0; j < leaders.size(); ++j) {
       PullOutcome& o = out[leader_index[j]];
       if (got[j]) {

@@ -58,11 +58,8 @@ v1::PullReplicasReply PullReplyOf(const std::vector<PullOutcome>& outcomes);
 
 class ReplicaPuller {
  public:
-  // `step_keys`: a pull's values are fetched in pipelined steps of this many (0: one step; see
-  // RemoteFetcher).
-  ReplicaPuller(KeyIndex* keys, RemoteFetcher* fetcher, OwnerCounters* counters,
-                size_t step_keys = 0)
-      : keys_(keys), fetcher_(fetcher), counters_(counters), step_keys_(step_keys) {}
+  ReplicaPuller(KeyIndex* keys, RemoteFetcher* fetcher, OwnerCounters* counters)
+      : keys_(keys), fetcher_(fetcher), counters_(counters) {}
 
   // Pulls every item; one outcome per item. InvalidArgument (nothing done) for a malformed
   // batch: empty, more than kMaxBatchKeys items, an empty or oversized key, a zero or oversized
@@ -75,7 +72,6 @@ class ReplicaPuller {
   KeyIndex* const keys_;
   RemoteFetcher* const fetcher_;
   OwnerCounters* const counters_;
-  const size_t step_keys_;
 };
 
 }  // namespace fluxon

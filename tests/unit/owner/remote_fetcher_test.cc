@@ -56,12 +56,6 @@ class RemoteFetcherTest : public OwnerPartsTest {
     std::vector<uint64_t> ignored;
     return a_->remote->Fetch(leaders, cohorts != nullptr ? cohorts : &ignored);
   }
-  // A replica pull's fetch in pipelined steps of `step_keys`.
-  std::vector<HolderRef> FetchInSteps(const std::vector<RemoteLeader>& leaders, size_t step_keys,
-                                      std::vector<FetchMiss>* misses = nullptr) {
-    std::vector<uint64_t> cohorts;
-    return a_->remote->Fetch(leaders, &cohorts, misses, /*replica=*/true, step_keys);
-  }
   // Checks that `h` is node 1's installed copy of `key`, with the source's bytes and put_id.
   void ExpectCopy(const HolderRef& h, const std::string& key, uint64_t put_id) {
     ASSERT_TRUE(h) << key;
@@ -309,96 +303,6 @@ TEST_F(RemoteFetcherTest, KeyReservedByALocalPutIsNotFetched) {
   EXPECT_EQ(a_->State("mine"), "reserved");
   EXPECT_EQ(mc().get_start_items.load(), 1);
   EXPECT_TRUE(a_->puts->Abort(1, local->put_id).ok());
-}
-
-// A fetch in steps: each step of `step_keys` leaders is its own BatchGetStart, read and
-// BatchGetDone (the next step's start is issued before the previous step's read is awaited),
-// and every leader is installed with its source's bytes; nothing is left in flight.
-TEST_F(RemoteFetcherTest, FetchInStepsStartsAndFinishesEachStepApart) {
-  TwoOwners();
-  const std::vector<std::string> keys = Keys("st", 10);
-  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
-  const std::vector<RemoteLeader> leaders = Leaders(keys);
-  std::vector<FetchMiss> misses;
-  std::vector<HolderRef> got = FetchInSteps(leaders, 3, &misses);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    ExpectCopy(got[i], keys[i], leaders[i].put_id);
-    EXPECT_EQ(misses[i], FetchMiss::kNone);
-    EXPECT_EQ(Locations(keys[i]), 2u);
-  }
-  EXPECT_EQ(mc().get_start_calls.load(), 4);  // 3 + 3 + 3 + 1
-  EXPECT_EQ(mc().get_done_calls.load(), 4);
-  EXPECT_EQ(mc().gets_done.load(), 10);
-  EXPECT_EQ(master().inflight_gets(), 0u);
-  EXPECT_EQ(a_->counters->remote_transfer_submissions.load(), 4);
-  EXPECT_EQ(a_->counters->remote_hits.load(), 10);
-  EXPECT_EQ(a_->counters->remote_misses.load(), 0);
-  EXPECT_EQ(a_->counters->remote_pending_targets.load(), 0);
-  // A client's fetch of a batch (no steps) is one start and one done, however many keys (G8).
-  const std::vector<std::string> more = Keys("one", 10);
-  ASSERT_TRUE(PutAndPublish(*b_, more).ok());
-  got = Fetch(Leaders(more));
-  for (size_t i = 0; i < more.size(); ++i) EXPECT_TRUE(got[i]) << more[i];
-  EXPECT_EQ(mc().get_start_calls.load(), 5);
-  EXPECT_EQ(mc().get_done_calls.load(), 5);
-}
-
-// A step is never cut inside an atomic group: the group's members go to the master together.
-TEST_F(RemoteFetcherTest, AStepNeverSplitsAnAtomicGroup) {
-  TwoOwners();
-  const std::vector<std::string> keys = Keys("ag", 5);
-  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
-  std::vector<RemoteLeader> leaders = Leaders(keys);
-  for (size_t i = 1; i <= 3; ++i) leaders[i].group = 7;  // a, [b c d], e
-  std::vector<HolderRef> got = FetchInSteps(leaders, 2);
-  for (size_t i = 0; i < keys.size(); ++i) ExpectCopy(got[i], keys[i], leaders[i].put_id);
-  EXPECT_EQ(mc().get_start_calls.load(), 2);  // {a b c d}, {e}
-  EXPECT_EQ(mc().get_start_items.load(), 5);
-}
-
-// A refused BatchGetStart ends the fetch: no later step starts, every leader is a miss and
-// nothing stays reserved, claimed or pinned at the master; the same fetch then succeeds.
-TEST_F(RemoteFetcherTest, ARefusedStepStartsNoLaterStepAndLeavesNothingHeld) {
-  TwoOwners();
-  const std::vector<std::string> keys = Keys("rs", 6);
-  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
-  const std::vector<RemoteLeader> leaders = Leaders(keys);
-  Fault("master.BatchGetStart", FaultAction::kRefuse, 1);
-  std::vector<FetchMiss> misses;
-  std::vector<HolderRef> got = FetchInSteps(leaders, 2, &misses);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    EXPECT_FALSE(got[i]) << keys[i];
-    EXPECT_EQ(misses[i], FetchMiss::kFailed) << keys[i];
-  }
-  EXPECT_EQ(a_->counters->remote_get_batches.load(), 1);  // the refused call, nothing after it
-  EXPECT_EQ(master().inflight_gets(), 0u);
-  EXPECT_EQ(a_->counters->remote_misses.load(), 6);
-  ExpectNothingHeld(keys);
-  got = FetchInSteps(leaders, 2);
-  for (size_t i = 0; i < keys.size(); ++i) ExpectCopy(got[i], keys[i], leaders[i].put_id);
-}
-
-// A failed read in one step revokes that step's gets only; the steps after it install.
-TEST_F(RemoteFetcherTest, AFailedReadRevokesItsStepOnly) {
-  TwoOwners();
-  const std::vector<std::string> keys = Keys("fr", 6);
-  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
-  const std::vector<RemoteLeader> leaders = Leaders(keys);
-  a_->peer_faults.Set(FaultRule{"peer.read", FaultAction::kFail, milliseconds(0), 1});
-  std::vector<HolderRef> got = FetchInSteps(leaders, 2);
-  EXPECT_FALSE(got[0]);
-  EXPECT_FALSE(got[1]);
-  for (size_t i = 2; i < keys.size(); ++i) ExpectCopy(got[i], keys[i], leaders[i].put_id);
-  EXPECT_EQ(mc().get_revoke_calls.load(), 1);
-  EXPECT_EQ(mc().gets_revoked.load(), 2);
-  EXPECT_EQ(mc().gets_done.load(), 4);
-  EXPECT_EQ(master().inflight_gets(), 0u);
-  EXPECT_EQ(Locations(keys[0]), 1u);
-  EXPECT_EQ(Locations(keys[2]), 2u);
-  EXPECT_EQ(a_->State(keys[0]), "absent");
-  EXPECT_EQ(a_->SlotsIn(SlotState::kPrepared), 0);
-  EXPECT_EQ(a_->SlotsIn(SlotState::kPending), 0);
-  EXPECT_EQ(a_->counters->remote_pending_targets.load(), 0);
 }
 
 // Without a data plane every leader is a miss, decided without calling the master.

@@ -120,28 +120,6 @@ TEST_F(ReplicaPullerTest, ANamedSourceIsTheOnlySource) {
   ExpectNothingPending();
 }
 
-// A pull in steps (replica_pull_step_keys) copies every item, one BatchGetStart per step.
-TEST_F(ReplicaPullerTest, APullInStepsCopiesEveryItem) {
-  TwoOwners();
-  puller_ = std::make_unique<ReplicaPuller>(a_->keys.get(), a_->remote.get(), a_->counters.get(),
-                                            /*step_keys=*/3);
-  const std::vector<std::string> keys = Keys("steps", 8);
-  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
-  std::vector<PullItem> items;
-  for (const std::string& k : keys) items.push_back(ItemOf(k));
-  for (PullOutcome o : Pull(items)) EXPECT_EQ(o, PullOutcome::kCompleted) << PullOutcomeName(o);
-  for (const PullItem& it : items) {
-    EXPECT_EQ(Locations(it.key), 2u);
-    HolderRef h;
-    uint64_t cohort = 0;
-    ASSERT_TRUE(a_->keys->Pin(it.key, &h, &cohort));
-    EXPECT_EQ(TagAt(*a_, h->offset), TagOf(it.key));
-  }
-  EXPECT_EQ(mc().get_start_calls.load(), 3);
-  EXPECT_EQ(a_->counters->replica_pulls_completed.load(), 8);
-  ExpectNothingPending();
-}
-
 // A malformed batch is refused whole before anything is reserved.
 TEST_F(ReplicaPullerTest, MalformedBatchIsRefusedWhole) {
   TwoOwners();
