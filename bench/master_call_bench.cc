@@ -81,6 +81,7 @@ class Cluster {
     r.set_requester_node_id(kRequester);
     r.set_requester_generation(kGeneration + kRequester);
     r.set_request_id(++request_id_);
+    r.set_source_peers_apart(true);  // as an owner's RemoteFetcher asks
     for (int i = 0; i < n; ++i) {
       v1::GetStartItem* it = r.add_items();
       it->set_key(KeyOf(i));

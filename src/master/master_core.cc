@@ -3,6 +3,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "fluxon/status.h"
@@ -482,6 +483,7 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
   reply.set_master_epoch(epoch_);
   reply.set_hlc(clock_.Now());
   reply.set_inflight_get_ttl_ms(static_cast<uint64_t>(options_.inflight_get_ttl.count()));
+  absl::flat_hash_set<uint32_t> listed_peers;  // source_peers_apart: nodes in source_peers
   for (const v1::GetStartItem& item : r.items()) {
     v1::GetStartResult* out = reply.add_results();
     if (item.key().empty() || item.key().size() > kMaxKeyBytes || item.len() == 0) {
@@ -532,8 +534,15 @@ absl::StatusOr<v1::BatchGetStartReply> MasterCore::BatchGetStart(
                                     r.replica()));
     FillLocation(*source, out->mutable_source());
     const Peer& peer = peers.at(source->node_id);
-    out->set_source_address(peer.address);
-    for (const std::string& t : peer.transports) out->add_source_transports(t);
+    if (!r.source_peers_apart()) {
+      out->set_source_address(peer.address);
+      for (const std::string& t : peer.transports) out->add_source_transports(t);
+    } else if (listed_peers.insert(source->node_id).second) {
+      v1::SourcePeer* sp = reply.add_source_peers();
+      sp->set_node_id(source->node_id);
+      sp->set_address(peer.address);
+      for (const std::string& t : peer.transports) sp->add_transports(t);
+    }
     counters_->gets_started.fetch_add(1, std::memory_order_relaxed);
   }
   inflight_.StoreReply(r.requester_node_id(), r.request_id(), reply, now);

@@ -4,6 +4,7 @@
 #include <optional>
 #include <random>
 
+#include "absl/container/flat_hash_map.h"
 #include "common/check.h"
 #include "rpc/retry.h"
 #include "spdlog/spdlog.h"
@@ -167,6 +168,7 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
   req.set_requester_generation(registration_->generation());
   req.set_request_id(NextRequestId());
   req.set_replica(replica);
+  req.set_source_peers_apart(true);  // each source's address once, not in every item
   for (auto& t : targets) {
     v1::GetStartItem* item = req.add_items();
     item->set_key(t->key);
@@ -200,6 +202,15 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
     }
     return false;
   }
+  // The sources' data-plane addresses, by node (an item naming its own address, as an earlier
+  // master answers, keeps it).
+  absl::flat_hash_map<uint32_t, const std::string*> peer_address;
+  for (const v1::SourcePeer& p : reply->source_peers()) peer_address[p.node_id()] = &p.address();
+  const auto address_of = [&](const v1::GetStartResult& r) -> std::string {
+    if (!r.source_address().empty()) return r.source_address();
+    auto it = peer_address.find(r.source().node_id());
+    return it == peer_address.end() ? std::string() : *it->second;
+  };
   registration_->NoteInflightGetTtl(reply->inflight_get_ttl_ms());
   registration_->NoteEpoch(reply->master_epoch());
   registration_->NoteClock(reply->hlc());
@@ -219,7 +230,7 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
     if (r.outcome() == v1::GET_STARTED &&
         (r.get_id() == 0 || r.source().len() != t.len || r.source().put_id() != t.put_id ||
          r.source().version() != t.version || r.source().generation() == 0 ||
-         r.source_address().empty())) {
+         address_of(r).empty())) {
       // A malformed answer is not read from; its get (if any) is revoked with the failures.
       spdlog::error("BatchGetStart answered a malformed source for {}; not reading it", t.key);
       if (r.get_id() != 0) {
@@ -254,7 +265,7 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
     }
     t.get_id = r.get_id();
     t.source = r.source();
-    t.source_address = r.source_address();
+    t.source_address = address_of(r);
     started->push_back(&t);
   }
   if (!unanswered.empty()) Quarantine(std::move(unanswered), Clock::now() + ttl + Margin(ttl));

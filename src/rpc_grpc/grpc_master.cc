@@ -199,6 +199,12 @@ class GrpcMasterClient final : public CancellableMasterApi {
           for (v1::GetStartResult& res : *part.mutable_results()) {
             *all->add_results() = std::move(res);
           }
+          for (v1::SourcePeer& peer : *part.mutable_source_peers()) {  // one entry per node
+            const bool listed =
+                std::any_of(all->source_peers().begin(), all->source_peers().end(),
+                            [&](const v1::SourcePeer& p) { return p.node_id() == peer.node_id(); });
+            if (!listed) *all->add_source_peers() = std::move(peer);
+          }
           all->set_inflight_get_ttl_ms(part.inflight_get_ttl_ms());
           all->set_master_epoch(part.master_epoch());
           all->set_hlc(std::max(all->hlc(), part.hlc()));

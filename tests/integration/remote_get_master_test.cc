@@ -169,6 +169,32 @@ TEST(RemoteGetMaster, StartPinsTheSourceUntilDoneWhichAddsTheCopy) {
   EXPECT_EQ(route->routes(0).node_id(), 2u);
 }
 
+// A requester that asks for the sources apart gets each source node's address and transports
+// once, in source_peers, and items without them; one that does not (an earlier requester) gets
+// them in every item.
+TEST(RemoteGetMaster, SourcePeersApartListEachSourceOnce) {
+  MasterCore m;
+  PublishOnOwnerOne(m, {"a", "b", "c"});
+  v1::BatchGetStartRequest request = Start(2, 22, 300, {"a", "b", "c"}, 7);
+  request.set_source_peers_apart(true);
+  auto s = m.BatchGetStart(request);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->results_size(), 3);
+  for (const v1::GetStartResult& r : s->results()) {
+    EXPECT_EQ(r.outcome(), v1::GET_STARTED);
+    EXPECT_TRUE(r.source_address().empty());
+    EXPECT_EQ(r.source_transports_size(), 0);
+  }
+  ASSERT_EQ(s->source_peers_size(), 1);
+  EXPECT_EQ(s->source_peers(0).node_id(), 1u);
+  EXPECT_EQ(s->source_peers(0).address(), "127.0.0.1:40001");
+  // The same request again (T1) is answered the same way.
+  auto again = m.BatchGetStart(request);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->source_peers_size(), 1);
+  EXPECT_EQ(again->results(0).get_id(), s->results(0).get_id());
+}
+
 TEST(RemoteGetMaster, RemoveOnlyIfCopiedNeverRemovesTheLastLiveLocation) {
   MasterOptions options;
   options.owner_lease = milliseconds(200);
