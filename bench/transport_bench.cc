@@ -7,7 +7,10 @@
 //                straight from the shared memory, the reader read()s into the same local buffer
 //   memcpy       single-thread memcpy of the same bytes (from the shared mapping)
 // for C in --connections (default 1,2,4,8). The modes alternate inside each round (the VM is
-// noisy); the table reports, per mode and C, the median over rounds of GB/s and batch p50/p99.
+// noisy); the table reports, per mode and C, the median over rounds of GB/s and batch p50/p99,
+// and the CPU time both processes spent per GB moved (this process's threads, user + system,
+// and the serving process's: the peer for fluxon-tcp, the forked server for raw-tcp), summed
+// over every timed batch.
 //
 //   transport_bench [--rounds=N] [--batches=K] [--connections=1,2,4,8] [--peer=PATH]
 //                   [--values=128] [--value-len=4718592] [--local=anon|shm]
@@ -15,6 +18,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,7 +27,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -133,7 +139,32 @@ struct RawClient {
 struct Samples {
   std::vector<double> gbps_per_round;  // one per round: bytes of its batches / their time
   std::vector<double> batch_s;         // every batch
+  double cpu_s = 0;                    // both processes' CPU over every timed batch
+  double bytes = 0;                    // moved by every timed batch
 };
+
+// CPU seconds (user + system, every thread) this process has used.
+double SelfCpuSeconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// CPU seconds another process has used (/proc/PID/stat utime + stime); 0 for pid <= 0.
+double ProcessCpuSeconds(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(text.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::strtod(field.c_str(), nullptr);
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
 
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -262,9 +293,11 @@ int main(int argc, char** argv) {
       std::exit(1);
     }
   };
-  auto measure = [&](const std::string& key, const std::function<void()>& batch) {
+  // `server`: the process that serves this mode's reads (its CPU counts with ours).
+  auto measure = [&](const std::string& key, pid_t server, const std::function<void()>& batch) {
     batch();  // warm-up (connections, page tables)
     double total = 0;
+    const double cpu0 = SelfCpuSeconds() + ProcessCpuSeconds(server);
     for (int b = 0; b < batches; ++b) {
       const auto t0 = Clock::now();
       batch();
@@ -272,16 +305,18 @@ int main(int argc, char** argv) {
       samples[key].batch_s.push_back(s);
       total += s;
     }
+    samples[key].cpu_s += SelfCpuSeconds() + ProcessCpuSeconds(server) - cpu0;
+    samples[key].bytes += static_cast<double>(batches) * BatchBytes();
     samples[key].gbps_per_round.push_back(batches * BatchBytes() / total / 1e9);
   };
   for (int round = 0; round < rounds; ++round) {
     for (int c : conn_counts) {
       const std::string suffix = "/" + std::to_string(c);
-      measure("fluxon-tcp" + suffix, [&] { run_fluxon(fluxon[c]); });
-      measure("raw-tcp" + suffix, [&] { raw[c]->Batch(local); });
-      measure("fluxon-tcp-zc" + suffix, [&] { run_fluxon(fluxon_zc[c]); });
+      measure("fluxon-tcp" + suffix, (*peer)->pid(), [&] { run_fluxon(fluxon[c]); });
+      measure("raw-tcp" + suffix, raw_pid, [&] { raw[c]->Batch(local); });
+      measure("fluxon-tcp-zc" + suffix, (*peer_zc)->pid(), [&] { run_fluxon(fluxon_zc[c]); });
     }
-    measure("memcpy/1", [&] { std::memcpy(local, (*shm)->base(), BatchBytes()); });
+    measure("memcpy/1", 0, [&] { std::memcpy(local, (*shm)->base(), BatchBytes()); });
     std::fprintf(stderr, "round %d/%d done\n", round + 1, rounds);
   }
   if (std::memcmp(local, (*shm)->base(), BatchBytes()) != 0) {
@@ -294,8 +329,8 @@ int main(int argc, char** argv) {
               batches);
   std::printf(
       "| mode | connections | GB/s (median of rounds) | batch p50 ms | batch p99 ms | vs raw-tcp "
-      "|\n");
-  std::printf("|---|---|---|---|---|---|\n");
+      "| CPU ms per GB |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   auto row = [&](const std::string& mode, int c) {
     const std::string key = mode + "/" + std::to_string(c);
     const Samples& s = samples[key];
@@ -308,8 +343,9 @@ int main(int argc, char** argv) {
                     100 * gbps / Percentile(raw_it->second.gbps_per_round, 0.5));
       ratio = buf;
     }
-    std::printf("| %s | %d | %.2f | %.1f | %.1f | %s |\n", mode.c_str(), c, gbps,
-                1e3 * Percentile(s.batch_s, 0.5), 1e3 * Percentile(s.batch_s, 0.99), ratio.c_str());
+    std::printf("| %s | %d | %.2f | %.1f | %.1f | %s | %.0f |\n", mode.c_str(), c, gbps,
+                1e3 * Percentile(s.batch_s, 0.5), 1e3 * Percentile(s.batch_s, 0.99), ratio.c_str(),
+                s.bytes > 0 ? 1e3 * s.cpu_s / (s.bytes / 1e9) : 0.0);
   };
   for (int c : conn_counts) {
     row("fluxon-tcp", c);

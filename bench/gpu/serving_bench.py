@@ -18,7 +18,9 @@ Configurations, each its own server with the same model and GPU pool, and the sa
 - `fluxon-linker`: Fluxon's unified cache linker, a segment of H (no host L2);
 - `file`: host L2 of H/4 and SGLang's file backend (a directory under /tmp);
 - `mooncake`: host L2 of H/4 and Mooncake Store as storage backend (a local `mooncake_master`,
-  a 3H/4 segment), only where `--mooncake` points at an installed mooncake-transfer-engine.
+  a 3H/4 segment), only where `--mooncake` points at an installed mooncake-transfer-engine
+  (`pip install --no-deps --target DIR mooncake_transfer_engine_cuda13-...whl`, then
+  `--mooncake DIR`).
 
 Reported per configuration: TTFT (request latency with `--output-len 1`) p50/p99, requests/s,
 the cached-token ratio (cached / prompt tokens), the bytes that came from below the GPU
@@ -168,16 +170,29 @@ def server_flags(name, a, tmp, owner, mooncake_cfg):
     raise ValueError(name)
 
 
+def mooncake_env(a):
+    """Where `--mooncake` is a folder the wheel was installed into with `pip --target`, the
+    server (and the master's launcher) import `mooncake` from there."""
+    if not a.mooncake or not os.path.isdir(os.path.join(a.mooncake, "mooncake")):
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(
+        p for p in (a.mooncake, os.environ.get("PYTHONPATH", "")) if p)}
+
+
 def start_mooncake(a, tmp):
     """A local mooncake_master (metadata over its HTTP server); returns (process, config)."""
-    master = shutil.which("mooncake_master", path=os.path.join(a.mooncake, "bin")) \
-        or shutil.which("mooncake_master")
+    # The wheel's own binary (`pip --target DIR`: DIR/mooncake/mooncake_master), else a
+    # console script on DIR/bin or PATH.
+    master = os.path.join(a.mooncake, "mooncake", "mooncake_master") if a.mooncake else ""
+    if not os.access(master, os.X_OK):
+        master = shutil.which("mooncake_master", path=os.path.join(a.mooncake, "bin")) \
+            or shutil.which("mooncake_master")
     if master is None:
-        raise RuntimeError("mooncake_master not found (--mooncake DIR/bin or PATH)")
+        raise RuntimeError("mooncake_master not found (--mooncake DIR, DIR/bin or PATH)")
     log = open(os.path.join(tmp, "mooncake_master.log"), "w")
     proc = subprocess.Popen([master, "--rpc_port=50551", "--enable_http_metadata_server=true",
                              "--http_metadata_server_port=8089"], stdout=log,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, env=dict(os.environ, **mooncake_env(a)))
     time.sleep(2)
     seg = (a.host_gib * 3 // 4) << 30
     return proc, {"master_server_address": "127.0.0.1:50551",
@@ -200,7 +215,8 @@ def main() -> int:
     ap.add_argument("--host-gib", type=int, default=24, help="host memory per configuration")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--mooncake", default="", help="folder of an installed Mooncake (bin/)")
+    ap.add_argument("--mooncake", default="",
+                    help="folder of an installed Mooncake (`pip --target DIR`, or a prefix with bin/)")
     ap.add_argument("--ready-timeout", type=int, default=420)
     ap.add_argument("--csv", default=None)
     ap.add_argument("--json", default=None)
@@ -227,7 +243,8 @@ def main() -> int:
                     owner = Owner(tmp, f"owner-{name}", segment=f"{seg}GiB").start()
                 if name == "mooncake":
                     mooncake, mooncake_cfg = start_mooncake(a, tmp)
-                server = Server(tmp, name, model, server_flags(name, a, tmp, owner, mooncake_cfg))
+                server = Server(tmp, name, model, server_flags(name, a, tmp, owner, mooncake_cfg),
+                                env=mooncake_env(a) if name == "mooncake" else None)
                 print(f"{name}: ready after {wait_ready({name: server}, a.ready_timeout)}",
                       flush=True)
                 records, wall = run_workload(server, turns, a)

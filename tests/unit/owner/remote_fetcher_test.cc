@@ -7,20 +7,71 @@
 // which stay claimed until the master can no longer publish them.
 #include "owner/remote_fetcher.h"
 
+#include <type_traits>
+
+#include "rpc/forwarding_master.h"
 #include "tests/unit/owner/owner_parts_fixture.h"
 
 namespace fluxon::testing {
 namespace {
 
+// Between the requester and the master: every call goes through unchanged except
+// BatchGetStart, whose request or answer `edit_start` may change. Stands in for masters that
+// answer differently from this tree's (an earlier one that ignores source_peers_apart, or one
+// that leaves a source out of source_peers).
+class StartEditingMaster : public ForwardingMaster<StartEditingMaster> {
+ public:
+  enum class Edit { kIgnoreSourcePeersApart, kDropSourcePeers };
+  StartEditingMaster(MasterApi* next, Edit edit) : next_(next), edit_(edit) {}
+
+  template <typename Reply, typename Request>
+  absl::StatusOr<Reply> Forward(const Request& r,
+                                absl::StatusOr<Reply> (MasterApi::*method)(const Request&)) {
+    if constexpr (std::is_same_v<Request, v1::BatchGetStartRequest>) {
+      if (edit_ == Edit::kIgnoreSourcePeersApart) {
+        v1::BatchGetStartRequest earlier = r;  // the field unknown to it: read as unset
+        earlier.clear_source_peers_apart();
+        return next_->BatchGetStart(earlier);
+      }
+      absl::StatusOr<v1::BatchGetStartReply> reply = next_->BatchGetStart(r);
+      if (reply.ok()) reply->clear_source_peers();
+      return reply;
+    }
+    return (next_->*method)(r);
+  }
+
+ private:
+  MasterApi* const next_;
+  const Edit edit_;
+};
+
 class RemoteFetcherTest : public OwnerPartsTest {
  protected:
-  // The requester (node 1) and the source (node 2), both with a data plane.
-  void TwoOwners(PartsOptions requester = {}, PartsOptions source = {}) {
+  ~RemoteFetcherTest() override {
+    if (requester_master_ == nullptr) return;
+    // The owners go before requester_master_, which the requester may still call.
+    faults_.Shutdown();
+    for (auto& o : owners_) {
+      if (o) o->peer_faults.Shutdown();
+    }
+    owners_.clear();
+  }
+  // The requester (node 1) and the source (node 2), both with a data plane. With
+  // `requester_master`, the requester's calls go through it to the shared master.
+  void TwoOwners(PartsOptions requester = {}, PartsOptions source = {},
+                 std::unique_ptr<MasterApi> requester_master = nullptr) {
     requester.node_id = 1;
     requester.data_plane = true;
     source.node_id = 2;
     source.data_plane = true;
-    a_ = &Make(requester);
+    if (requester_master != nullptr) {
+      requester_master_ = std::move(requester_master);
+      owners_.push_back(OwnerParts::Create(requester_master_.get(), requester));
+      ASSERT_NE(owners_.back(), nullptr);
+      a_ = owners_.back().get();
+    } else {
+      a_ = &Make(requester);
+    }
     b_ = &Make(source);
     // Carves the requester's grant now: populating 512 MiB must not eat a fetch's deadline.
     auto warm = a_->pool().Claim(kValueLen, 1);
@@ -66,6 +117,7 @@ class RemoteFetcherTest : public OwnerPartsTest {
     EXPECT_EQ(a_->State(key), "committed");
   }
 
+  std::unique_ptr<MasterApi> requester_master_;
   OwnerParts* a_ = nullptr;
   OwnerParts* b_ = nullptr;
 };
@@ -303,6 +355,45 @@ TEST_F(RemoteFetcherTest, KeyReservedByALocalPutIsNotFetched) {
   EXPECT_EQ(a_->State("mine"), "reserved");
   EXPECT_EQ(mc().get_start_items.load(), 1);
   EXPECT_TRUE(a_->puts->Abort(1, local->put_id).ok());
+}
+
+// A master that does not know source_peers_apart (an earlier one) names the source's address
+// and transports in every item and lists no source peers: the fetch reads from the per-item
+// address and installs the copies as before.
+TEST_F(RemoteFetcherTest, AMasterThatIgnoresSourcePeersApartIsReadThroughEachItemsAddress) {
+  TwoOwners({}, {},
+            std::make_unique<StartEditingMaster>(
+                &faulty(), StartEditingMaster::Edit::kIgnoreSourcePeersApart));
+  const std::vector<std::string> keys = Keys("e", 3);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  const std::vector<RemoteLeader> leaders = Leaders(keys);
+  std::vector<HolderRef> got = Fetch(leaders);
+  ASSERT_EQ(got.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ExpectCopy(got[i], keys[i], leaders[i].put_id);
+    EXPECT_EQ(Locations(keys[i]), 2u);
+  }
+  EXPECT_EQ(mc().get_start_calls.load(), 1);
+  EXPECT_EQ(a_->counters->remote_transfer_submissions.load(), 1);
+  EXPECT_EQ(master().inflight_gets(), 0u);
+}
+
+// A started item whose source has no address anywhere in the answer (not in the item, not in
+// source_peers) is malformed: nothing is read, its get is revoked at the master (the source's
+// pin ends) and its target freed.
+TEST_F(RemoteFetcherTest, AStartedItemWithoutAnySourceAddressIsRevokedNotRead) {
+  TwoOwners({}, {},
+            std::make_unique<StartEditingMaster>(&faulty(),
+                                                 StartEditingMaster::Edit::kDropSourcePeers));
+  const std::vector<std::string> keys = Keys("m", 2);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  std::vector<HolderRef> got = Fetch(Leaders(keys));
+  for (const HolderRef& h : got) EXPECT_FALSE(h);
+  EXPECT_EQ(a_->counters->remote_transfer_submissions.load(), 0);
+  EXPECT_EQ(mc().gets_revoked.load(), 2);
+  EXPECT_EQ(master().inflight_gets(), 0u);
+  for (const std::string& k : keys) EXPECT_EQ(Locations(k), 1u);
+  ExpectNothingHeld(keys);
 }
 
 // Without a data plane every leader is a miss, decided without calling the master.
