@@ -382,9 +382,9 @@ TEST_F(RemoteFetcherTest, AMasterThatIgnoresSourcePeersApartIsReadThroughEachIte
 // source_peers) is malformed: nothing is read, its get is revoked at the master (the source's
 // pin ends) and its target freed.
 TEST_F(RemoteFetcherTest, AStartedItemWithoutAnySourceAddressIsRevokedNotRead) {
-  TwoOwners({}, {},
-            std::make_unique<StartEditingMaster>(&faulty(),
-                                                 StartEditingMaster::Edit::kDropSourcePeers));
+  TwoOwners(
+      {}, {},
+      std::make_unique<StartEditingMaster>(&faulty(), StartEditingMaster::Edit::kDropSourcePeers));
   const std::vector<std::string> keys = Keys("m", 2);
   ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
   std::vector<HolderRef> got = Fetch(Leaders(keys));
