@@ -129,7 +129,7 @@ owner:
   data_address: "127.0.0.1:0"
   local_reserve:
     expected_capacity: {{value_len: {args.value_len}, payload_capacity_bytes: {int(local * 0.9)}}}
-  demotion: {{enabled: true, start_ratio: {args.demotion_start}{budget}}}
+  demotion: {{enabled: true, start_ratio: {args.demotion_start}, max_bytes_in_flight: {args.demotion_inflight}{budget}}}
 """)
         self.cache_admin = free_port()
         self._start(args, tmp, "remote-cache", f"""
@@ -247,6 +247,8 @@ def main():
                          "(0: back to back)")
     ap.add_argument("--demotion-start", type=float, default=0.85,
                     help="the owner's owner.demotion.start_ratio")
+    ap.add_argument("--demotion-inflight", default="256MiB",
+                    help="the owner's owner.demotion.max_bytes_in_flight")
     ap.add_argument("--remote-budget", type=float, default=0.9,
                     help="owner-L+rc-R-ranked: the owner's remote budget as a share of R")
     ap.add_argument("--cache-heartbeat-ms", type=int, default=1000,
