@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -129,8 +131,21 @@ class PeerProcess {
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
+  // SIGSTOP / SIGCONT. Stopping returns once the process is stopped (its /proc state is 'T',
+  // checked for up to 2 s): the signal alone is delivered asynchronously, and a peer that
+  // still runs for a moment may answer a request the caller meant to stall.
   void Stop(bool stopped) {
-    if (pid_ > 0) ::kill(pid_, stopped ? SIGSTOP : SIGCONT);
+    if (pid_ <= 0) return;
+    ::kill(pid_, stopped ? SIGSTOP : SIGCONT);
+    if (!stopped) return;
+    const std::string path = "/proc/" + std::to_string(pid_) + "/stat";
+    for (int i = 0; i < 2000; ++i) {
+      std::ifstream f(path);
+      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const size_t close = text.rfind(')');
+      if (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'T') return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
  private:

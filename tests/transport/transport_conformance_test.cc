@@ -705,6 +705,56 @@ TYPED_TEST(TransportConformance, PeerKilledMidBatchFailsIt) {
   EXPECT_FALSE(again.status.ok());
 }
 
+// TCP: a batch's requests spread over every connection to the peer. With the peer stopped, the
+// requests of one batch (16 of 1 MiB, 4 connections, a window of 32 MiB) are all sent and none
+// is answered: each connection carries 4 of them, not whichever sender woke first all 16 (a
+// read request is only a header, so one sender could take the whole queue and the batch would
+// move at one connection's speed). Then the peer resumes and the batch completes byte-exact.
+TEST(TcpTransportSpread, ABatchsRequestsSpreadOverEveryConnection) {
+  TcpEnv env;
+  std::unique_ptr<PeerHarness> peer = env.StartPeer(16 * MiB, 3);
+  ASSERT_NE(peer, nullptr);
+  Fill(peer->memory(), 16 * MiB, 41);
+  TcpTransportOptions o;
+  o.listen_address = "";
+  o.connections_per_peer = 4;
+  o.request_bytes = 1 * MiB;
+  o.max_inflight_bytes_per_peer = 32 * MiB;
+  auto t = TcpTransport::Create(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  TcpTransport& transport = **t;
+  LocalRegion local(16 * MiB);
+  ASSERT_NE(local.base(), nullptr);
+  ASSERT_TRUE(transport.RegisterRegion(1, local.base(), local.len()).ok());
+  // Connected (all four connections past the handshake) before the peer stops.
+  auto warm = transport.Submit(peer->id(), OpKind::kRead,
+                               std::vector<Descriptor>{{0, local.base(), 4096}}, kTimeout);
+  ASSERT_TRUE(warm.ok() && warm->WaitFor(kWaitBound) && warm->Wait().status.ok());
+  ASSERT_EQ(transport.ConnectionLoads(peer->id().address).size(), 4u);
+
+  peer->Stall(true);
+  std::vector<Descriptor> d;
+  for (uint64_t i = 0; i < 16; ++i) d.push_back({i * MiB, local.base() + i * MiB, 1 * MiB});
+  auto h = transport.Submit(peer->id(), OpKind::kRead, d, kTimeout);
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::vector<uint64_t> loads;
+  for (int i = 0; i < 500; ++i) {  // every request sent: 16 MiB in flight
+    loads = transport.ConnectionLoads(peer->id().address);
+    uint64_t total = 0;
+    for (uint64_t l : loads) total += l;
+    if (total == 16 * MiB) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  peer->Stall(false);
+  ASSERT_EQ(loads.size(), 4u);
+  for (uint64_t l : loads) EXPECT_EQ(l, 4 * MiB) << "a connection carries more than its share";
+  ASSERT_TRUE(h->WaitFor(kWaitBound));
+  ASSERT_TRUE(h->Wait().status.ok()) << h->Wait().status;
+  EXPECT_EQ(std::memcmp(local.base(), peer->memory(), 16 * MiB), 0);
+  for (uint64_t l : transport.ConnectionLoads(peer->id().address)) EXPECT_EQ(l, 0u);
+  EXPECT_TRUE(transport.UnregisterRegion().ok());
+}
+
 TEST(TransportChoice, FirstCommonInLocalOrder) {
   const std::vector<std::string> both = {"rdma", "tcp"};
   const std::vector<std::string> tcp_only = {"tcp"};

@@ -161,6 +161,9 @@ class Connection {
   bool deliberate_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status reason_ ABSL_GUARDED_BY(mu_);
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Bytes of the requests in sent_, changed only under the peer's mutex (the sender takes a
+  // request only while its connection is among the least loaded: see Peer::LeastLoaded).
+  std::atomic<uint64_t> inflight_bytes_{0};
   std::atomic<bool> dead_{false};  // set under the peer's mutex once torn down: threads exit
   std::thread sender_;
   std::thread receiver_;
@@ -198,8 +201,33 @@ class TcpTransport::Peer {
     for (const auto& c : connections_) n += c->Usable() ? 1 : 0;
     return n;
   }
+  // The bytes in flight on each usable connection.
+  std::vector<uint64_t> connection_loads() const {
+    MutexLock lock(&mu_);
+    std::vector<uint64_t> loads;
+    for (const auto& c : connections_) {
+      if (c->Usable()) loads.push_back(c->inflight_bytes_.load(std::memory_order_relaxed));
+    }
+    return loads;
+  }
 
  private:
+  // Whether `c` carries no more bytes than any other usable connection. A sender takes the next
+  // request only then, so a batch's requests spread over every connection (one per connection
+  // in turn) instead of going to whichever sender wakes first: a read request is only a header,
+  // and one sender could otherwise take the whole queue before the others woke up, leaving the
+  // other connections idle and the batch at one connection's speed.
+  bool LeastLoaded(const Connection* c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t mine = c->inflight_bytes_.load(std::memory_order_relaxed);
+    for (const auto& other : connections_) {
+      if (other.get() != c && other->Usable() &&
+          other->inflight_bytes_.load(std::memory_order_relaxed) < mine) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   void SenderLoop(Connection* c);
   void ReceiverLoop(Connection* c);
   // Receiver side of a failed connection: waits for its sender, then settles its requests.
@@ -322,7 +350,8 @@ void TcpTransport::Peer::SenderLoop(Connection* c) {
           if (c->failed_) return;
         }
         if (!queue_.empty() &&
-            window_.Admits(queue_.front().bytes, options_.max_inflight_bytes_per_peer)) {
+            window_.Admits(queue_.front().bytes, options_.max_inflight_bytes_per_peer) &&
+            LeastLoaded(c)) {
           break;
         }
         work_cv_.WaitUntil(&mu_, Clock::now() + std::chrono::seconds(1));
@@ -335,6 +364,9 @@ void TcpTransport::Peer::SenderLoop(Connection* c) {
         continue;
       }
       window_.Launch(unit.bytes);
+      c->inflight_bytes_.fetch_add(unit.bytes, std::memory_order_relaxed);
+      // Another connection may be the least loaded now: its sender takes the next request.
+      if (!queue_.empty()) work_cv_.SignalAll();
       MutexLock clock(&c->mu_);
       request_id = c->next_request_id_++;
       c->sending_ = true;
@@ -449,6 +481,7 @@ void TcpTransport::Peer::ReceiverLoop(Connection* c) {
     {
       MutexLock lock(&mu_);
       window_.Land(unit.bytes);
+      c->inflight_bytes_.fetch_sub(unit.bytes, std::memory_order_relaxed);
       {
         MutexLock clock(&c->mu_);
         c->sent_.pop_front();
@@ -483,6 +516,7 @@ void TcpTransport::Peer::TearDown(Connection* c) {
       units.swap(c->sent_);
     }
     c->dead_.store(true);
+    c->inflight_bytes_.store(0, std::memory_order_relaxed);
     for (Unit& u : units) {
       window_.Land(u.bytes);
       if (u.batch->state->aborted()) continue;
@@ -992,6 +1026,12 @@ absl::StatusOr<BatchHandle> TcpTransport::DoSubmit(const PeerId& peer, OpKind op
   }
   p->Enqueue(std::move(units));
   return handle;
+}
+
+std::vector<uint64_t> TcpTransport::ConnectionLoads(const std::string& address) const {
+  MutexLock lock(&peers_mu_);
+  auto it = peers_.find(address);
+  return it == peers_.end() ? std::vector<uint64_t>{} : it->second->connection_loads();
 }
 
 void TcpTransport::AddStats(TransportStats* out) const {

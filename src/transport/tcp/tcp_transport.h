@@ -87,6 +87,10 @@ class TcpTransport final : public Transport {
   absl::Status SetRegionGeneration(uint64_t generation) override;
   absl::Status UnregisterRegion() override;
 
+  // The bytes in flight on each usable connection to `address` (empty: none); a batch's requests
+  // are spread so that these differ by at most one request.
+  std::vector<uint64_t> ConnectionLoads(const std::string& address) const;
+
   class Peer;
   class Server;
 
