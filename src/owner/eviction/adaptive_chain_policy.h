@@ -272,6 +272,11 @@ class AdaptiveChainPolicy {
       return SetVictim(c != nullptr ? c : lru_tail_, 0,
                        cand[kPrediction] != nullptr ? kByPrediction : kByRecency);
     }
+    // Regular traffic: when the chains' periods hardly differ (round-barrier multi-turn, where
+    // every conversation comes back once a round), prediction chooses, whatever the weights say
+    // (the ghost regret cannot tell the experts apart there: see 4). The victim carries no
+    // expert's tag: the rule chose it, not the weights, so its ghost moves no weight.
+    if (PeriodsRegular()) return SetVictim(cand[kPrediction], 0, kByPrediction);
     // They disagree: smooth weighted round robin (each gains its weight in credit, the richer
     // one chooses and pays 1), so each expert chooses its weight's share of the decisions.
     int best = kPrediction;
@@ -282,6 +287,18 @@ class AdaptiveChainPolicy {
     credit_[best] -= 1.0;
     return SetVictim(cand[best], uint8_t{1} << best,
                      best == kPrediction ? kByPrediction : kByRecency);
+  }
+
+  // Whether at least kRegularMinChains indexed chains have a period and the standard deviation
+  // of their log periods is below kRegularSpread (periods within about a factor of 1.5 of each
+  // other), the online sign of round-barrier traffic; Zipf popularity spreads periods over
+  // orders of magnitude.
+  bool PeriodsRegular() const {
+    if (period_count_ < kRegularMinChains) return false;
+    const double n = static_cast<double>(period_count_);
+    const double mean = log_period_sum_ / n;
+    const double var = std::max(log_period_sq_sum_ / n - mean * mean, 0.0);
+    return var < kRegularSpread * kRegularSpread;
   }
 
   // Introspection for tests and the bench.
@@ -384,6 +401,10 @@ class AdaptiveChainPolicy {
   // EXP3's importance weighting: regret is divided by the chooser's weight (at least this), so
   // an expert that is rarely chosen is not favoured for being rarely caught.
   static constexpr double kRegretFloor = 0.01;
+  // PeriodsRegular: chosen on the generalisation suite's tuning half (bench/eviction_suite.cc;
+  // 0.3 to 0.6 all gained there, 0.4 most without a family losing cells; docs/perf.md).
+  static constexpr double kRegularSpread = 0.4;
+  static constexpr uint64_t kRegularMinChains = 8;
   static constexpr uint8_t kProbationBit = 4;  // ghost tag: evicted while on probation
 
   struct Chain {
@@ -545,6 +566,9 @@ class AdaptiveChainPolicy {
       c->indexed_period = c->period;
       by_pred_.insert({c->indexed_pred, c->id, c});
       period_sum_ += c->period;
+      const double lp = std::log(std::max(c->period, 1.0));
+      log_period_sum_ += lp;
+      log_period_sq_sum_ += lp * lp;
       ++period_count_;
     } else {
       no_period_.insert({c->last, c->id, c});
@@ -559,6 +583,9 @@ class AdaptiveChainPolicy {
     if (c->has_period) {
       by_pred_.erase({c->indexed_pred, c->id, c});
       period_sum_ -= c->indexed_period;
+      const double lp = std::log(std::max(c->indexed_period, 1.0));
+      log_period_sum_ -= lp;
+      log_period_sq_sum_ -= lp * lp;
       --period_count_;
     } else {
       no_period_.erase({c->indexed_last, c->id, c});
@@ -737,6 +764,8 @@ class AdaptiveChainPolicy {
   absl::btree_set<LastKey> by_class_[64];  // the same, per weight class (the filter's index)
   uint64_t class_mask_ = 0;                // the non-empty classes
   double period_sum_ = 0;                  // over the leaf chains with a period
+  double log_period_sum_ = 0;              // their log periods (PeriodsRegular)
+  double log_period_sq_sum_ = 0;
   uint64_t period_count_ = 0;
   uint64_t total_weight_ = 0;
   uint64_t probation_weight_ = 0;  // of the leaf chains on probation
