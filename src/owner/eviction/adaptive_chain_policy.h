@@ -49,7 +49,9 @@
 //    - recency: the least recently used chain (LRU on chains, tail first) — right when popularity
 //      is skewed and periods are noisy, and after a shift of the hot set.
 //    Where they disagree, each chooses its weight's share of the victims, deterministically
-//    (smooth weighted round robin on running credits, no random numbers).
+//    (smooth weighted round robin on running credits, no random numbers) — except while the
+//    chains' periods lie close together (PeriodsRegular: round-barrier traffic, where every
+//    conversation returns once a round), when prediction chooses, untagged.
 // 4. Regret (LeCaR). Every victim's fingerprint goes to a ghost FIFO, tagged with whether it was
 //    on probation and, while the experts disagreed, with the expert that chose it. When a tagged
 //    page is admitted again, that expert pays regret d^age (age in evictions since, d chosen so
