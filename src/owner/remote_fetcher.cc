@@ -206,10 +206,11 @@ bool RemoteFetcher::StartGets(std::vector<std::unique_ptr<Target>>& targets,
   // master answers, keeps it).
   absl::flat_hash_map<uint32_t, const std::string*> peer_address;
   for (const v1::SourcePeer& p : reply->source_peers()) peer_address[p.node_id()] = &p.address();
-  const auto address_of = [&](const v1::GetStartResult& r) -> std::string {
+  static const std::string kNoAddress;
+  const auto address_of = [&](const v1::GetStartResult& r) -> const std::string& {
     if (!r.source_address().empty()) return r.source_address();
     auto it = peer_address.find(r.source().node_id());
-    return it == peer_address.end() ? std::string() : *it->second;
+    return it == peer_address.end() ? kNoAddress : *it->second;
   };
   registration_->NoteInflightGetTtl(reply->inflight_get_ttl_ms());
   registration_->NoteEpoch(reply->master_epoch());

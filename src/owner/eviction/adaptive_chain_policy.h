@@ -588,7 +588,11 @@ class AdaptiveChainPolicy {
       const double lp = std::log(std::max(c->indexed_period, 1.0));
       log_period_sum_ -= lp;
       log_period_sq_sum_ -= lp * lp;
-      --period_count_;
+      if (--period_count_ == 0) {  // no rounding error outlives the chains it came from
+        period_sum_ = 0;
+        log_period_sum_ = 0;
+        log_period_sq_sum_ = 0;
+      }
     } else {
       no_period_.erase({c->indexed_last, c->id, c});
       probation_weight_ -= c->weight;

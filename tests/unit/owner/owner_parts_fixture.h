@@ -399,13 +399,12 @@ class OwnerPartsTest : public ::testing::Test {
     master_ = std::make_unique<MasterCore>(options);
     faulty_ = std::make_unique<FaultInjectingMaster>(master_.get(), &faults_);
   }
-  OwnerParts& Make(PartsOptions o = {}) {
-    owners_.push_back(OwnerParts::Create(faulty_.get(), o));
-    if (!owners_.back()) {
-      ADD_FAILURE() << "owner parts of node " << o.node_id << " could not be made";
-      std::abort();
-    }
-    return *owners_.back();
+  OwnerParts& Make(PartsOptions o = {}) { return MakeOn(faulty_.get(), o); }
+  // An owner whose master calls go through `master` (a wrapper over faulty(), standing in for
+  // a master that answers differently); kept until the owners are gone.
+  OwnerParts& MakeOver(std::unique_ptr<MasterApi> master, PartsOptions o = {}) {
+    masters_.push_back(std::move(master));
+    return MakeOn(masters_.back().get(), o);
   }
   MasterCore& master() { return *master_; }
   MasterApi& faulty() { return *faulty_; }
@@ -419,7 +418,18 @@ class OwnerPartsTest : public ::testing::Test {
   std::unique_ptr<MasterCore> master_ = std::make_unique<MasterCore>();
   std::unique_ptr<FaultInjectingMaster> faulty_ =
       std::make_unique<FaultInjectingMaster>(master_.get(), &faults_);
+  std::vector<std::unique_ptr<MasterApi>> masters_;  // MakeOver's; outlive the owners
   std::vector<std::unique_ptr<OwnerParts>> owners_;
+
+ private:
+  OwnerParts& MakeOn(MasterApi* master, const PartsOptions& o) {
+    owners_.push_back(OwnerParts::Create(master, o));
+    if (!owners_.back()) {
+      ADD_FAILURE() << "owner parts of node " << o.node_id << " could not be made";
+      std::abort();
+    }
+    return *owners_.back();
+  }
 };
 
 }  // namespace fluxon::testing

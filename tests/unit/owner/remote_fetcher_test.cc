@@ -16,7 +16,7 @@ namespace fluxon::testing {
 namespace {
 
 // Between the requester and the master: every call goes through unchanged except
-// BatchGetStart, whose request or answer `edit_start` may change. Stands in for masters that
+// BatchGetStart, whose request or answer it changes as `Edit` says. Stands in for masters that
 // answer differently from this tree's (an earlier one that ignores source_peers_apart, or one
 // that leaves a source out of source_peers).
 class StartEditingMaster : public ForwardingMaster<StartEditingMaster> {
@@ -47,15 +47,6 @@ class StartEditingMaster : public ForwardingMaster<StartEditingMaster> {
 
 class RemoteFetcherTest : public OwnerPartsTest {
  protected:
-  ~RemoteFetcherTest() override {
-    if (requester_master_ == nullptr) return;
-    // The owners go before requester_master_, which the requester may still call.
-    faults_.Shutdown();
-    for (auto& o : owners_) {
-      if (o) o->peer_faults.Shutdown();
-    }
-    owners_.clear();
-  }
   // The requester (node 1) and the source (node 2), both with a data plane. With
   // `requester_master`, the requester's calls go through it to the shared master.
   void TwoOwners(PartsOptions requester = {}, PartsOptions source = {},
@@ -64,14 +55,8 @@ class RemoteFetcherTest : public OwnerPartsTest {
     requester.data_plane = true;
     source.node_id = 2;
     source.data_plane = true;
-    if (requester_master != nullptr) {
-      requester_master_ = std::move(requester_master);
-      owners_.push_back(OwnerParts::Create(requester_master_.get(), requester));
-      ASSERT_NE(owners_.back(), nullptr);
-      a_ = owners_.back().get();
-    } else {
-      a_ = &Make(requester);
-    }
+    a_ = requester_master != nullptr ? &MakeOver(std::move(requester_master), requester)
+                                     : &Make(requester);
     b_ = &Make(source);
     // Carves the requester's grant now: populating 512 MiB must not eat a fetch's deadline.
     auto warm = a_->pool().Claim(kValueLen, 1);
@@ -117,7 +102,6 @@ class RemoteFetcherTest : public OwnerPartsTest {
     EXPECT_EQ(a_->State(key), "committed");
   }
 
-  std::unique_ptr<MasterApi> requester_master_;
   OwnerParts* a_ = nullptr;
   OwnerParts* b_ = nullptr;
 };
