@@ -12,7 +12,7 @@ that were written; temporary state ends at baseline; every wait is bounded.
 
 import time
 
-from test_cluster_demotion_faults import expect_all_readable, put_batches, settled
+from test_cluster_demotion_faults import demotions_done, expect_all_readable, put_batches, settled
 from test_cluster_remote_get import expect_pages, get_pages
 from test_cluster_replica_faults import kill, wait_until
 from test_cluster_replicas import CacheStats, ReplicaCluster, wait_baseline
@@ -35,8 +35,7 @@ def test_demoted_values_stay_ranked_and_the_owners_victims_leave_both_tiers(daem
     a, b = c.client(1), c.client(2)
     # 640 MiB into half of 1 GiB plus 256 MiB on the remote_cache: everything stays ranked.
     batches = put_batches(a, "or", 10)
-    wait_until(lambda: a.stats()["demoted_pages"] > 0 and settled(a.stats()), 30,
-               "the demotions to end")
+    wait_until(lambda: demotions_done(a.stats()), 30, "the demotions to end")
     s = a.stats()
     on_cache = c.cache_stats()["committed_entries"]
     assert on_cache == s["demoted_pages"] > 0, (on_cache, str(s))
@@ -85,8 +84,7 @@ def test_a_delete_through_the_owner_removes_its_demoted_copies_too(daemon_factor
     c = ReplicaCluster(daemon_factory, tmp, owner_extra=RANKING)
     a, b = c.client(1), c.client(2)
     batches = put_batches(a, "od", 10)
-    wait_until(lambda: a.stats()["demoted_pages"] > 0 and settled(a.stats()), 30,
-               "the demotions to end")
+    wait_until(lambda: demotions_done(a.stats()), 30, "the demotions to end")
     demoted = a.stats()["demoted_pages"]
     assert c.cache_stats()["committed_entries"] == demoted > 0
     deleted, kept = a.delete_prefix("od")
@@ -107,8 +105,7 @@ def test_a_killed_remote_cache_fails_the_drops_and_the_owner_keeps_serving(daemo
     c = ReplicaCluster(daemon_factory, tmp, owner_extra=RANKING)
     a, b = c.client(1), c.client(2)
     batches = put_batches(a, "ok", 10)
-    wait_until(lambda: a.stats()["demoted_pages"] >= 256 and settled(a.stats()), 30,
-               "the demotions to end")
+    wait_until(lambda: demotions_done(a.stats()), 30, "the demotions to end")
     demoted = sorted(k for k, nodes in c.all_locations("ok").items() if nodes == [3])
     assert len(demoted) == a.stats()["demoted_pages"]
     kill(c.daemons[3])
