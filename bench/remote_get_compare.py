@@ -10,6 +10,11 @@ only on A, so every first read crosses the TCP data plane from A to B.
   + local_fast_put_commit, each commit waited for. Client B attaches to owner B and times, per
   batch, get_start (it answers once the owner has fetched the pages: start→ready), get_transfer,
   copy_from_plan and release_views.
+- fluxon-deferred: the same, with get_start(allow_deferred=True): owner B answers after its
+  lookup and fetches in the background; get_transfer waits for the pages (its time is the fetch).
+- fluxon-pipelined: deferred, and batch i+1's get_start is issued right after batch i's
+  get_transfer, so the next batch's fetch overlaps this batch's copy (a restore loop that looks
+  one batch ahead). Its batch time is batch i's start + transfer + copy + release.
 - Mooncake: a mooncake_master and two MooncakeDistributedStore clients over "tcp" with
   P2PHANDSHAKE. Client A mounts a global segment that holds every page and puts with
   batch_put_from from a registered buffer; client B mounts no segment (global_segment_size 0) and
@@ -100,6 +105,7 @@ class FluxonNode(Node):
     def __init__(self, w):
         import fluxon
         self.fx, self.v, self.threads = fluxon, w["value_len"], w["copy_threads"]
+        self.deferred = w["side"] in ("fluxon-deferred", "fluxon-pipelined")
         self.c = fluxon.KvClient(socket_path=w["endpoint"])
         self.c.prefault_segment()
 
@@ -115,7 +121,7 @@ class FluxonNode(Node):
     def get(self, keys, ptr):
         """(restored pages, {phase: seconds}, diagnostics)."""
         t0 = time.perf_counter()
-        h = self.c.get_start(keys)
+        h = self.c.get_start(keys, allow_deferred=self.deferred)
         t1 = time.perf_counter()
         r = h.result
         diag = {"local_pinned": r.local_pinned, "inflight_joined": r.inflight_joined,
@@ -132,6 +138,38 @@ class FluxonNode(Node):
         t4 = time.perf_counter()
         return n, {"start": t1 - t0, "transfer": t2 - t1, "copy": t3 - t2, "release": t4 - t3,
                    "total": t4 - t0}, diag
+
+    def pipelined(self, batches, ptr, check):
+        """fluxon-deferred: batch i+1's get_start (answered at once, its fetch under way) is
+        issued right after batch i's get_transfer, so the next fetch overlaps this copy. Yields
+        what get() returns, per batch; `check(i, n)` runs after batch i's copy."""
+        def start(keys):
+            t0 = time.perf_counter()
+            h = self.c.get_start(keys, allow_deferred=True)
+            return h, time.perf_counter() - t0
+        h, start_s = start(batches[0])
+        for i in range(len(batches)):
+            r = h.result
+            diag = {"local_pinned": r.local_pinned, "inflight_joined": r.inflight_joined,
+                    "leader_started": r.leader_started, "deferred": int(r.deferred)}
+            t1 = time.perf_counter()
+            plan = self.c.get_transfer(h) if r.transferable_len else None
+            t2 = time.perf_counter()
+            nxt, nxt_s = start(batches[i + 1]) if i + 1 < len(batches) else (None, 0.0)
+            t3 = time.perf_counter()
+            if plan is None:
+                self.c.cancel_get_transfer(h)
+            else:
+                self.fx.copy_from_plan(plan, ptr, self.v, self.threads)
+            t4 = time.perf_counter()
+            if plan is not None:
+                self.c.release_views(plan)
+            t5 = time.perf_counter()
+            check(i, r.transferable_len)
+            yield r.transferable_len, {
+                "start": start_s, "transfer": t2 - t1, "copy": t4 - t3, "release": t5 - t4,
+                "total": start_s + (t2 - t1) + (t5 - t3)}, diag
+            h, start_s = nxt, nxt_s
 
     def extra(self):  # the owner's counters, seen from client B
         return {"client_stats": {k: v for k, v in self.c.stats().items()
@@ -172,7 +210,7 @@ class MooncakeNode(Node):
 
 def worker(w):
     signal.alarm(int(w["timeout"]))  # a hard bound on the worker's life
-    node = (FluxonNode if w["side"] == "fluxon" else MooncakeNode)(w)
+    node = (FluxonNode if w["side"].startswith("fluxon") else MooncakeNode)(w)
     v, b, nb = w["value_len"], w["pages"], w["batches"]
     buf = np.ones((b, v), dtype=np.uint8)  # touched: no first-touch faults in the timed copies
     node.register(buf)
@@ -199,6 +237,20 @@ def worker(w):
     node.get(keys_of("warm", b), buf.ctypes.data)
     for name in ("remote", "second"):
         rows = []
+        if w.get("pipelined") and name == "remote":
+            def check(i, n):
+                bad = sum(0 if page_ok(buf[j], i, j, v) else 1 for j in {i % b, b - 1} if j < n)
+                rows.append({"bad": bad})
+            try:
+                got = list(node.pipelined([keys_of(i, b) for i in range(nb)], buf.ctypes.data,
+                                          check))
+                for row, (n, t, diag) in zip(rows, got):
+                    row.update(n=n, t=t, diag=diag)
+            except Exception as e:  # a failed get is a result, not a crash
+                out["errors"].append(f"{name} pipelined: {type(e).__name__}: {e}")
+                rows = [{"n": 0, "t": {}, "diag": {}, "bad": 0}]
+            out["passes"][name] = rows
+            continue
         for i in range(nb):
             try:
                 n, t, diag = node.get(keys_of(i, b), buf.ctypes.data)
@@ -322,7 +374,8 @@ def start_mooncake(args, tmp, procs):
 def start_worker(procs, name, args, side, role, endpoint, segment):
     w = {"side": side, "role": role, "endpoint": endpoint, "segment": segment,
          "value_len": args.value_len, "pages": args.pages_per_batch, "batches": args.batches,
-         "copy_threads": args.copy_threads, "timeout": args.timeout}
+         "copy_threads": args.copy_threads, "timeout": args.timeout,
+         "pipelined": side == "fluxon-pipelined"}
     return procs.start(name, [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(w)],
                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
@@ -367,7 +420,7 @@ def run_round(side, rnd, args):
     tmp = tempfile.mkdtemp(prefix="fxremote", dir="/tmp")
     procs = Procs(tmp)
     try:
-        if side == "fluxon":
+        if side.startswith("fluxon"):
             ep_a, ep_b = start_fluxon(args, tmp, procs)
         else:
             ep_a, ep_b = start_mooncake(args, tmp, procs)
@@ -431,10 +484,10 @@ COLUMNS = (("GB/s", "GB/s", 7, 2), ("pages/s", "pages/s", 9, 0),
 
 def print_table(rows, title):
     head = "".join(f"{h:>{w}}" for h, _, w, _ in COLUMNS)
-    print(f"\n{title}\n{'side':<9}{'round':>5} {'pass':<7}{head}")
+    print(f"\n{title}\n{'side':<16}{'round':>5} {'pass':<7}{head}")
     for x in rows:
         cells = (f"{x[k]:>{w}.{p}f}" if x[k] == x[k] else f"{'-':>{w}}" for _, k, w, p in COLUMNS)
-        print(f"{x['side']:<9}{x['round']:>5} {x['pass']:<7}" + "".join(cells))
+        print(f"{x['side']:<16}{x['round']:>5} {x['pass']:<7}" + "".join(cells))
 
 
 def main():
@@ -461,9 +514,9 @@ def main():
         if getattr(args, k) is None:
             setattr(args, k, v)
     sides = [s for s in args.sides.split(",") if s]
-    if not set(sides) <= {"fluxon", "mooncake"}:
-        raise SystemExit("--sides takes fluxon and/or mooncake")
-    if "fluxon" in sides and not os.access(args.fluxond, os.X_OK):
+    if not set(sides) <= {"fluxon", "fluxon-deferred", "fluxon-pipelined", "mooncake"}:
+        raise SystemExit("--sides takes fluxon, fluxon-deferred, fluxon-pipelined, mooncake")
+    if any(s.startswith("fluxon") for s in sides) and not os.access(args.fluxond, os.X_OK):
         raise SystemExit(f"{args.fluxond} not found: build the project first")
     size_run(args)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally blocks end every process
@@ -511,12 +564,27 @@ def report(rows, sides, args):
                else f"{ratios['batch p50']:.2f}x (below 1: Fluxon faster)")
         print(f"\nfluxon/mooncake remote: throughput {ratios['GB/s']:.2f}x, batch p50 latency "
               f"{lat}")
+    if {"fluxon", "fluxon-deferred"} <= set(sides):
+        f, d = summary["fluxon remote"], summary["fluxon-deferred remote"]
+        summary["deferred/fluxon remote"] = {
+            "start p50": d["start p50 ms"] / f["start p50 ms"],
+            "batch p50": d["batch p50 ms"] / f["batch p50 ms"]}
+        print(f"fluxon-deferred/fluxon remote: get_start p50 {d['start p50 ms']:.2f} / "
+              f"{f['start p50 ms']:.2f} ms; batch p50 {d['batch p50 ms']:.2f} / "
+              f"{f['batch p50 ms']:.2f} ms; second-pass (local) get_start p50 "
+              f"{summary['fluxon-deferred second']['start p50 ms']:.2f} ms")
+    if {"fluxon", "fluxon-pipelined"} <= set(sides):
+        f, d = summary["fluxon remote"], summary["fluxon-pipelined remote"]
+        summary["pipelined/fluxon remote GB/s"] = d["GB/s"] / f["GB/s"] if f["GB/s"] else 0.0
+        print(f"fluxon-pipelined/fluxon remote: {d['GB/s']:.2f} / {f['GB/s']:.2f} GB/s = "
+              f"{summary['pipelined/fluxon remote GB/s']:.2f}x (the next batch's fetch overlaps "
+              "this batch's copy)")
     shares = []
     for x in rows:  # owner B's own split of its remote-get time (warm-up batch included)
         cs = x.get("client_stats") or {}
         c = sum(cs.get(f"remote_{part}_us", 0) for part in ("claim", "start", "finish", "install"))
         r = cs.get("remote_read_us", 0)
-        if x["side"] == "fluxon" and x["pass"] == "remote" and c + r > 0:
+        if x["side"].startswith("fluxon") and x["pass"] == "remote" and c + r > 0:
             shares.append(100.0 * c / (c + r))
     if shares:
         summary["fluxon owner control share %"] = float(np.median(shares))

@@ -63,6 +63,9 @@ struct GetStartResult {
   uint32_t local_pinned = 0;
   uint32_t inflight_joined = 0;
   uint32_t leader_started = 0;
+  // Values of the transferable prefix were still being fetched from other owners when the owner
+  // answered (allow_deferred): GetTransfer waits for them and may fail (Aborted).
+  bool deferred = false;
 };
 
 // Returned by GetStart; consumed by GetTransfer or CancelGetTransfer (once).
@@ -109,9 +112,14 @@ class KvClient {
   absl::StatusOr<KvFuture> LocalFastPutCommit(uint64_t plan_ptr);
   absl::Status PutAbort(uint64_t plan_ptr);
 
+  // `allow_deferred`: for a batch with values held by other owners, the owner may answer before
+  // it has fetched them (transferable_len counts them as found); GetTransfer then waits for the
+  // consumed prefix and fails (Aborted, the handle released) if a consumed value could not be
+  // fetched. Without it GetStart answers once every value of the prefix is here.
   absl::StatusOr<GetStartHandle> GetStart(const std::vector<std::string>& keys,
                                           bool prefix_best_effort = true,
-                                          const std::vector<uint32_t>& atomic_group_lens = {});
+                                          const std::vector<uint32_t>& atomic_group_lens = {},
+                                          bool allow_deferred = false);
   absl::StatusOr<uint64_t> GetTransfer(const GetStartHandle& handle,
                                        std::optional<uint32_t> consume_prefix_len = std::nullopt);
   absl::Status CancelGetTransfer(const GetStartHandle& handle);

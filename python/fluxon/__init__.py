@@ -28,6 +28,7 @@ from typing import Optional, Sequence, Tuple
 
 from . import _native
 from .errors import (
+    FetchFailedError,
     FluxonError,
     InvalidArgumentError,
     KeyConflictError,
@@ -54,6 +55,7 @@ __all__ = [
     "PutOptionalArgs",
     "GetStartHandle",
     "GetStartResult",
+    "FetchFailedError",
     "FluxonError",
     "InvalidArgumentError",
     "KeyConflictError",
@@ -259,6 +261,10 @@ class GetStartResult:
     local_pinned: int = 0
     inflight_joined: int = 0
     leader_started: int = 0
+    # allow_deferred: values of the prefix were still being fetched from other owners when the
+    # owner answered; get_transfer waits for them and raises FetchFailedError if one could not be
+    # fetched (the handle is then released).
+    deferred: bool = False
 
 
 class GetStartHandle:
@@ -410,11 +416,14 @@ class KvClient:
         _call(self._c.put_abort, _check_ptr("plan_ptr", plan_ptr))
 
     def get_start(self, keys, prefix_best_effort: bool = True,
-                  atomic_group_lens=None) -> GetStartHandle:
+                  atomic_group_lens=None, *, allow_deferred: bool = False) -> GetStartHandle:
+        """With allow_deferred the owner may answer before it has fetched the values other
+        owners hold (result.deferred): the fetch overlaps whatever the caller does next, and
+        get_transfer waits only for the consumed prefix."""
         keys = _check_keys(keys)
         groups = _check_groups(atomic_group_lens, len(keys))
         h = _call(self._c.get_start, keys, _check_bool("prefix_best_effort", prefix_best_effort),
-                  groups)
+                  groups, _check_bool("allow_deferred", allow_deferred))
         return GetStartHandle(h, self)
 
     def get_transfer(self, handle: GetStartHandle, *, consume_prefix_len=None) -> int:

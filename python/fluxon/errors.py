@@ -13,6 +13,7 @@ _ALREADY_EXISTS = 6
 _PERMISSION_DENIED = 7
 _RESOURCE_EXHAUSTED = 8
 _FAILED_PRECONDITION = 9
+_ABORTED = 10
 _UNAVAILABLE = 14
 
 
@@ -70,6 +71,13 @@ class PlanStateError(FluxonError):
     code = _FAILED_PRECONDITION
 
 
+class FetchFailedError(FluxonError):
+    """A deferred get's consumed values could not all be fetched from the owners holding them;
+    the handle was released (start the get again: what did arrive is held locally now)."""
+
+    code = _ABORTED
+
+
 class OwnerUnavailableError(FluxonError, ConnectionError):
     """The owner daemon cannot be reached (is fluxond running?)."""
 
@@ -82,6 +90,7 @@ _BY_CODE = {
     _NOT_FOUND: NotFoundError,
     _RESOURCE_EXHAUSTED: NoSpaceError,
     _FAILED_PRECONDITION: PlanStateError,
+    _ABORTED: FetchFailedError,
     _UNAVAILABLE: OwnerUnavailableError,
 }
 

@@ -164,6 +164,7 @@ class PyHandle {
     d["local_pinned"] = r.local_pinned;
     d["inflight_joined"] = r.inflight_joined;
     d["leader_started"] = r.leader_started;
+    d["deferred"] = r.deferred;
     return d;
   }
 
@@ -260,12 +261,13 @@ class PyClient {
     Check(s);
   }
 
-  PyHandle get_start(py::handle py_keys, bool best_effort, std::vector<uint32_t> groups) {
+  PyHandle get_start(py::handle py_keys, bool best_effort, std::vector<uint32_t> groups,
+                     bool allow_deferred) {
     const std::vector<std::string> keys = KeysFromPy(py_keys);
     absl::StatusOr<GetStartHandle> h;
     {
       py::gil_scoped_release nogil;
-      h = client_->GetStart(keys, best_effort, groups);
+      h = client_->GetStart(keys, best_effort, groups, allow_deferred);
     }
     return PyHandle(Unwrap(std::move(h)));
   }
@@ -442,7 +444,8 @@ PYBIND11_MODULE(_native, m) {
       .def("put_start", &PyClient::put_start)
       .def("put_commit", &PyClient::put_commit)
       .def("put_abort", &PyClient::put_abort)
-      .def("get_start", &PyClient::get_start)
+      .def("get_start", &PyClient::get_start, py::arg("keys"), py::arg("best_effort"),
+           py::arg("groups"), py::arg("allow_deferred") = false)
       .def("get_transfer", &PyClient::get_transfer)
       .def("cancel_get_transfer", &PyClient::cancel_get_transfer)
       .def("release_views", &PyClient::release_views)

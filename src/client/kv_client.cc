@@ -151,7 +151,8 @@ struct GetPlan : PlanPayload {
 
 struct HandleState {
   uint64_t owner_handle = 0;
-  std::vector<uint64_t> offsets;
+  bool deferred = false;             // the offsets come with the transfer
+  std::vector<uint64_t> offsets;     // checked against the segment (empty when deferred)
   std::vector<uint32_t> group_lens;  // the caller's groups
   uint32_t transferable = 0;
 };
@@ -504,19 +505,24 @@ absl::Status KvClient::PutAbort(uint64_t plan_ptr) {
 
 absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>& keys,
                                                   bool prefix_best_effort,
-                                                  const std::vector<uint32_t>& groups) {
+                                                  const std::vector<uint32_t>& groups,
+                                                  bool allow_deferred) {
   FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
   FLUXON_RETURN_IF_ERROR(ValidateGroups(groups, keys.size()));
   v1::ClientRequest req;
-  EncodeGetStart(keys, prefix_best_effort, groups, req.mutable_get_start());
+  EncodeGetStart(keys, prefix_best_effort, groups, allow_deferred, req.mutable_get_start());
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
   FLUXON_RETURN_IF_ERROR(StatusOf(resp));
   const v1::GetStartReply& r = resp.get_start();
   // The transferable prefix must be described whole and inside the segment before it is kept.
   const uint32_t t = r.transferable_len();
+  // A deferred answer describes its values with the transfer.
+  const uint32_t described = r.deferred() ? 0 : t;
   absl::Status shape = absl::OkStatus();
-  if (t > keys.size() || static_cast<uint32_t>(r.offsets_size()) != t ||
-      static_cast<uint32_t>(r.lens_size()) != t) {
+  if (r.deferred() && !allow_deferred) {
+    shape = absl::DataLossError("the owner deferred a get_start that did not allow it");
+  } else if (t > keys.size() || static_cast<uint32_t>(r.offsets_size()) != described ||
+             static_cast<uint32_t>(r.lens_size()) != described) {
     shape = absl::DataLossError(absl::StrFormat(
         "the owner answered transferable_len %d with %d offsets and %d lens for %d keys", t,
         r.offsets_size(), r.lens_size(), keys.size()));
@@ -536,6 +542,7 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
   h.result = DecodeGetStartResult(r, keys.size());
   HandleState hs;
   hs.owner_handle = r.handle_id();
+  hs.deferred = r.deferred();
   hs.offsets.assign(r.offsets().begin(), r.offsets().end());
   hs.group_lens = groups;
   hs.transferable = r.transferable_len();
@@ -572,10 +579,29 @@ absl::StatusOr<uint64_t> KvClient::GetTransfer(const GetStartHandle& handle,
   req.mutable_get_transfer()->set_consume_prefix_len(consume);
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
   FLUXON_RETURN_IF_ERROR(StatusOf(resp));
-  // The offsets were checked against the segment in GetStart.
   std::vector<uint64_t> ptrs(consume);
-  const uint64_t base = reinterpret_cast<uint64_t>(impl_->segment->base());
-  for (uint32_t i = 0; i < consume; ++i) ptrs[i] = base + hs.offsets[i];
+  if (hs.deferred) {
+    // The consumed values' places, checked against the segment like a get_start's.
+    const v1::GetTransferReply& r = resp.get_transfer();
+    absl::StatusOr<std::vector<uint64_t>> located =
+        static_cast<uint32_t>(r.offsets_size()) == consume &&
+                static_cast<uint32_t>(r.lens_size()) == consume
+            ? impl_->ValuePointers(r.offsets(), [&](int i) { return r.lens(i); })
+            : absl::DataLossError(absl::StrFormat(
+                  "the owner answered %d offsets and %d lens for %d consumed values",
+                  r.offsets_size(), r.lens_size(), consume));
+    if (!located.ok()) {
+      v1::ClientRequest rel;
+      rel.mutable_release_views()->set_handle_id(hs.owner_handle);
+      (void)impl_->Call(rel);
+      return located.status();
+    }
+    ptrs = std::move(*located);
+  } else {
+    // The offsets were checked against the segment in GetStart.
+    const uint64_t base = reinterpret_cast<uint64_t>(impl_->segment->base());
+    for (uint32_t i = 0; i < consume; ++i) ptrs[i] = base + hs.offsets[i];
+  }
   auto payload = std::make_unique<GetPlan>();
   payload->owner_handle = hs.owner_handle;
   absl::StatusOr<uint64_t> plan = impl_->plans->Issue(PlanKind::kGet, ptrs, std::move(payload));

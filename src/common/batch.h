@@ -58,7 +58,10 @@ struct PrefixResult {
 struct GetStartOutcome {
   PrefixResult prefix;
   uint64_t handle_id = 0;
-  std::vector<uint64_t> offsets;  // transferable prefix
+  // The transferable prefix includes values still being fetched from other owners: offsets and
+  // lens are empty and come with get_transfer.
+  bool deferred = false;
+  std::vector<uint64_t> offsets;  // transferable prefix (empty when deferred)
   std::vector<uint64_t> lens;
   uint32_t local_pinned = 0;
   uint32_t inflight_joined = 0;

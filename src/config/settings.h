@@ -172,6 +172,9 @@ struct OneOf {
     "a start retries a registration refused while the node_id's previous owner is in its lease")  \
   X(remote_get_timeout, "remote_get_timeout_ms", Millis{}, std::chrono::milliseconds(10'000),     \
     "a remote get (start, data-plane read, done) ends within this; the rest is a miss")           \
+  X(remote_prefetch_workers, "remote_prefetch_workers", IntIn<uint32_t>(0, 64), 4,                \
+    "threads fetching the values a deferred get_start left to other owners (0: every get_start "  \
+    "fetches them before it answers)")                                                            \
   X(data_address, "data_address", OptionalListen{}, "",                                           \
     "where this owner serves its segment to other owners (port 0: the kernel picks); empty: no "  \
     "data plane")                                                                                 \

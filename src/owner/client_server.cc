@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "common/mutex.h"
 #include "common/private_files.h"
+#include "fluxon/status.h"
 #include "fluxon/v1/client.pb.h"
 #include "rpc/frame.h"
 #include "spdlog/spdlog.h"
@@ -145,6 +146,9 @@ class ClientServer::Impl {
   absl::Status Answer(Connection* c, v1::ClientRequest& req, v1::OwnerMessage* resp);
   absl::Status AnswerPutStart(Connection* c, v1::PutStartRequest* r, v1::PutStartReply* out);
   absl::Status AnswerGetStart(Connection* c, v1::GetStartRequest* r, v1::GetStartReply* out);
+  // A deferred handle's answer carries the consumed values' places (none otherwise).
+  absl::Status AnswerGetTransfer(Connection* c, const v1::GetTransferRequest& r,
+                                 v1::OwnerMessage* resp);
   absl::Status AnswerDeletePrefix(const v1::DeletePrefixRequest& r, v1::DeletePrefixReply* out);
   void AnswerStats(v1::StatsReply* out);
   // The request's latency, recorded before its answer is written (a client that has its answer
@@ -521,8 +525,7 @@ absl::Status ClientServer::Impl::Answer(Connection* c, v1::ClientRequest& req,
     case v1::ClientRequest::kGetStart:
       return AnswerGetStart(c, req.mutable_get_start(), resp->mutable_get_start());
     case v1::ClientRequest::kGetTransfer:
-      return core_->GetTransfer(c->session, req.get_transfer().handle_id(),
-                                req.get_transfer().consume_prefix_len());
+      return AnswerGetTransfer(c, req.get_transfer(), resp);
     case v1::ClientRequest::kCancelGet:
       return core_->CancelGet(c->session, req.cancel_get().handle_id());
     case v1::ClientRequest::kReleaseViews:
@@ -558,10 +561,28 @@ absl::Status ClientServer::Impl::AnswerGetStart(Connection* c, v1::GetStartReque
                                                 v1::GetStartReply* out) {
   std::vector<std::string> keys;
   std::vector<uint32_t> groups;
+  const bool allow_deferred = r->allow_deferred();
   const bool best_effort = DecodeGetStart(r, &keys, &groups);
-  absl::StatusOr<GetStartOutcome> started = core_->GetStart(c->session, keys, groups, best_effort);
+  absl::StatusOr<GetStartOutcome> started =
+      core_->GetStart(c->session, keys, groups, best_effort, allow_deferred);
   if (!started.ok()) return started.status();
   EncodeGetStartReply(*started, out);
+  return absl::OkStatus();
+}
+
+absl::Status ClientServer::Impl::AnswerGetTransfer(Connection* c, const v1::GetTransferRequest& r,
+                                                   v1::OwnerMessage* resp) {
+  std::vector<HandleTable::Located> located;
+  FLUXON_RETURN_IF_ERROR(
+      core_->GetTransfer(c->session, r.handle_id(), r.consume_prefix_len(), &located));
+  if (located.empty()) return absl::OkStatus();
+  v1::GetTransferReply* out = resp->mutable_get_transfer();
+  out->mutable_offsets()->Reserve(static_cast<int>(located.size()));
+  out->mutable_lens()->Reserve(static_cast<int>(located.size()));
+  for (const HandleTable::Located& l : located) {
+    out->add_offsets(l.offset);
+    out->add_lens(l.len);
+  }
   return absl::OkStatus();
 }
 

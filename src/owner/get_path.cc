@@ -6,10 +6,19 @@ namespace fluxon {
 
 using Clock = std::chrono::steady_clock;
 
+GetPath::~GetPath() {
+  std::deque<PrefetchChunk> left;
+  {
+    MutexLock lock(&prefetch_mu_);
+    left.swap(prefetch_queue_);
+  }
+  for (PrefetchChunk& c : left) EndChunk(c, /*fetch=*/false);
+}
+
 absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
                                                const std::vector<std::string>& keys,
                                                const std::vector<uint32_t>& group_lens,
-                                               bool prefix_best_effort) {
+                                               bool prefix_best_effort, bool allow_deferred) {
   FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
   FLUXON_RETURN_IF_ERROR(ValidateGroups(group_lens, keys.size()));
   const size_t n = keys.size();
@@ -18,18 +27,24 @@ absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
   GetStartOutcome out;
   std::vector<HolderRef> held(n);
   std::vector<uint64_t> cohort_of(n, 0);
-  HoldKeys(keys, &out, held, cohort_of);
+  std::vector<HandleTable::Pending> deferred;
+  const bool defer =
+      allow_deferred && options_.prefetch_workers > 0 && remote_ != nullptr && remote_->enabled();
+  HoldKeys(keys, &out, held, cohort_of, defer, &deferred);
 
-  // G4: results are already in original order; compute the prefix over the caller's groups.
+  // G4: results are already in original order; compute the prefix over the caller's groups (a
+  // value being fetched counts as a hit: its route was found).
   std::vector<bool> hits(n);
   for (size_t i = 0; i < n; ++i) hits[i] = static_cast<bool>(held[i]);
+  for (const HandleTable::Pending& p : deferred) hits[p.index] = true;
   out.prefix = ComputePrefix(hits, group_lens);
   if (!prefix_best_effort && !out.prefix.all_hit()) out.prefix.transferable_len = 0;
   const uint32_t t = out.prefix.transferable_len;
   counters_->hits.fetch_add(t, std::memory_order_relaxed);
   counters_->misses.fetch_add(n - t, std::memory_order_relaxed);
 
-  // G5: release everything past the transferable prefix now.
+  // G5: release everything past the transferable prefix now (a fetch past it still ends and
+  // installs its copies; nothing here waits for it).
   uint32_t released = 0;
   for (size_t i = t; i < n; ++i) {
     if (held[i]) {
@@ -37,13 +52,17 @@ absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
       ++released;
     }
   }
+  std::erase_if(deferred, [t](const HandleTable::Pending& p) { return p.index >= t; });
   counters_->suffix_released.fetch_add(released, std::memory_order_relaxed);
-  if (t > 0) OpenPrefix(client_id, group_lens, cohort_of, t, std::move(held), &out);
+  if (t > 0) {
+    OpenPrefix(client_id, group_lens, cohort_of, t, std::move(held), std::move(deferred), &out);
+  }
   return out;
 }
 
 void GetPath::HoldKeys(const std::vector<std::string>& keys, GetStartOutcome* out,
-                       std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of) {
+                       std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of, bool defer,
+                       std::vector<HandleTable::Pending>* deferred) {
   const size_t n = keys.size();
   std::vector<std::shared_ptr<SharedGetOp>> joined(n), led(n);
   // Classify every key (G1) with one O(1) shard section each (G3, G10).
@@ -62,11 +81,11 @@ void GetPath::HoldKeys(const std::vector<std::string>& keys, GetStartOutcome* ou
     }
   }
   // G8: the batch's leaders go to the master as one Lookup, after every pin and marker (G2).
-  if (out->leader_started > 0) LookupLeaders(keys, led, held, cohort_of);
+  if (out->leader_started > 0) LookupLeaders(keys, led, held, cohort_of, defer, deferred);
   // Joiners observe their leader's terminal state and canonical holder (G7).
   if (out->inflight_joined > 0) {
     const auto begin = Clock::now();
-    const auto deadline = begin + join_timeout_;
+    const auto deadline = begin + options_.join_timeout;
     for (size_t i = 0; i < n; ++i) {
       if (joined[i]) held[i] = joined[i]->Wait(deadline);
     }
@@ -99,7 +118,8 @@ void GetPath::NotePeerReads(const google::protobuf::RepeatedPtrField<v1::PeerRea
 
 void GetPath::OpenPrefix(uint64_t client_id, const std::vector<uint32_t>& group_lens,
                          const std::vector<uint64_t>& cohort_of, uint32_t t,
-                         std::vector<HolderRef> held, GetStartOutcome* out) {
+                         std::vector<HolderRef> held, std::vector<HandleTable::Pending> deferred,
+                         GetStartOutcome* out) {
   // Touch the restored chain tail first, so its head stays warmest.
   std::vector<uint64_t> touched;
   for (size_t i = t; i-- > 0;) {
@@ -118,19 +138,27 @@ void GetPath::OpenPrefix(uint64_t client_id, const std::vector<uint32_t>& group_
       covered += g;
     }
   }
+  held.resize(t);
+  if (!deferred.empty()) {
+    counters_->deferred_gets.fetch_add(1, std::memory_order_relaxed);
+    out->deferred = true;
+    out->handle_id =
+        handles_->Open(client_id, std::move(held), std::move(prefix_groups), std::move(deferred));
+    return;
+  }
   out->offsets.reserve(t);
   out->lens.reserve(t);
   for (size_t i = 0; i < t; ++i) {
     out->offsets.push_back(held[i]->offset);
     out->lens.push_back(held[i]->len);
   }
-  held.resize(t);
   out->handle_id = handles_->Open(client_id, std::move(held), std::move(prefix_groups));
 }
 
 void GetPath::LookupLeaders(const std::vector<std::string>& keys,
                             std::vector<std::shared_ptr<SharedGetOp>>& led,
-                            std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of) {
+                            std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of,
+                            bool defer, std::vector<HandleTable::Pending>* deferred) {
   v1::LookupRequest req;
   req.set_requester_node_id(registration_->identity().node_id);
   const uint32_t me = registration_->identity().node_id;
@@ -176,7 +204,28 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
       remote_index.push_back(i);
     }
   }
-  if (!remote.empty()) {
+  bool queued = false;
+  if (!remote.empty() && defer) {
+    // In key order, so the first chunk covers the start of the prefix.
+    std::vector<PrefetchChunk> chunks;
+    uint64_t bytes = kPrefetchChunkBytes;
+    for (size_t r = 0; r < remote.size(); ++r) {
+      if (bytes >= kPrefetchChunkBytes) {
+        chunks.emplace_back();
+        bytes = 0;
+      }
+      bytes += remote[r].len;
+      chunks.back().leaders.push_back(remote[r]);
+      chunks.back().ops.push_back(led[remote_index[r]]);
+    }
+    queued = QueuePrefetch(std::move(chunks));
+    if (queued) {
+      for (size_t i : remote_index) {
+        deferred->push_back(HandleTable::Pending{static_cast<uint32_t>(i), std::move(led[i])});
+      }
+    }
+  }
+  if (!remote.empty() && !queued) {
     std::vector<uint64_t> cohorts;
     std::vector<HolderRef> fetched = remote_->Fetch(remote, &cohorts);
     for (size_t r = 0; r < remote_index.size(); ++r) {
@@ -184,12 +233,71 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
       cohort_of[remote_index[r]] = cohorts[r];
     }
   }
-  // Every leader's op ends with its key's one canonical holder (or a miss), seen by its joiners.
-  for (size_t i : leader_index) flights_->Finish(keys[i], led[i], held[i]);
+  // Every leader's op ends with its key's one canonical holder (or a miss), seen by its joiners;
+  // a queued one's ends with its chunk.
+  for (size_t i : leader_index) {
+    if (led[i]) flights_->Finish(keys[i], led[i], held[i]);
+  }
 }
 
-absl::Status GetPath::Transfer(uint64_t client_id, uint64_t handle_id, uint32_t consume) {
-  return Changed(handles_->Consume(client_id, handle_id, consume));
+bool GetPath::QueuePrefetch(std::vector<PrefetchChunk> chunks) {
+  {
+    MutexLock lock(&prefetch_mu_);
+    if (stop_ == nullptr || stop_->stopped() ||
+        prefetch_queue_.size() + chunks.size() > kMaxQueuedChunks) {
+      return false;
+    }
+    for (PrefetchChunk& c : chunks) prefetch_queue_.push_back(std::move(c));
+  }
+  prefetch_cv_.SignalAll();
+  return true;
+}
+
+void GetPath::EndChunk(PrefetchChunk& chunk, bool fetch) {
+  std::vector<HolderRef> fetched(chunk.leaders.size());
+  if (fetch) {
+    std::vector<uint64_t> cohorts;
+    fetched = remote_->Fetch(chunk.leaders, &cohorts);
+  }
+  for (size_t j = 0; j < chunk.leaders.size(); ++j) {
+    flights_->Finish(chunk.leaders[j].key, chunk.ops[j], std::move(fetched[j]));
+  }
+}
+
+void GetPath::RunPrefetches() {
+  for (;;) {
+    std::optional<PrefetchChunk> chunk;
+    std::deque<PrefetchChunk> left;
+    {
+      MutexLock lock(&prefetch_mu_);
+      while (prefetch_queue_.empty() && !stop_->stopped()) {
+        prefetch_cv_.WaitUntil(&prefetch_mu_,
+                               std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+      }
+      if (stop_->stopped()) {
+        left.swap(prefetch_queue_);
+      } else {
+        chunk.emplace(std::move(prefetch_queue_.front()));
+        prefetch_queue_.pop_front();
+      }
+    }
+    if (!chunk) {
+      for (PrefetchChunk& c : left) EndChunk(c, /*fetch=*/false);
+      return;
+    }
+    EndChunk(*chunk, /*fetch=*/true);
+  }
+}
+
+void GetPath::InterruptPrefetches() {
+  MutexLock lock(&prefetch_mu_);
+  prefetch_cv_.SignalAll();
+}
+
+absl::Status GetPath::Transfer(uint64_t client_id, uint64_t handle_id, uint32_t consume,
+                               std::vector<HandleTable::Located>* located) {
+  return Changed(handles_->Consume(client_id, handle_id, consume,
+                                   Clock::now() + options_.transfer_wait, located));
 }
 
 absl::Status GetPath::Cancel(uint64_t client_id, uint64_t handle_id) {

@@ -13,15 +13,24 @@
 //   and their joiners share the installed copy. Without a data plane they are misses.
 // - G4/G5: hits are scattered back to their indices before the prefix is computed over the
 //   caller's groups; everything past transferable_len is released inside GetStart.
+// - Deferred (the design's OwnerRpc branch, when the caller allows it and prefetch workers run):
+//   the leaders routed to other owners count as hits and GetStart answers at once; their fetch
+//   is queued in chunks (in key order, at most kPrefetchChunkBytes each) for the workers, which
+//   finish each leader's op as its chunk ends, so get_transfer waits only for the chunks of the
+//   consumed prefix. A batch whose chunks do not all fit the bounded queue is fetched before the
+//   answer, as without deferral. Every queued chunk ends once: fetched, or (stopping) a miss.
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/batch.h"
+#include "common/mutex.h"
+#include "common/stop_signal.h"
 #include "owner/handle_table.h"
 #include "owner/hot_tier.h"
 #include "owner/key_index.h"
@@ -36,10 +45,23 @@ namespace fluxon {
 
 class GetPath {
  public:
-  GetPath(std::chrono::milliseconds join_timeout, const MasterRegistration* registration,
-          MasterApi* master, KeyIndex* keys, SingleFlight* flights, HandleTable* handles,
-          HotTier<>* hot, OwnerCounters* counters, EvictionSignals* signals, RemoteFetcher* remote)
-      : join_timeout_(join_timeout),
+  struct Options {
+    std::chrono::milliseconds join_timeout{10'000};
+    // Threads that run RunPrefetches (the owner starts them); 0: no batch is deferred.
+    uint32_t prefetch_workers = 0;
+    // How long get_transfer waits for a deferred value: the fetch's own bound and a margin.
+    std::chrono::milliseconds transfer_wait{12'000};
+  };
+  // Chunks queued for the prefetch workers at most (a batch is queued whole or not at all).
+  static constexpr size_t kMaxQueuedChunks = 1024;
+  // A deferred batch's remote values are fetched in chunks of about this many bytes.
+  static constexpr uint64_t kPrefetchChunkBytes = 64ull << 20;
+
+  GetPath(Options options, const MasterRegistration* registration, MasterApi* master,
+          KeyIndex* keys, SingleFlight* flights, HandleTable* handles, HotTier<>* hot,
+          OwnerCounters* counters, EvictionSignals* signals, RemoteFetcher* remote,
+          StopSignal* stop)
+      : options_(options),
         registration_(registration),
         master_(master),
         keys_(keys),
@@ -48,12 +70,18 @@ class GetPath {
         hot_(hot),
         counters_(counters),
         signals_(signals),
-        remote_(remote) {}
+        remote_(remote),
+        stop_(stop) {}
+  ~GetPath();
 
+  // `allow_deferred`: the answer may come before the values on other owners are fetched
+  // (outcome.deferred; offsets then come with Transfer).
   absl::StatusOr<GetStartOutcome> Start(uint64_t client_id, const std::vector<std::string>& keys,
                                         const std::vector<uint32_t>& group_lens,
-                                        bool prefix_best_effort);
-  absl::Status Transfer(uint64_t client_id, uint64_t handle_id, uint32_t consume_prefix_len);
+                                        bool prefix_best_effort, bool allow_deferred = false);
+  // `located` (may be null) gets the consumed values' places when the handle was deferred.
+  absl::Status Transfer(uint64_t client_id, uint64_t handle_id, uint32_t consume_prefix_len,
+                        std::vector<HandleTable::Located>* located = nullptr);
   absl::Status Cancel(uint64_t client_id, uint64_t handle_id);
   absl::Status Release(uint64_t client_id, uint64_t handle_id);
   // Handles past handle_ttl and views past view_lease; returns how many were dropped.
@@ -63,27 +91,46 @@ class GetPath {
   // cohorts it found here, as a local restore of the same prefix would be. Values not here (or
   // of another put_id) are skipped.
   void NotePeerReads(const google::protobuf::RepeatedPtrField<v1::PeerRead>& reads);
+  // One prefetch worker: fetches queued chunks until the owner stops; the chunks still queued
+  // then end as misses.
+  void RunPrefetches();
+  // Wakes the prefetch workers (after stop).
+  void InterruptPrefetches();
 
  private:
+  // A deferred batch's leaders fetched together, and their ops (finished when the fetch ends).
+  struct PrefetchChunk {
+    std::vector<RemoteLeader> leaders;
+    std::vector<std::shared_ptr<SharedGetOp>> ops;
+  };
   // Holds every key of the batch it can (G1: a local pin, a lookup it leads, or a flight it
-  // joins); fills held/cohort_of and the outcome's classification counts.
+  // joins); fills held/cohort_of and the outcome's classification counts. With `defer`, the
+  // leaders routed elsewhere may be queued instead (`deferred`: their indices and ops).
   void HoldKeys(const std::vector<std::string>& keys, GetStartOutcome* out,
-                std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of);
-  // Opens the handle over the first `t` held keys (t > 0) and fills the outcome's offsets.
+                std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of, bool defer,
+                std::vector<HandleTable::Pending>* deferred);
+  // Opens the handle over the first `t` keys (t > 0) and fills the outcome's offsets (none
+  // when `deferred` names values of the prefix).
   void OpenPrefix(uint64_t client_id, const std::vector<uint32_t>& group_lens,
                   const std::vector<uint64_t>& cohort_of, uint32_t t, std::vector<HolderRef> held,
-                  GetStartOutcome* out);
-  // The batch's leaders, looked up at the master in one call (G8); fills held/cohort_of.
+                  std::vector<HandleTable::Pending> deferred, GetStartOutcome* out);
+  // The batch's leaders, looked up at the master in one call (G8); fills held/cohort_of, or
+  // queues the remote ones (see HoldKeys).
   void LookupLeaders(const std::vector<std::string>& keys,
                      std::vector<std::shared_ptr<SharedGetOp>>& led, std::vector<HolderRef>& held,
-                     std::vector<uint64_t>& cohort_of);
+                     std::vector<uint64_t>& cohort_of, bool defer,
+                     std::vector<HandleTable::Pending>* deferred);
+  // Queues every chunk, or none (false) when the queue has no room for all of them.
+  bool QueuePrefetch(std::vector<PrefetchChunk> chunks);
+  // Ends a chunk's ops: with what was fetched (`fetch`), or as misses.
+  void EndChunk(PrefetchChunk& chunk, bool fetch);
   // Pins were dropped: eviction candidates changed.
   absl::Status Changed(absl::Status s) {
     signals_->CandidatesChanged();
     return s;
   }
 
-  const std::chrono::milliseconds join_timeout_;
+  const Options options_;
   const MasterRegistration* const registration_;
   MasterApi* const master_;
   KeyIndex* const keys_;
@@ -93,6 +140,11 @@ class GetPath {
   OwnerCounters* const counters_;
   EvictionSignals* const signals_;
   RemoteFetcher* const remote_;
+  StopSignal* const stop_;
+
+  Mutex prefetch_mu_;
+  CondVar prefetch_cv_;
+  std::deque<PrefetchChunk> prefetch_queue_ ABSL_GUARDED_BY(prefetch_mu_);
 };
 
 }  // namespace fluxon

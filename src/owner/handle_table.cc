@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/batch.h"
+#include "fluxon/status.h"
 #include "spdlog/spdlog.h"
 
 namespace fluxon {
@@ -13,11 +14,13 @@ HandleTable::~HandleTable() {
 }
 
 uint64_t HandleTable::Open(uint64_t client_id, std::vector<HolderRef> pins,
-                           std::vector<uint32_t> group_lens) {
+                           std::vector<uint32_t> group_lens, std::vector<Pending> pending) {
   auto h = std::make_shared<Handle>();
   h->client_id = client_id;
   h->pins = std::move(pins);
   h->group_lens = std::move(group_lens);
+  h->deferred = !pending.empty();
+  h->pending = std::move(pending);
   h->deadline = Clock::now() + handle_ttl_;
   const uint64_t id = next_id_.fetch_add(1);
   table_.InsertIfAbsent(id, std::move(h));
@@ -25,39 +28,105 @@ uint64_t HandleTable::Open(uint64_t client_id, std::vector<HolderRef> pins,
   return id;
 }
 
-absl::Status HandleTable::Consume(uint64_t client_id, uint64_t handle_id, uint32_t consume) {
-  std::vector<HolderRef> tail;
-  absl::Status result =
+absl::Status HandleTable::CheckConsume(const std::shared_ptr<Handle>* hp, uint64_t client_id,
+                                       uint64_t handle_id, uint32_t consume, uint32_t* keep) {
+  if (hp == nullptr || (*hp)->client_id != client_id) {
+    return absl::NotFoundError(absl::StrFormat(
+        "get handle %d is unknown (never issued, cancelled, already released, or expired)",
+        handle_id));
+  }
+  const Handle& h = **hp;
+  if (h.consumed) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("get handle %d was already consumed by get_transfer", handle_id));
+  }
+  const uint32_t t = static_cast<uint32_t>(h.pins.size());
+  *keep = consume == 0 ? t : consume;
+  if (*keep > t) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("consume_prefix_len %d exceeds transferable_len %d", *keep, t));
+  }
+  if (!IsGroupBoundary(*keep, h.group_lens)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("consume_prefix_len %d is not on an atomic group boundary", *keep));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HandleTable::Consume(uint64_t client_id, uint64_t handle_id, uint32_t consume,
+                                  Clock::time_point wait_until, std::vector<Located>* located) {
+  // A deferred handle: its consumed values still being fetched are waited for first, outside
+  // the shard lock (one get_transfer at a time: `resolving`).
+  std::vector<Pending> waiting;
+  uint32_t keep = 0;
+  absl::Status checked =
       table_.Update(handle_id, [&](std::shared_ptr<Handle>* hp, bool*) -> absl::Status {
-        if (hp == nullptr || (*hp)->client_id != client_id) {
-          return absl::NotFoundError(absl::StrFormat(
-              "get handle %d is unknown (never issued, already released, or expired)", handle_id));
-        }
+        FLUXON_RETURN_IF_ERROR(CheckConsume(hp, client_id, handle_id, consume, &keep));
         Handle& h = **hp;
-        if (h.consumed) {
+        if (h.pending.empty()) return absl::OkStatus();
+        if (h.resolving) {
           return absl::FailedPreconditionError(
-              absl::StrFormat("get handle %d was already consumed by get_transfer", handle_id));
+              absl::StrFormat("get handle %d is being transferred already", handle_id));
         }
+        h.resolving = true;
+        for (const Pending& p : h.pending) {
+          if (p.index < keep) waiting.push_back(p);
+        }
+        return absl::OkStatus();
+      });
+  if (!checked.ok()) return checked;
+  std::vector<std::pair<uint32_t, HolderRef>> arrived;
+  arrived.reserve(waiting.size());
+  for (const Pending& p : waiting) arrived.emplace_back(p.index, p.op->Wait(wait_until));
+  waiting.clear();
+
+  std::vector<HolderRef> tail;
+  std::shared_ptr<Handle> failed;
+  absl::Status result =
+      table_.Update(handle_id, [&](std::shared_ptr<Handle>* hp, bool* erase) -> absl::Status {
+        if (hp != nullptr && (*hp)->client_id == client_id && !(*hp)->pending.empty()) {
+          Handle& h = **hp;
+          for (auto& [index, holder] : arrived) h.pins[index] = std::move(holder);
+          h.pending.clear();
+          h.resolving = false;
+          uint32_t missing = 0, first = 0;
+          for (uint32_t i = keep; i-- > 0;) {
+            if (!h.pins[i]) {
+              ++missing;
+              first = i;
+            }
+          }
+          if (missing > 0) {
+            failed = std::move(*hp);
+            *erase = true;
+            return absl::AbortedError(absl::StrFormat(
+                "%d of the %d consumed values could not be fetched from the owners holding them "
+                "(the first at index %d); get handle %d is released: start the get again",
+                missing, keep, first, handle_id));
+          }
+        }
+        FLUXON_RETURN_IF_ERROR(CheckConsume(hp, client_id, handle_id, consume, &keep));
+        Handle& h = **hp;
         const uint32_t t = static_cast<uint32_t>(h.pins.size());
-        const uint32_t keep = consume == 0 ? t : consume;
-        if (keep > t) {
-          return absl::InvalidArgumentError(
-              absl::StrFormat("consume_prefix_len %d exceeds transferable_len %d", keep, t));
-        }
-        if (!IsGroupBoundary(keep, h.group_lens)) {
-          return absl::InvalidArgumentError(
-              absl::StrFormat("consume_prefix_len %d is not on an atomic group boundary", keep));
-        }
         for (uint32_t i = keep; i < t; ++i) tail.push_back(std::move(h.pins[i]));
         h.pins.resize(keep);
         h.consumed = true;
         h.deadline = Clock::now() + view_lease_;
+        if (located != nullptr && h.deferred) {
+          located->reserve(keep);
+          for (const HolderRef& p : h.pins) located->push_back(Located{p->offset, p->len});
+        }
         return absl::OkStatus();
       });
   if (result.ok()) {
     counters_->live_handles.fetch_sub(1, std::memory_order_relaxed);
     counters_->live_views.fetch_add(1, std::memory_order_relaxed);
   }
+  if (failed) {
+    counters_->deferred_gets_failed.fetch_add(1, std::memory_order_relaxed);
+    Drop(std::move(failed));
+  }
+  arrived.clear();
   tail.clear();  // G5: the dropped suffix is released now, outside the shard lock
   return result;
 }

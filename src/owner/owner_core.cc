@@ -78,9 +78,12 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
                                               c.hot_.get(), c.publisher_.get(), counters,
                                               c.evictor_.get(), rt.data_plane, rt.faults, &c.stop_);
   c.puller_ = std::make_unique<ReplicaPuller>(c.keys_.get(), c.remote_.get(), counters);
-  c.gets_ = std::make_unique<GetPath>(kJoinTimeout, registration, master, c.keys_.get(),
+  // A deferred value is waited for as long as its fetch may take, and a margin.
+  const GetPath::Options get_options{kJoinTimeout, config.remote_prefetch_workers,
+                                     config.remote_get_timeout + std::chrono::seconds(2)};
+  c.gets_ = std::make_unique<GetPath>(get_options, registration, master, c.keys_.get(),
                                       c.flights_.get(), c.handles_.get(), c.hot_.get(), counters,
-                                      c.evictor_.get(), c.remote_.get());
+                                      c.evictor_.get(), c.remote_.get(), &c.stop_);
   // Peers' reads of this owner's values rank them in its hot tier (heartbeat answers).
   registration->SetPeerReadSink(
       [gets = c.gets_.get()](const google::protobuf::RepeatedPtrField<v1::PeerRead>& reads) {
@@ -122,6 +125,9 @@ absl::Status OwnerCore::Start() {
   for (uint32_t i = 0; i < config_.replica_pulls_in_flight; ++i) {
     threads_.emplace_back([this] { replicas_->Run(); });
   }
+  for (uint32_t i = 0; i < config_.remote_prefetch_workers; ++i) {
+    threads_.emplace_back([this] { gets_->RunPrefetches(); });
+  }
   return absl::OkStatus();
 }
 
@@ -130,6 +136,7 @@ void OwnerCore::BeginStop() {
   if (publisher_) publisher_->Interrupt();
   if (replicas_) replicas_->Interrupt();
   if (evictor_) evictor_->Interrupt();
+  if (gets_) gets_->InterruptPrefetches();
   if (registration_) registration_->Interrupt();
   if (memory_) memory_->pool().CancelClaims();
 }

@@ -132,11 +132,12 @@ class OwnerCore {
 
   absl::StatusOr<GetStartOutcome> GetStart(uint64_t client_id, const std::vector<std::string>& keys,
                                            const std::vector<uint32_t>& group_lens,
-                                           bool prefix_best_effort) {
-    return gets_->Start(client_id, keys, group_lens, prefix_best_effort);
+                                           bool prefix_best_effort, bool allow_deferred = false) {
+    return gets_->Start(client_id, keys, group_lens, prefix_best_effort, allow_deferred);
   }
-  absl::Status GetTransfer(uint64_t client_id, uint64_t handle_id, uint32_t consume_prefix_len) {
-    return gets_->Transfer(client_id, handle_id, consume_prefix_len);
+  absl::Status GetTransfer(uint64_t client_id, uint64_t handle_id, uint32_t consume_prefix_len,
+                           std::vector<HandleTable::Located>* located = nullptr) {
+    return gets_->Transfer(client_id, handle_id, consume_prefix_len, located);
   }
   absl::Status CancelGet(uint64_t client_id, uint64_t handle_id) {
     return gets_->Cancel(client_id, handle_id);

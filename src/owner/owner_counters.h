@@ -41,6 +41,10 @@ enum class CounterKind { kCounter, kGauge, kMicros };
   X(leader_started, kCounter, "fluxon_get_keys_by_path_total", "path=leader_started", "")         \
   X(suffix_released, kCounter, "fluxon_get_suffix_released_total", "",                            \
     "Pinned keys released because they lay past the transferable prefix.")                        \
+  X(deferred_gets, kCounter, "fluxon_deferred_gets_total", "stage=started",                       \
+    "Get batches answered before their values on other owners were fetched (started), and their " \
+    "get_transfers that failed because a consumed value could not be fetched (failed).")          \
+  X(deferred_gets_failed, kCounter, "fluxon_deferred_gets_total", "stage=failed", "")             \
   X(handles_expired, kCounter, "fluxon_handles_expired_total", "",                                \
     "Get handles dropped after handle_ttl.")                                                      \
   X(views_expired, kCounter, "fluxon_views_expired_total", "",                                    \

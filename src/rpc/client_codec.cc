@@ -36,9 +36,11 @@ PutOptions DecodePutStart(v1::PutStartRequest* p, std::vector<std::string>* keys
 }
 
 void EncodeGetStart(const std::vector<std::string>& keys, bool prefix_best_effort,
-                    const std::vector<uint32_t>& group_lens, v1::GetStartRequest* out) {
+                    const std::vector<uint32_t>& group_lens, bool allow_deferred,
+                    v1::GetStartRequest* out) {
   for (const std::string& k : keys) out->add_keys(k);
   out->set_prefix_best_effort(prefix_best_effort);
+  out->set_allow_deferred(allow_deferred);
   for (uint32_t n : group_lens) out->add_atomic_group_lens(n);
 }
 
@@ -64,6 +66,7 @@ void EncodeGetStartReply(const GetStartOutcome& r, v1::GetStartReply* out) {
   out->set_local_pinned(r.local_pinned);
   out->set_inflight_joined(r.inflight_joined);
   out->set_leader_started(r.leader_started);
+  out->set_deferred(r.deferred);
 }
 
 GetStartResult DecodeGetStartResult(const v1::GetStartReply& r, size_t num_keys) {
@@ -77,6 +80,7 @@ GetStartResult DecodeGetStartResult(const v1::GetStartReply& r, size_t num_keys)
   res.local_pinned = r.local_pinned();
   res.inflight_joined = r.inflight_joined();
   res.leader_started = r.leader_started();
+  res.deferred = r.deferred();
   return res;
 }
 

@@ -20,7 +20,8 @@ PutOptions DecodePutStart(v1::PutStartRequest* request, std::vector<std::string>
                           int64_t* value_len);
 
 void EncodeGetStart(const std::vector<std::string>& keys, bool prefix_best_effort,
-                    const std::vector<uint32_t>& group_lens, v1::GetStartRequest* out);
+                    const std::vector<uint32_t>& group_lens, bool allow_deferred,
+                    v1::GetStartRequest* out);
 // Moves the request's keys into `keys`; returns prefix_best_effort.
 bool DecodeGetStart(v1::GetStartRequest* request, std::vector<std::string>* keys,
                     std::vector<uint32_t>* group_lens);

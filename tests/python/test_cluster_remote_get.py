@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import fluxon
@@ -430,3 +431,47 @@ def test_restarted_source_is_a_new_generation_and_its_old_routes_serve_nothing(c
     assert t == 4
     expect_pages(data, 4, seed=100)
     wait_baseline(cluster, {1: a2, 2: b})
+
+
+def test_a_deferred_get_start_answers_before_the_read_and_the_transfer_brings_the_bytes(cluster):
+    """allow_deferred: owner B answers get_start before it has read A's values (the prefix
+    counts them), get_transfer waits for them; the bytes are A's, and what is left is B's copy."""
+    a, b, keys = put_behind_a_slow_read(cluster, "dfr", 16, seed=3)  # B's next read waits 3 s
+    t0 = time.time()
+    h = b.get_start(keys, allow_deferred=True)
+    started = time.time() - t0
+    assert h.result.deferred and h.result.transferable_len == 16, h.result
+    assert started < 2.0, started
+    plan = b.get_transfer(h)
+    assert time.time() - t0 >= 2.5
+    out = np.zeros(16 * VALUE_LEN, dtype=np.uint8)
+    fluxon.copy_from_plan(plan, out.ctypes.data, VALUE_LEN)
+    b.release_views(plan)
+    expect_pages(out, 16, seed=3)
+    s = b.stats()
+    assert s["deferred_gets"] == 1 and s["deferred_gets_failed"] == 0, s
+    # B's copies serve the next get locally, with the offsets in the answer.
+    h = b.get_start(keys, allow_deferred=True)
+    assert not h.result.deferred and h.result.local_pinned == 16
+    b.cancel_get_transfer(h)
+    wait_baseline(cluster, {1: a, 2: b})
+
+
+def test_a_deferred_value_whose_source_died_fails_the_transfer_and_leaves_nothing(cluster):
+    """The source killed while B reads: the deferred transfer fails (FetchFailedError) within the
+    remote-get bound, the handle is released, and B's temporary state returns to baseline."""
+    a, b, keys = put_behind_a_slow_read(cluster, "dfk", 8, seed=5)
+    h = b.get_start(keys, allow_deferred=True)
+    assert h.result.deferred and h.result.transferable_len == 8
+    wait_pins(cluster, 1, 8)
+    cluster.daemons[1].proc.send_signal(signal.SIGKILL)
+    cluster.daemons[1].proc.wait(timeout=10)
+    t0 = time.time()
+    with pytest.raises(fluxon.FetchFailedError):
+        b.get_transfer(h)
+    assert time.time() - t0 < 10
+    with pytest.raises(fluxon.NotFoundError):
+        b.cancel_get_transfer(h)
+    s = b.stats()
+    assert s["deferred_gets_failed"] == 1 and s["live_handles"] == 0, s
+    wait_baseline(cluster, {2: b})

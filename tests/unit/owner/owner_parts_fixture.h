@@ -73,6 +73,8 @@ struct PartsOptions {
   milliseconds commit_wait_timeout{kWait};
   double hot_capacity_ratio = 0.95;
   milliseconds remote_get_timeout{3'000};
+  // GetPath's prefetch workers (threads started by Make): deferred get_starts need them.
+  uint32_t prefetch_workers = 0;
   // Registers the identity at the master when created (else the test does, or never).
   bool register_at_master = true;
   // The peer service address registered with the master (replica placement needs one).
@@ -164,9 +166,13 @@ class OwnerParts {
         RemoteFetcher::Options{o.remote_get_timeout}, p->registration.get(), master, pool,
         p->keys.get(), p->hot.get(), p->publisher.get(), counters, p->evictor.get(), p->plane.get(),
         &p->peer_faults, &p->stop);
-    p->gets = std::make_unique<GetPath>(o.join_timeout, p->registration.get(), master,
-                                        p->keys.get(), p->flights.get(), p->handles.get(),
-                                        p->hot.get(), counters, p->evictor.get(), p->remote.get());
+    p->gets = std::make_unique<GetPath>(
+        GetPath::Options{o.join_timeout, o.prefetch_workers, o.remote_get_timeout + kWait},
+        p->registration.get(), master, p->keys.get(), p->flights.get(), p->handles.get(),
+        p->hot.get(), counters, p->evictor.get(), p->remote.get(), &p->stop);
+    for (uint32_t i = 0; i < o.prefetch_workers; ++i) {
+      p->threads_.emplace_back([raw] { raw->gets->RunPrefetches(); });
+    }
     p->registration->SetPeerReadSink(
         [gets = p->gets.get()](const google::protobuf::RepeatedPtrField<v1::PeerRead>& reads) {
           gets->NotePeerReads(reads);
@@ -209,6 +215,7 @@ class OwnerParts {
     stop.Stop();
     if (publisher) publisher->Interrupt();
     if (evictor) evictor->Interrupt();
+    if (gets) gets->InterruptPrefetches();
     if (registration) registration->Interrupt();
     if (memory) memory->pool().CancelClaims();
     for (std::thread& t : threads_) t.join();

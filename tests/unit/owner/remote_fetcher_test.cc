@@ -398,5 +398,107 @@ TEST_F(RemoteFetcherTest, WithoutADataPlaneEveryLeaderIsAMiss) {
   ExpectNothingHeld({"n"});
 }
 
+// Deferred get_start (the OwnerRpc branch): the answer comes before the read, counts the values
+// being fetched in the prefix and carries no offsets; get_transfer waits for the consumed values
+// and then names each one's place, with the source's bytes.
+TEST_F(RemoteFetcherTest, ADeferredGetStartAnswersBeforeTheReadAndTheTransferWaitsForIt) {
+  PartsOptions requester;
+  requester.prefetch_workers = 2;
+  TwoOwners(requester);
+  const std::vector<std::string> keys = Keys("d", 4);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  a_->peer_faults.Set(FaultRule{"peer.read", FaultAction::kDelay, milliseconds(600), 1});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = a_->gets->Start(1, keys, {}, true, /*allow_deferred=*/true);
+  const auto answered = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LT(answered, milliseconds(400));  // the read alone takes 600 ms
+  EXPECT_TRUE(got->deferred);
+  EXPECT_EQ(got->leader_started, 4u);
+  EXPECT_EQ(got->prefix.transferable_len, 4u);
+  EXPECT_TRUE(got->offsets.empty());
+  EXPECT_EQ(a_->counters->deferred_gets.load(), 1);
+  std::vector<HandleTable::Located> located;
+  ASSERT_TRUE(a_->gets->Transfer(1, got->handle_id, 0, &located).ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(600));
+  ASSERT_EQ(located.size(), 4u);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(TagAt(*a_, located[i].offset), TagOf(keys[i]));
+    EXPECT_EQ(located[i].len, static_cast<uint64_t>(kValueLen));
+    EXPECT_EQ(a_->State(keys[i]), "committed");
+  }
+  EXPECT_EQ(a_->flights->size(), 0u);
+  ASSERT_TRUE(a_->gets->Release(1, got->handle_id).ok());
+  EXPECT_EQ(a_->counters->live_views.load(), 0);
+  // Local now: the next get is answered with offsets, deferral allowed or not.
+  auto local = a_->gets->Start(1, keys, {}, true, true);
+  ASSERT_TRUE(local.ok());
+  EXPECT_FALSE(local->deferred);
+  EXPECT_EQ(local->local_pinned, 4u);
+  EXPECT_EQ(local->offsets.size(), 4u);
+  EXPECT_TRUE(a_->gets->Cancel(1, local->handle_id).ok());
+}
+
+// A consumed value that could not be fetched fails the transfer (Aborted) and releases the whole
+// handle: no plan ever names a value that is not here, and nothing stays reserved or pinned.
+TEST_F(RemoteFetcherTest, ADeferredValueThatCannotBeFetchedFailsTheTransfer) {
+  PartsOptions requester;
+  requester.prefetch_workers = 1;
+  TwoOwners(requester);
+  const std::vector<std::string> keys = Keys("x", 2);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  a_->peer_faults.Set(FaultRule{"peer.read", FaultAction::kFail, milliseconds(0), 1});
+  auto got = a_->gets->Start(1, keys, {}, true, true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->deferred);
+  EXPECT_EQ(got->prefix.transferable_len, 2u);
+  std::vector<HandleTable::Located> located;
+  const absl::Status s = a_->gets->Transfer(1, got->handle_id, 0, &located);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_TRUE(located.empty());
+  EXPECT_EQ(a_->counters->deferred_gets_failed.load(), 1);
+  EXPECT_EQ(a_->counters->live_handles.load(), 0);
+  EXPECT_EQ(a_->gets->Release(1, got->handle_id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(master().inflight_gets(), 0u);
+  ExpectNothingHeld(keys);
+}
+
+// A deferred handle cancelled while its values are read: the fetch still ends (its copies are
+// installed, unpinned) and nothing of the handle stays.
+TEST_F(RemoteFetcherTest, ADeferredHandleCancelledMidReadLeavesOnlyTheInstalledCopies) {
+  PartsOptions requester;
+  requester.prefetch_workers = 1;
+  TwoOwners(requester);
+  const std::vector<std::string> keys = Keys("c", 3);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  a_->peer_faults.Set(FaultRule{"peer.read", FaultAction::kDelay, milliseconds(300), 1});
+  auto got = a_->gets->Start(1, keys, {}, true, true);
+  ASSERT_TRUE(got.ok() && got->deferred);
+  ASSERT_TRUE(a_->gets->Cancel(1, got->handle_id).ok());
+  EXPECT_EQ(a_->counters->live_handles.load(), 0);
+  ASSERT_TRUE(WaitUntil([&] { return a_->flights->size() == 0; }));
+  for (const std::string& k : keys) EXPECT_EQ(a_->State(k), "committed") << k;
+  EXPECT_EQ(a_->counters->remote_pending_targets.load(), 0);
+  EXPECT_EQ(master().inflight_gets(), 0u);
+  // Unpinned: every copy is evictable.
+  EXPECT_EQ(a_->evictor->EvictSome(UINT64_MAX), static_cast<uint64_t>(3 * kValueLen));
+}
+
+// Without prefetch workers (or without allow_deferred) a get_start answers once the values are
+// here, as always.
+TEST_F(RemoteFetcherTest, WithoutPrefetchWorkersAGetIsNeverDeferred) {
+  TwoOwners();
+  ASSERT_TRUE(PutAndPublish(*b_, {"w"}).ok());
+  auto got = a_->gets->Start(1, {"w"}, {}, true, true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->deferred);
+  ASSERT_EQ(got->offsets.size(), 1u);
+  EXPECT_EQ(TagAt(*a_, got->offsets[0]), TagOf("w"));
+  std::vector<HandleTable::Located> located;
+  ASSERT_TRUE(a_->gets->Transfer(1, got->handle_id, 0, &located).ok());
+  EXPECT_TRUE(located.empty());  // the places came with the start
+  EXPECT_TRUE(a_->gets->Release(1, got->handle_id).ok());
+}
+
 }  // namespace
 }  // namespace fluxon::testing
