@@ -172,10 +172,15 @@ class LinkerConfig:
     staged_min_pages: int = 16
     copy_streams: int = 1
     layer_path: str = "auto"
+    # lookup's get_start may be answered before pages held by another owner are fetched (they
+    # count as hits; the fetch overlaps the scheduler's page allocation, and load waits for it):
+    # a lookup never holds the scheduler for a remote read. A page that then cannot be fetched
+    # fails that load, as a page evicted since lookup does.
+    deferred_lookup: bool = True
 
     KEYS = ("socket", "namespace", "reconnect_interval_s", "lookup_hold_s", "sm_budget", "model",
             "tp_rank", "tp_size", "staging_pages", "staged_min_pages", "copy_streams",
-            "layer_path")
+            "layer_path", "deferred_lookup")
 
     @classmethod
     def from_extra(cls, extra) -> "LinkerConfig":
@@ -233,6 +238,10 @@ class LinkerConfig:
         if layer_path == "staged" and staging == 0:
             raise InvalidArgumentError("linker_extra_config 'layer_path' 'staged' needs "
                                        "'staging_pages' > 0")
+        deferred = extra.get("deferred_lookup", cls.deferred_lookup)
+        if not isinstance(deferred, bool):
+            raise InvalidArgumentError(f"linker_extra_config 'deferred_lookup' must be true or "
+                                       f"false, got {deferred!r}")
         return cls(socket=sock, namespace=ns,
                    reconnect_interval_s=float(
                        num("reconnect_interval_s", cls.reconnect_interval_s, 0)),
@@ -240,7 +249,7 @@ class LinkerConfig:
                    model=model,
                    tp_rank=tp_rank, tp_size=tp_size, staging_pages=staging,
                    staged_min_pages=num("staged_min_pages", cls.staged_min_pages, 1, True),
-                   copy_streams=copy_streams, layer_path=layer_path)
+                   copy_streams=copy_streams, layer_path=layer_path, deferred_lookup=deferred)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -778,7 +787,7 @@ class FluxonLinker(_LinkerBase):
                 return []
             stored = [self.keys.key(k) for k in keys]
             self._learn_parents(stored)
-            h = conn.client.get_start(stored)
+            h = conn.client.get_start(stored, allow_deferred=self.config.deferred_lookup)
             n = h.result.transferable_len
             self.stats["lookup"] += 1
             if n == 0:

@@ -266,7 +266,8 @@ def test_our_config_defaults_and_refusals(monkeypatch):
                 {"staging_pages": -1}, {"staging_pages": 65}, {"staging_pages": 1.5},
                 {"staged_min_pages": 0}, {"copy_streams": 0}, {"copy_streams": 9},
                 {"layer_path": "dma"}, {"layer_path": 1},
-                {"layer_path": "staged", "staging_pages": 0}):
+                {"layer_path": "staged", "staging_pages": 0}, {"deferred_lookup": 1},
+                {"deferred_lookup": "yes"}):
         with pytest.raises(fluxon.InvalidArgumentError):
             LinkerConfig.from_extra(bad)
     assert (c.staging_pages, c.staged_min_pages) == (4, 16)
@@ -275,6 +276,8 @@ def test_our_config_defaults_and_refusals(monkeypatch):
     assert (forced.copy_streams, forced.layer_path) == (8, "kernel")
     off = LinkerConfig.from_extra({"staging_pages": 0, "staged_min_pages": 1})
     assert (off.staging_pages, off.staged_min_pages) == (0, 1)
+    assert c.deferred_lookup is True
+    assert LinkerConfig.from_extra({"deferred_lookup": False}).deferred_lookup is False
 
 
 def test_storage_backend_has_the_0_5_23_hook_and_config():
@@ -519,6 +522,7 @@ class FakeClient:
 
     def get_start(self, keys, **kw):
         self._call("get_start")
+        self.get_start_kw = kw
         n = 0
         while n < len(keys) and keys[n] in self.stored:
             n += 1
@@ -532,6 +536,8 @@ class FakeClient:
     def get_transfer(self, h, consume_prefix_len=None):
         self.open_handles -= 1
         self._call("get_transfer")
+        if "get_transfer_fetch" in self.fail:  # a deferred page that could not be fetched
+            raise fluxon.FetchFailedError("1 of the consumed values could not be fetched")
         self.open_plans += 1
         return 0x1000
 
@@ -597,6 +603,25 @@ def test_fake_owner_load_failure_releases_views_and_reports(tmp_path):
         assert lk.load("q", bad)
         assert lk.finish_layer_wise_loading(lk.start_layer_wise_loading()) is False
         assert fc.open_handles == 0 and fc.open_plans == 0
+    finally:
+        lk.close()
+
+
+def test_a_deferred_lookup_whose_pages_cannot_be_fetched_fails_the_load_only(tmp_path):
+    """lookup asks for a deferred answer (a remote read never holds the scheduler); a page that
+    then cannot be fetched fails that load (its layers report failure), and nothing stays open."""
+    fc = FakeClient(fail={"get_transfer_fetch"})
+    lk = make(client_factory=lambda s: fc)
+    fc.stored = {lk.storage_key(h) for h in hashes(2)}
+    try:
+        assert lk.lookup("r", kv(hashes(2))) == [1, 2]
+        assert fc.get_start_kw.get("allow_deferred") is True
+        assert lk.load("r", kv(hashes(2), [1, 2]))
+        assert lk.finish_layer_wise_loading(lk.start_layer_wise_loading()) is False
+        assert fc.open_handles == 0 and fc.open_plans == 0
+        # The next lookup still works (a failed fetch is not a lost owner).
+        fc.fail = set()
+        assert lk.lookup("q", kv(hashes(2))) == [1, 2]
     finally:
         lk.close()
 
