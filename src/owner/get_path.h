@@ -15,7 +15,7 @@
 //   caller's groups; everything past transferable_len is released inside GetStart.
 // - Deferred (the design's OwnerRpc branch, when the caller allows it and prefetch workers run):
 //   the leaders routed to other owners count as hits and GetStart answers at once; their fetch
-//   is queued in chunks (in key order, at most kPrefetchChunkBytes each) for the workers, which
+//   is queued in chunks (in key order, about prefetch_chunk_bytes each) for the workers, which
 //   finish each leader's op as its chunk ends, so get_transfer waits only for the chunks of the
 //   consumed prefix. A batch whose chunks do not all fit the bounded queue is fetched before the
 //   answer, as without deferral. Every queued chunk ends once: fetched, or (stopping) a miss.
@@ -51,11 +51,12 @@ class GetPath {
     uint32_t prefetch_workers = 0;
     // How long get_transfer waits for a deferred value: the fetch's own bound and a margin.
     std::chrono::milliseconds transfer_wait{12'000};
+    // A deferred batch's remote values are fetched in chunks of about this many bytes (each
+    // chunk one BatchGetStart, one read per source, one BatchGetDone).
+    uint64_t prefetch_chunk_bytes = 64ull << 20;
   };
   // Chunks queued for the prefetch workers at most (a batch is queued whole or not at all).
   static constexpr size_t kMaxQueuedChunks = 1024;
-  // A deferred batch's remote values are fetched in chunks of about this many bytes.
-  static constexpr uint64_t kPrefetchChunkBytes = 64ull << 20;
 
   GetPath(Options options, const MasterRegistration* registration, MasterApi* master,
           KeyIndex* keys, SingleFlight* flights, HandleTable* handles, HotTier<>* hot,

@@ -75,6 +75,7 @@ struct PartsOptions {
   milliseconds remote_get_timeout{3'000};
   // GetPath's prefetch workers (threads started by Make): deferred get_starts need them.
   uint32_t prefetch_workers = 0;
+  uint64_t prefetch_chunk_bytes = 64ull << 20;
   // Registers the identity at the master when created (else the test does, or never).
   bool register_at_master = true;
   // The peer service address registered with the master (replica placement needs one).
@@ -167,7 +168,8 @@ class OwnerParts {
         p->keys.get(), p->hot.get(), p->publisher.get(), counters, p->evictor.get(), p->plane.get(),
         &p->peer_faults, &p->stop);
     p->gets = std::make_unique<GetPath>(
-        GetPath::Options{o.join_timeout, o.prefetch_workers, o.remote_get_timeout + kWait},
+        GetPath::Options{o.join_timeout, o.prefetch_workers, o.remote_get_timeout + kWait,
+                         o.prefetch_chunk_bytes},
         p->registration.get(), master, p->keys.get(), p->flights.get(), p->handles.get(),
         p->hot.get(), counters, p->evictor.get(), p->remote.get(), &p->stop);
     for (uint32_t i = 0; i < o.prefetch_workers; ++i) {

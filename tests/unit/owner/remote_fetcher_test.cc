@@ -484,6 +484,33 @@ TEST_F(RemoteFetcherTest, ADeferredHandleCancelledMidReadLeavesOnlyTheInstalledC
   EXPECT_EQ(a_->evictor->EvictSome(UINT64_MAX), static_cast<uint64_t>(3 * kValueLen));
 }
 
+// The chunks end in key order: a transfer of the first value waits for its own chunk, not for
+// the batch (one worker, one value per chunk, every read 300 ms).
+TEST_F(RemoteFetcherTest, ADeferredTransferOfAPrefixWaitsOnlyForItsChunks) {
+  PartsOptions requester;
+  requester.prefetch_workers = 1;
+  requester.prefetch_chunk_bytes = kValueLen;
+  TwoOwners(requester);
+  const std::vector<std::string> keys = Keys("p", 4);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  a_->peer_faults.Set(FaultRule{"peer.read", FaultAction::kDelay, milliseconds(300), -1});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = a_->gets->Start(1, keys, {}, true, true);
+  ASSERT_TRUE(got.ok() && got->deferred);
+  std::vector<HandleTable::Located> located;
+  ASSERT_TRUE(a_->gets->Transfer(1, got->handle_id, 1, &located).ok());
+  const auto first = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(located.size(), 1u);
+  EXPECT_EQ(TagAt(*a_, located[0].offset), TagOf(keys[0]));
+  EXPECT_GE(first, milliseconds(300));
+  EXPECT_LT(first, milliseconds(900));  // the last chunk ends after 1,200 ms
+  ASSERT_TRUE(a_->gets->Release(1, got->handle_id).ok());
+  // The rest still arrives and is installed (unpinned).
+  ASSERT_TRUE(WaitUntil([&] { return a_->flights->size() == 0; }));
+  for (const std::string& k : keys) EXPECT_EQ(a_->State(k), "committed") << k;
+  a_->peer_faults.Clear("");
+}
+
 // Without prefetch workers (or without allow_deferred) a get_start answers once the values are
 // here, as always.
 TEST_F(RemoteFetcherTest, WithoutPrefetchWorkersAGetIsNeverDeferred) {
