@@ -175,6 +175,10 @@ struct OneOf {
   X(remote_prefetch_workers, "remote_prefetch_workers", IntIn<uint32_t>(0, 64), 4,                \
     "threads fetching the values a deferred get_start left to other owners (0: every get_start "  \
     "fetches them before it answers)")                                                            \
+  X(remote_prefetch_chunk_bytes, "remote_prefetch_chunk_bytes", BytesOrZero{}, 0,                 \
+    "a deferred batch's remote values are fetched in key-ordered chunks of about this many "      \
+    "bytes, so a shorter consumed prefix waits for fewer (0: the whole batch at once, one "       \
+    "BatchGetStart and one BatchGetDone per batch)")                                              \
   X(data_address, "data_address", OptionalListen{}, "",                                           \
     "where this owner serves its segment to other owners (port 0: the kernel picks); empty: no "  \
     "data plane")                                                                                 \

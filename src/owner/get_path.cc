@@ -208,9 +208,11 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
   if (!remote.empty() && defer) {
     // In key order, so the first chunk covers the start of the prefix.
     std::vector<PrefetchChunk> chunks;
-    uint64_t bytes = options_.prefetch_chunk_bytes;
+    const uint64_t chunk_bytes =
+        options_.prefetch_chunk_bytes == 0 ? UINT64_MAX : options_.prefetch_chunk_bytes;
+    uint64_t bytes = chunk_bytes;
     for (size_t r = 0; r < remote.size(); ++r) {
-      if (bytes >= options_.prefetch_chunk_bytes) {
+      if (bytes >= chunk_bytes) {
         chunks.emplace_back();
         bytes = 0;
       }

@@ -15,10 +15,11 @@
 //   caller's groups; everything past transferable_len is released inside GetStart.
 // - Deferred (the design's OwnerRpc branch, when the caller allows it and prefetch workers run):
 //   the leaders routed to other owners count as hits and GetStart answers at once; their fetch
-//   is queued in chunks (in key order, about prefetch_chunk_bytes each) for the workers, which
-//   finish each leader's op as its chunk ends, so get_transfer waits only for the chunks of the
-//   consumed prefix. A batch whose chunks do not all fit the bounded queue is fetched before the
-//   answer, as without deferral. Every queued chunk ends once: fetched, or (stopping) a miss.
+//   is queued in chunks (in key order, about prefetch_chunk_bytes each; by default one) for the
+//   workers, which finish each leader's op as its chunk ends, so get_transfer waits only for the
+//   chunks of the consumed prefix. A batch whose chunks do not all fit the bounded queue is fetched
+//   before the answer, as without deferral. Every queued chunk ends once: fetched, or (stopping) a
+//   miss.
 #pragma once
 
 #include <chrono>
@@ -52,8 +53,9 @@ class GetPath {
     // How long get_transfer waits for a deferred value: the fetch's own bound and a margin.
     std::chrono::milliseconds transfer_wait{12'000};
     // A deferred batch's remote values are fetched in chunks of about this many bytes (each
-    // chunk one BatchGetStart, one read per source, one BatchGetDone).
-    uint64_t prefetch_chunk_bytes = 64ull << 20;
+    // chunk one BatchGetStart, one read per source, one BatchGetDone); 0: the whole batch as one
+    // (G8: one BatchGetStart per batch).
+    uint64_t prefetch_chunk_bytes = 0;
   };
   // Chunks queued for the prefetch workers at most (a batch is queued whole or not at all).
   static constexpr size_t kMaxQueuedChunks = 1024;

@@ -80,7 +80,8 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   c.puller_ = std::make_unique<ReplicaPuller>(c.keys_.get(), c.remote_.get(), counters);
   // A deferred value is waited for as long as its fetch may take, and a margin.
   const GetPath::Options get_options{kJoinTimeout, config.remote_prefetch_workers,
-                                     config.remote_get_timeout + std::chrono::seconds(2)};
+                                     config.remote_get_timeout + std::chrono::seconds(2),
+                                     config.remote_prefetch_chunk_bytes};
   c.gets_ = std::make_unique<GetPath>(get_options, registration, master, c.keys_.get(),
                                       c.flights_.get(), c.handles_.get(), c.hot_.get(), counters,
                                       c.evictor_.get(), c.remote_.get(), &c.stop_);

@@ -75,7 +75,7 @@ struct PartsOptions {
   milliseconds remote_get_timeout{3'000};
   // GetPath's prefetch workers (threads started by Make): deferred get_starts need them.
   uint32_t prefetch_workers = 0;
-  uint64_t prefetch_chunk_bytes = 64ull << 20;
+  uint64_t prefetch_chunk_bytes = 0;
   // Registers the identity at the master when created (else the test does, or never).
   bool register_at_master = true;
   // The peer service address registered with the master (replica placement needs one).
