@@ -475,3 +475,29 @@ def test_a_deferred_value_whose_source_died_fails_the_transfer_and_leaves_nothin
     s = b.stats()
     assert s["deferred_gets_failed"] == 1 and s["live_handles"] == 0, s
     wait_baseline(cluster, {2: b})
+
+
+def test_a_deferred_mixed_batch_keeps_the_order_and_a_shorter_consumed_prefix(cluster):
+    """Local pages first, then A's: the deferred plan keeps the caller's order (G4), a consumed
+    prefix that ends inside the remote part names only those pages, and a miss still ends the
+    prefix with nothing past it fetched (G5)."""
+    a, b = cluster.client(1), cluster.client(2)
+    keys = keys_of("dmix", 8)
+    put_pages(b, keys[:4], seed=0)
+    put_pages(a, keys[4:], seed=4)
+    h = b.get_start(keys, allow_deferred=True)
+    assert h.result.deferred and h.result.transferable_len == 8
+    assert h.result.local_pinned == 4 and h.result.leader_started == 4
+    plan = b.get_transfer(h, consume_prefix_len=6)
+    out = np.zeros(6 * VALUE_LEN, dtype=np.uint8)
+    fluxon.copy_from_plan(plan, out.ctypes.data, VALUE_LEN)
+    b.release_views(plan)
+    expect_pages(out, 6, seed=0)
+    more = keys_of("dmix2", 6)
+    put_pages(a, more[:2] + more[3:], seed=0)
+    before = b.stats()["remote_get_keys"]
+    h = b.get_start(more, allow_deferred=True)
+    assert h.result.transferable_len == 2
+    b.cancel_get_transfer(h)
+    wait_baseline(cluster, {1: a, 2: b})
+    assert b.stats()["remote_get_keys"] - before == 2
