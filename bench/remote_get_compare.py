@@ -34,6 +34,8 @@ Exit status 1 when a page was missed or wrong or a call failed; --json FILE keep
     pip install mooncake-transfer-engine-non-cuda   # provides mooncake_master
     PYTHONPATH=build/python python3 bench/remote_get_compare.py [--rounds 3] [--batches 4]
     PYTHONPATH=build/python python3 bench/remote_get_compare.py --quick --sides mooncake
+    PYTHONPATH=build/python python3 bench/remote_get_compare.py --sides \
+        fluxon,fluxon-deferred,fluxon-pipelined --ceiling build/bench/bench_transport
 """
 
 import argparse
@@ -505,6 +507,12 @@ def main():
     ap.add_argument("--timeout", type=int, default=600, help="seconds per worker")
     ap.add_argument("--fluxond", default=os.environ.get("FLUXOND", "build/src/fluxond"))
     ap.add_argument("--json", help="write every row and the summary to this file")
+    ap.add_argument("--ceiling", metavar="BENCH_TRANSPORT",
+                    help="also run this bench_transport (same values, 4 connections like an "
+                         "owner's, reading into shared memory) after each round: the transport's "
+                         "own ceiling, set against every Fluxon side's remote pass")
+    ap.add_argument("--ceiling-peer", metavar="TRANSPORT_PEER",
+                    help="bench_transport's --peer (default: its own)")
     args = ap.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
@@ -524,7 +532,11 @@ def main():
           f"{args.segment / 2**30:.1f} GiB per node, loopback tcp, {args.rounds} round(s)",
           file=sys.stderr)
     rows = []
+    args.ceilings = []
     for r in range(args.rounds):
+        if args.ceiling:
+            args.ceilings.append(transport_ceiling(args))
+            print(f"round {r + 1} transport ceiling: {args.ceilings[-1]:.2f} GB/s", file=sys.stderr)
         for side in (sides if r % 2 == 0 else sides[::-1]):
             try:
                 rows += run_round(side, r + 1, args)
@@ -537,6 +549,20 @@ def main():
             for e in x["error_text"]:
                 print(f"  {e}", file=sys.stderr)
     return report(rows, sides, args)
+
+
+def transport_ceiling(args):
+    """fluxon-tcp GB/s of bench_transport over the same values (its table's median)."""
+    cmd = [args.ceiling, "--rounds=1", f"--batches={args.batches}", "--connections=4",
+           "--local=shm", f"--values={args.pages_per_batch}", f"--value-len={args.value_len}"]
+    if args.ceiling_peer:
+        cmd.append(f"--peer={args.ceiling_peer}")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout).stdout
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) > 2 and cells[0] == "fluxon-tcp" and cells[1] == "4":
+            return float(cells[2])
+    raise RuntimeError(f"no fluxon-tcp row in bench_transport's output:\n{out[-2000:]}")
 
 
 def report(rows, sides, args):
@@ -591,6 +617,16 @@ def report(rows, sides, args):
         print(f"fluxon owner B, inside get_start: control path (claims, BatchGetStart, "
               f"BatchGetDone, installs) {np.median(shares):.1f}% of remote-get time, data-plane read "
               f"{100 - np.median(shares):.1f}% (median of {len(shares)} rounds)")
+    if getattr(args, "ceilings", None):
+        ceiling = float(np.median(args.ceilings))
+        summary["transport ceiling GB/s"] = ceiling
+        parts = [f"{side} {summary[f'{side} remote']['GB/s'] / ceiling:.0%}"
+                 for side in sides if side.startswith("fluxon")]
+        for side in sides:
+            if side.startswith("fluxon"):
+                summary[f"{side} remote / ceiling"] = summary[f"{side} remote"]["GB/s"] / ceiling
+        print(f"remote pass against the transport's own ceiling ({ceiling:.2f} GB/s, fluxon-tcp, "
+              f"4 connections, median of {len(args.ceilings)} rounds): " + ", ".join(parts))
     missed = sum(x["missed"] for x in rows)
     failed = sum(x["bad_pages"] for x in rows) + sum(x.get("errors", 0) for x in rows)
     if missed:
