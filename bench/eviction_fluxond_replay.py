@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Replays the eviction acceptance traces (issue 14) through a real embedded fluxond.
+"""Replays the eviction acceptance traces through a real embedded fluxond.
 
 The traces come from the in-memory replay bench, so both replay the same prompts:
 

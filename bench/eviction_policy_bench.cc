@@ -1,4 +1,4 @@
-// Eviction policies on replayed prompt traces (design §7, issue 14): hit rate of every policy at
+// Eviction policies on replayed prompt traces (design §7): hit rate of every policy at
 // 10 / 25 / 50 % of each trace's working set, against Belady's offline optimum, and each policy's
 // cost per replayed access (time inside the HotTier: admit, touch, take victims).
 //

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fluxon's TCP transport against Mooncake Transfer Engine over TCP, same loopback, same run.
 
-Issue 10 §6: read 128 values of 4,718,592 bytes (604 MB per batch) from ANOTHER PROCESS over
+Read 128 values of 4,718,592 bytes (604 MB per batch) from ANOTHER PROCESS over
 127.0.0.1, one batch of 128 descriptors per call, with 1, 2, 4 and 8 connections.
 
 - Fluxon: `build/bench/bench_transport --rounds=1 --batches=1 --connections=C` (TcpTransport

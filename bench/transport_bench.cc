@@ -1,4 +1,4 @@
-// transport_bench: the data-plane transport against its ceilings on one machine (issue 10 §6).
+// transport_bench: the data-plane transport against its ceilings on one machine.
 //
 // Reads 128 values of 4,718,592 bytes from ANOTHER PROCESS's shared memory over loopback:
 //   fluxon-tcp   TcpTransport, one batch of 128 descriptors, with C connections

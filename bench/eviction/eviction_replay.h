@@ -139,7 +139,7 @@ inline Trace Finish(std::string name, const std::vector<std::vector<uint32_t>>& 
 
 }  // namespace internal
 
-// The acceptance traces (issue 14). Shapes: system prompts of 8 pages, first turns of 8, 4 more
+// The acceptance traces. Shapes: system prompts of 8 pages, first turns of 8, 4 more
 // per turn.
 inline Trace CyclicMultiTurn(uint32_t conversations = 96, uint32_t rounds = 8,
                              uint32_t system_prompts = 4, Shape shape = {}) {

@@ -1,4 +1,4 @@
-// One conformance suite for every Transport (issue 10 §5): TCP against a real peer process,
+// One conformance suite for every Transport: TCP against a real peer process,
 // the verbs transport over the in-process verbs emulator, and over real libibverbs where a device
 // exists (skipped with a message otherwise).
 //

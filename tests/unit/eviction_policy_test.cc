@@ -1,4 +1,4 @@
-// AdaptiveChainPolicy (the HotTier default) and the replayed acceptance traces of issue 14: tail
+// AdaptiveChainPolicy (the HotTier default) and the replayed acceptance traces: tail
 // first within a chain (E1), shared prefixes kept while a branch lives, cohorts never split (E2),
 // S4 readmits lossless, probation as a one-hit filter that cyclic traffic leaves open, ghost
 // regret moving the weights the right way, bounded metadata, and the hit rates against the
@@ -325,7 +325,7 @@ TEST(AdaptiveChainPolicyTest, MetadataIsBoundedByTheCapacity) {
   });
 }
 
-// The acceptance traces (issue 14), in memory; docs/perf.md has the full table.
+// The acceptance traces, in memory; docs/perf.md has the full table.
 TEST(AdaptiveChainPolicyTest, CyclicTraceIsNearBeladyAndNotBelowTheOldPolicy) {
   const Trace trace = CyclicMultiTurn();
   for (int pct : {10, 25, 50}) {
