@@ -590,6 +590,10 @@ def report(rows, sides, args):
                else f"{ratios['batch p50']:.2f}x (below 1: Fluxon faster)")
         print(f"\nfluxon/mooncake remote: throughput {ratios['GB/s']:.2f}x, batch p50 latency "
               f"{lat}")
+    lookups = [x["client_stats"]["lookup_us"] / 1000 / x["client_stats"]["lookup_calls"]
+               for x in rows if x.get("client_stats", {}).get("lookup_calls")]
+    if lookups:  # owner B's master Lookup, mean per batch, median over the Fluxon rounds
+        summary["fluxon lookup ms"] = float(np.median(lookups))
     if {"fluxon", "fluxon-deferred"} <= set(sides):
         f, d = summary["fluxon remote"], summary["fluxon-deferred remote"]
         summary["deferred/fluxon remote"] = {
@@ -598,7 +602,9 @@ def report(rows, sides, args):
         print(f"fluxon-deferred/fluxon remote: get_start p50 {d['start p50 ms']:.2f} / "
               f"{f['start p50 ms']:.2f} ms; batch p50 {d['batch p50 ms']:.2f} / "
               f"{f['batch p50 ms']:.2f} ms; second-pass (local) get_start p50 "
-              f"{summary['fluxon-deferred second']['start p50 ms']:.2f} ms")
+              f"{summary['fluxon-deferred second']['start p50 ms']:.2f} ms" +
+              (f"; owner B's master Lookup {summary['fluxon lookup ms']:.2f} ms per batch"
+               if lookups else ""))
     if {"fluxon", "fluxon-pipelined"} <= set(sides):
         f, d = summary["fluxon remote"], summary["fluxon-pipelined remote"]
         summary["pipelined/fluxon remote GB/s"] = d["GB/s"] / f["GB/s"] if f["GB/s"] else 0.0

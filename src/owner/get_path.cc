@@ -170,7 +170,12 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
       leader_index.push_back(i);
     }
   }
+  const Clock::time_point lookup_start = Clock::now();
   absl::StatusOr<v1::LookupReply> reply = master_->Lookup(req);
+  counters_->lookup_calls.fetch_add(1, std::memory_order_relaxed);
+  counters_->lookup_us.fetch_add(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - lookup_start).count(),
+      std::memory_order_relaxed);
   auto found = [&](size_t j) {
     return reply.ok() && j < static_cast<size_t>(reply->found_size()) && reply->found(j);
   };

@@ -45,6 +45,10 @@ enum class CounterKind { kCounter, kGauge, kMicros };
     "Get batches answered before their values on other owners were fetched (started), and their " \
     "get_transfers that failed because a consumed value could not be fetched (failed).")          \
   X(deferred_gets_failed, kCounter, "fluxon_deferred_gets_total", "stage=failed", "")             \
+  X(lookup_calls, kCounter, "fluxon_get_lookups_total", "",                                       \
+    "Master Lookups of get batches' leaders (one per batch with leaders).")                       \
+  X(lookup_us, kMicros, "fluxon_get_lookup_seconds_total", "",                                    \
+    "Time get batches spent in the master Lookup of their leaders.")                              \
   X(handles_expired, kCounter, "fluxon_handles_expired_total", "",                                \
     "Get handles dropped after handle_ttl.")                                                      \
   X(views_expired, kCounter, "fluxon_views_expired_total", "",                                    \
