@@ -436,7 +436,12 @@ class KvClient:
                 raise InvalidArgumentError(
                     f"consume_prefix_len must be in [1, transferable_len={t}], "
                     f"got {consume_prefix_len}")
-        return _call(self._c.get_transfer, handle._native, consume_prefix_len)
+        try:
+            return _call(self._c.get_transfer, handle._native, consume_prefix_len)
+        except FluxonError as e:
+            if e.code == FetchFailedError.code:  # only a deferred handle's transfer aborts
+                raise FetchFailedError(str(e)) from None
+            raise
 
     def cancel_get_transfer(self, handle: GetStartHandle) -> None:
         if not isinstance(handle, GetStartHandle) or handle._client is not self:

@@ -73,7 +73,8 @@ class PlanStateError(FluxonError):
 
 class FetchFailedError(FluxonError):
     """A deferred get's consumed values could not all be fetched from the owners holding them;
-    the handle was released (start the get again: what did arrive is held locally now)."""
+    the handle was released (start the get again: what did arrive is held locally now). Raised
+    by get_transfer only: Aborted elsewhere (a write-through put) means something else."""
 
     code = _ABORTED
 
@@ -90,7 +91,6 @@ _BY_CODE = {
     _NOT_FOUND: NotFoundError,
     _RESOURCE_EXHAUSTED: NoSpaceError,
     _FAILED_PRECONDITION: PlanStateError,
-    _ABORTED: FetchFailedError,
     _UNAVAILABLE: OwnerUnavailableError,
 }
 

@@ -53,17 +53,37 @@ absl::Status HandleTable::CheckConsume(const std::shared_ptr<Handle>* hp, uint64
   return absl::OkStatus();
 }
 
+void HandleTable::ConsumeLocked(Handle& h, uint32_t keep, std::vector<HolderRef>* tail,
+                                std::vector<Located>* located) const {
+  const uint32_t t = static_cast<uint32_t>(h.pins.size());
+  for (uint32_t i = keep; i < t; ++i) tail->push_back(std::move(h.pins[i]));
+  h.pins.resize(keep);
+  h.consumed = true;
+  h.deadline = Clock::now() + view_lease_;
+  if (located != nullptr && h.deferred) {
+    located->reserve(keep);
+    for (const HolderRef& p : h.pins) located->push_back(Located{p->offset, p->len});
+  }
+}
+
 absl::Status HandleTable::Consume(uint64_t client_id, uint64_t handle_id, uint32_t consume,
                                   Clock::time_point wait_until, std::vector<Located>* located) {
-  // A deferred handle: its consumed values still being fetched are waited for first, outside
+  // A handle without values being fetched is consumed in this one shard section (the local-hit
+  // path). A deferred handle's consumed values still being fetched are waited for first, outside
   // the shard lock (one get_transfer at a time: `resolving`).
   std::vector<Pending> waiting;
+  std::vector<HolderRef> tail;
   uint32_t keep = 0;
+  bool consumed = false;
   absl::Status checked =
       table_.Update(handle_id, [&](std::shared_ptr<Handle>* hp, bool*) -> absl::Status {
         FLUXON_RETURN_IF_ERROR(CheckConsume(hp, client_id, handle_id, consume, &keep));
         Handle& h = **hp;
-        if (h.pending.empty()) return absl::OkStatus();
+        if (h.pending.empty()) {
+          ConsumeLocked(h, keep, &tail, located);
+          consumed = true;
+          return absl::OkStatus();
+        }
         if (h.resolving) {
           return absl::FailedPreconditionError(
               absl::StrFormat("get handle %d is being transferred already", handle_id));
@@ -74,13 +94,18 @@ absl::Status HandleTable::Consume(uint64_t client_id, uint64_t handle_id, uint32
         }
         return absl::OkStatus();
       });
+  if (consumed) {
+    counters_->live_handles.fetch_sub(1, std::memory_order_relaxed);
+    counters_->live_views.fetch_add(1, std::memory_order_relaxed);
+    tail.clear();  // G5: the dropped suffix is released now, outside the shard lock
+    return checked;
+  }
   if (!checked.ok()) return checked;
   std::vector<std::pair<uint32_t, HolderRef>> arrived;
   arrived.reserve(waiting.size());
   for (const Pending& p : waiting) arrived.emplace_back(p.index, p.op->Wait(wait_until));
   waiting.clear();
 
-  std::vector<HolderRef> tail;
   std::shared_ptr<Handle> failed;
   absl::Status result =
       table_.Update(handle_id, [&](std::shared_ptr<Handle>* hp, bool* erase) -> absl::Status {
@@ -106,16 +131,7 @@ absl::Status HandleTable::Consume(uint64_t client_id, uint64_t handle_id, uint32
           }
         }
         FLUXON_RETURN_IF_ERROR(CheckConsume(hp, client_id, handle_id, consume, &keep));
-        Handle& h = **hp;
-        const uint32_t t = static_cast<uint32_t>(h.pins.size());
-        for (uint32_t i = keep; i < t; ++i) tail.push_back(std::move(h.pins[i]));
-        h.pins.resize(keep);
-        h.consumed = true;
-        h.deadline = Clock::now() + view_lease_;
-        if (located != nullptr && h.deferred) {
-          located->reserve(keep);
-          for (const HolderRef& p : h.pins) located->push_back(Located{p->offset, p->len});
-        }
+        ConsumeLocked(**hp, keep, &tail, located);
         return absl::OkStatus();
       });
   if (result.ok()) {

@@ -87,6 +87,10 @@ class HandleTable {
   // `keep` (the prefix length to keep).
   static absl::Status CheckConsume(const std::shared_ptr<Handle>* hp, uint64_t client_id,
                                    uint64_t handle_id, uint32_t consume, uint32_t* keep);
+  // Keeps the first `keep` pins of a checked handle (the rest go to `tail`, released by the
+  // caller outside the shard lock) and starts its views' lease.
+  void ConsumeLocked(Handle& h, uint32_t keep, std::vector<HolderRef>* tail,
+                     std::vector<Located>* located) const;
   // Drops a handle taken out of the table (its pins, its gauge).
   void Drop(std::shared_ptr<Handle> handle);
 

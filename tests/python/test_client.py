@@ -358,3 +358,11 @@ def test_parent_key_hint_is_validated_and_optional(client):
     h = client.get_start(keys)
     assert h.result.raw_prefix_hit_len == 3
     client.cancel_get_transfer(h)
+
+
+def test_an_aborted_status_is_a_fetch_failure_only_from_get_transfer():
+    """Aborted also ends a write-through put ("deleted before its copy was made"): only a
+    deferred get_transfer turns it into FetchFailedError."""
+    from fluxon.errors import FetchFailedError, FluxonError, from_status
+    e = from_status(FetchFailedError.code, "write_through: 3 values were deleted")
+    assert type(e) is FluxonError and e.code == FetchFailedError.code
