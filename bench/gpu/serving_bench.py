@@ -22,6 +22,12 @@ Configurations, each its own server with the same model and GPU pool, and the sa
   (`pip install --no-deps --target DIR mooncake_transfer_engine_cuda13-...whl`, then
   `--mooncake DIR`).
 
+Before the measured rounds each server serves `--warmup` throw-away conversations of two turns
+(their own tokens, one request at a time, the second turn after `/flush_cache` so that it is
+restored from below the GPU where the configuration can), then `/flush_cache` again: the first
+requests of a fresh server pay for kernel compilation and first use of every copy path, which
+would otherwise land in round 1 of whichever configuration runs.
+
 Reported per configuration: TTFT (request latency with `--output-len 1`) p50/p99, requests/s,
 the cached-token ratio (cached / prompt tokens), the bytes that came from below the GPU
 (cached tokens minus device hits, x 128 KiB), and TTFT p50 by round; a CSV of every request and,
@@ -113,6 +119,19 @@ def run_workload(server, turns, a):
         if errors:
             raise RuntimeError(f"{server.name}: {len(errors)} failed requests: {errors[:3]}")
     return records, time.time() - t_start
+
+
+def warm_up(server, a):
+    """Serves `a.warmup` two-turn conversations of their own tokens, one request at a time (the
+    second turn after a flush of the device cache), then flushes again; returns the seconds."""
+    t0 = time.time()
+    turns = conversations(a.warmup, 2, a.request_len, a.seed + 1000)
+    for conv in turns:
+        out, _, _ = server.generate(conv[0], a.output_len, timeout=600)
+        server.flush()
+        server.generate(conv[0] + out + conv[1], a.output_len, timeout=600)
+    server.flush()
+    return time.time() - t0
 
 
 def summary(name, records, wall):
@@ -215,6 +234,8 @@ def main() -> int:
     ap.add_argument("--host-gib", type=int, default=24, help="host memory per configuration")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="throw-away two-turn conversations served before the measured rounds")
     ap.add_argument("--mooncake", default="",
                     help="folder of an installed Mooncake (`pip --target DIR`, or a prefix with bin/)")
     ap.add_argument("--ready-timeout", type=int, default=420)
@@ -247,6 +268,8 @@ def main() -> int:
                                 env=mooncake_env(a) if name == "mooncake" else None)
                 print(f"{name}: ready after {wait_ready({name: server}, a.ready_timeout)}",
                       flush=True)
+                if a.warmup > 0:
+                    print(f"{name}: warm-up {warm_up(server, a):.1f} s", flush=True)
                 records, wall = run_workload(server, turns, a)
                 for r in records:
                     r["config"] = name

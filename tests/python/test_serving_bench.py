@@ -38,6 +38,7 @@ class FakeServer:
         self.requests = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.flushes = []  # how many /generate requests had come when each flush came
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,6 +46,14 @@ class FakeServer:
                 pass
 
             def do_POST(self):
+                if self.path == "/flush_cache":  # the device cache forgets every prefix
+                    with outer.lock:
+                        outer.seen.clear()
+                        outer.flushes.append(len(outer.requests))
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 ids = body["input_ids"]
                 with outer.lock:
@@ -105,5 +114,30 @@ def test_multi_turn_driver_and_summary():
         # Later rounds find the earlier turns cached: 2 of 3 rounds, a whole page short each.
         assert 0.3 < s["cached_ratio"] < 0.7
         assert s["gb_from_below"] == 0  # all of it from the device cache
+    finally:
+        fake.httpd.shutdown()
+
+
+def test_warm_up_serves_its_own_conversations_and_flushes_after():
+    bench = load_bench()
+    fake = FakeServer()
+
+    class Client(bench.Server):
+        def __init__(self, port):
+            self.name, self.port = "fake", port
+
+    a = argparse.Namespace(warmup=2, request_len=128, output_len=1, seed=3)
+    try:
+        assert bench.warm_up(Client(fake.port), a) >= 0
+        # Two conversations of two turns, one request at a time; a flush after each first turn
+        # (the second turn restores from below the device) and one after the last request.
+        assert len(fake.requests) == 4 and fake.max_in_flight == 1
+        assert fake.flushes == [1, 3, 4]
+        first, second = fake.requests[0], fake.requests[1]
+        assert len(first) == 128 and second[:128] == first and len(second) == 128 + 1 + 128
+        # The warm-up's tokens are not the measured conversations' (nothing of them is cached).
+        measured = bench.conversations(clients=2, rounds=2, request_len=128, seed=3)
+        assert first != measured[0][0] and first != measured[1][0]
+        assert not fake.seen  # flushed at the end
     finally:
         fake.httpd.shutdown()
