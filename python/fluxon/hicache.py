@@ -188,10 +188,16 @@ class PageStore:
 
     _MAX_PUT_ROUNDS = 4
 
-    def __init__(self, socket_path: str, copy_threads: int = 4, reconnect_interval_s: float = 1.0):
+    def __init__(self, socket_path: str, copy_threads: int = 4, reconnect_interval_s: float = 1.0,
+                 deferred_exists: bool = True):
         self.socket_path = socket_path
         self.copy_threads = copy_threads
         self.reconnect_interval_s = reconnect_interval_s
+        # exists_prefix asks for a deferred answer: pages another owner holds count once the
+        # owner's master lookup routes them, and their fetch runs on after the answer (the handle
+        # is cancelled; the fetched copies stay), so the get that follows finds them here or
+        # joins that fetch instead of the check waiting for a remote read it then throws away.
+        self.deferred_exists = deferred_exists
         self._lock = threading.Lock()
         self._client: Optional[fluxon.KvClient] = fluxon.KvClient(socket_path=socket_path)
         self._last_connect = time.monotonic()
@@ -245,14 +251,16 @@ class PageStore:
     # -- data path --------------------------------------------------------------------------
 
     def exists_prefix(self, keys: Sequence[str]) -> int:
-        """Number of leading keys that are stored (0 on owner trouble)."""
+        """Number of leading keys that are stored (0 on owner trouble). With `deferred_exists`,
+        pages held by another owner count as stored and are being fetched here when this returns;
+        one that cannot be fetched is a miss of the get that follows."""
         if not keys:
             return 0
         c = self._get_client()
         if c is None:
             return 0
         try:
-            h = c.get_start(list(keys))
+            h = c.get_start(list(keys), allow_deferred=self.deferred_exists)
             n = h.result.raw_prefix_hit_len
             c.cancel_get_transfer(h)
             return n
@@ -405,7 +413,8 @@ def _check_segments(n: int, seg_ptrs, seg_sizes, segs_per_value: int) -> None:
 # ----------------------------------------------------------------------------------------------
 # The HiCacheStorage behaviour, torch-free. fluxon.sglang mixes it into SGLang's ABC.
 
-_OUR_EXTRA_KEYS = ("socket", "namespace", "copy_threads", "reconnect_interval_s", "page_size")
+_OUR_EXTRA_KEYS = ("socket", "namespace", "copy_threads", "reconnect_interval_s", "page_size",
+                   "deferred_exists")
 
 
 def _extra_str(extra: dict, name: str, default: str) -> str:
@@ -427,7 +436,9 @@ class FluxonHiCacheBackend:
       defaults because they differ between SGLang releases. Extra-config keys of ours:
       ``socket`` (owner socket; default ``$FLUXON_SOCKET`` or fluxon.DEFAULT_SOCKET_PATH),
       ``namespace`` (key prefix, default ``"sglang"``), ``copy_threads`` (default 4),
-      ``reconnect_interval_s`` (default 1.0), ``page_size`` (optional expected page size).
+      ``reconnect_interval_s`` (default 1.0), ``page_size`` (optional expected page size),
+      ``deferred_exists`` (default true: ``batch_exists`` counts pages another owner holds as
+      soon as they are routed, and their fetch overlaps the time until ``batch_get_v1``).
     * `register_mem_pool_host` validates the pool and connects; every configuration problem
       (unsupported layout, page-size mismatch, owner not running) raises there.
     * Zero-copy (``interface_v1``): one Fluxon value per page = the page's buffers concatenated
@@ -458,6 +469,10 @@ class FluxonHiCacheBackend:
                 or self._reconnect_s < 0:
             raise InvalidArgumentError(f"reconnect_interval_s must be >= 0, got "
                                        f"{self._reconnect_s!r}")
+        self._deferred_exists = extra.get("deferred_exists", True)
+        if not isinstance(self._deferred_exists, bool):
+            raise InvalidArgumentError(f"deferred_exists must be true or false, got "
+                                       f"{self._deferred_exists!r}")
         self._expect_page_size = extra.get("page_size")
         if self._expect_page_size is not None and (
                 isinstance(self._expect_page_size, bool)
@@ -490,7 +505,8 @@ class FluxonHiCacheBackend:
         """Validates the host pool, connects to the owner, and fixes the key namespace."""
         geom = PoolGeometry.probe(mem_pool_host, self._expect_page_size)
         try:
-            store = PageStore(self._socket, self._copy_threads, float(self._reconnect_s))
+            store = PageStore(self._socket, self._copy_threads, float(self._reconnect_s),
+                              self._deferred_exists)
         except FluxonError as e:
             raise type(e)(f"Fluxon HiCache backend: cannot reach the owner at {self._socket!r} "
                           f"(is fluxond running? set extra-config 'socket'): {e}") from e

@@ -501,3 +501,32 @@ def test_a_deferred_mixed_batch_keeps_the_order_and_a_shorter_consumed_prefix(cl
     b.cancel_get_transfer(h)
     wait_baseline(cluster, {1: a, 2: b})
     assert b.stats()["remote_get_keys"] - before == 2
+
+
+@pytest.mark.parametrize("deferred", [True, False])
+def test_hicache_exists_counts_another_owners_pages_and_the_get_brings_their_bytes(cluster,
+                                                                                  deferred):
+    """The HiCache backend's existence check on owner B of pages owner A holds: deferred (the
+    default), it answers before B's read of them (held back 3 s) and the get that follows waits
+    for that one fetch; not deferred, the check itself waits for the read. Either way every page
+    counts, the get brings A's bytes, B reads them once, and nothing temporary is left."""
+    from fluxon.hicache import PageStore
+
+    a, b, keys = put_behind_a_slow_read(cluster, f"hx{int(deferred)}", 16, seed=5)
+    store = PageStore(cluster.sock(2), deferred_exists=deferred)
+    t0 = time.time()
+    assert store.exists_prefix(keys) == 16
+    checked = time.time() - t0
+    if deferred:
+        assert checked < 2.0, checked
+    else:
+        assert checked >= 2.5, checked
+    out = np.zeros(16 * VALUE_LEN, dtype=np.uint8)
+    ptrs = [int(out.ctypes.data) + i * VALUE_LEN for i in range(16)]
+    assert store.get_pages(keys, ptrs, [VALUE_LEN] * 16, 1, VALUE_LEN) == [True] * 16
+    assert time.time() - t0 >= 2.5  # the bytes came through the held-back read
+    expect_pages(out, 16, seed=5)
+    s = b.stats()
+    assert s["remote_get_batches"] == 1 and s["remote_hits"] == 16, s
+    assert s["deferred_gets"] == (1 if deferred else 0), s
+    wait_baseline(cluster, {1: a, 2: b})

@@ -245,6 +245,7 @@ def _set(obj, **kw):
 @pytest.mark.parametrize("extra", [
     {"namespace": ""}, {"namespace": "a:b"}, {"socket": 3}, {"copy_threads": 0},
     {"copy_threads": "4"}, {"reconnect_interval_s": -1}, {"page_size": 0},
+    {"deferred_exists": 1}, {"deferred_exists": "yes"},
 ])
 def test_bad_extra_config_fails_at_construction(sock, extra):
     with pytest.raises(fluxon.InvalidArgumentError):
