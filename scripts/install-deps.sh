@@ -14,6 +14,7 @@ DEBIAN_PACKAGES=(
   prometheus-cpp-dev  # fluxond's /metrics: text exposition and HTTP server (Registry, Exposer)
   libsystemd-dev  # fluxond speaks the systemd notify protocol (sd_notify, the watchdog)
   libsodium-dev  # the master names a route by a keyed SipHash-128 of its key (src/route/route_key.h)
+  libmimalloc-dev  # fluxond's allocator (FLUXON_MIMALLOC): the request path allocates per key
   libssl-dev  # libcrypto: the data plane's HMAC-SHA256 handshake, PEM checks of the TLS files
   openssl  # only its CLI: the TLS tests make a throw-away CA and certificates with it
   systemd  # only its systemd-analyze: scripts/check-systemd-units.sh verifies systemd/*.service

@@ -3,6 +3,7 @@
 // Under systemd (Type=notify units in systemd/) it reports READY=1 once started, STOPPING=1 when a
 // signal begins shutdown, and pings the watchdog while the node is healthy
 // (daemon/systemd_notify.h).
+#include <dlfcn.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
@@ -104,10 +105,18 @@ class NodeHealthProbe {
   std::unique_ptr<fluxon::v1::AdminService::Stub> admin_;
 };
 
+// Which allocator serves this process: mimalloc when it is linked in (FLUXON_MIMALLOC) or
+// preloaded, jemalloc when preloaded, else the C library's.
+const char* AllocatorName() {
+  if (dlsym(RTLD_DEFAULT, "mi_version") != nullptr) return "mimalloc";
+  if (dlsym(RTLD_DEFAULT, "mallctl") != nullptr) return "jemalloc";
+  return "libc";
+}
+
 int RunDaemon(const fluxon::Config& config, bool once) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
-  spdlog::info("fluxond {} starting, role={} node_id={}", FLUXON_VERSION_STRING,
-               fluxon::RoleName(config.role), config.node_id);
+  spdlog::info("fluxond {} starting, role={} node_id={} allocator={}", FLUXON_VERSION_STRING,
+               fluxon::RoleName(config.role), config.node_id, AllocatorName());
   // Signals are handled by sigwait below; block them before any thread starts.
   sigset_t set;
   sigemptyset(&set);
