@@ -105,12 +105,14 @@ class NodeHealthProbe {
   std::unique_ptr<fluxon::v1::AdminService::Stub> admin_;
 };
 
-// Which allocator serves this process: mimalloc when it is linked in (FLUXON_MIMALLOC) or
-// preloaded, jemalloc when preloaded, else the C library's.
-const char* AllocatorName() {
-  if (dlsym(RTLD_DEFAULT, "mi_version") != nullptr) return "mimalloc";
-  if (dlsym(RTLD_DEFAULT, "mallctl") != nullptr) return "jemalloc";
-  return "libc";
+// The shared object whose malloc this process calls (the one symbol interposition picked:
+// libmimalloc when FLUXON_MIMALLOC linked it, or whatever LD_PRELOAD put first, else libc).
+std::string AllocatorName() {
+  void* fn = dlsym(RTLD_DEFAULT, "malloc");
+  Dl_info info{};
+  if (fn == nullptr || dladdr(fn, &info) == 0 || info.dli_fname == nullptr) return "unknown";
+  const std::string path = info.dli_fname;
+  return path.substr(path.find_last_of('/') + 1);
 }
 
 int RunDaemon(const fluxon::Config& config, bool once) {
