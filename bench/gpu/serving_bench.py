@@ -13,6 +13,9 @@ conversations, so later rounds need what was evicted from the GPU.
 Configurations, each its own server with the same model and GPU pool, and the same host memory
 (`--host-gib`, H) where they use any:
 - `gpu`: the device radix cache only;
+- `gpu-floor`: the device radix cache only, with a GPU pool that holds every conversation whole
+  (`floor_tokens`): nothing is ever restored from below the GPU, so its TTFT is the floor that
+  no cache below the GPU can beat on this workload (the prefill of the new tokens and the queue);
 - `hicache`: SGLang's host L2 of H;
 - `fluxon-storage`: host L2 of H/4 and Fluxon as storage backend with a segment of 3H/4;
 - `fluxon-linker`: Fluxon's unified cache linker, a segment of H (no host L2);
@@ -60,7 +63,7 @@ from sglang_launch import (  # noqa: E402
 
 PAGE = 64
 TOKEN_BYTES = 32 * 2 * 8 * 128 * 2  # layers x (K, V) x KV heads x head_dim x bf16
-CONFIGS = ("gpu", "hicache", "fluxon-storage", "fluxon-linker", "file", "mooncake")
+CONFIGS = ("gpu", "gpu-floor", "hicache", "fluxon-storage", "fluxon-linker", "file", "mooncake")
 
 
 def conversations(clients, rounds, request_len, seed):
@@ -152,15 +155,25 @@ def summary(name, records, wall):
     }
 
 
+def floor_tokens(a):
+    """A GPU pool (tokens) that holds every conversation whole: its turns and answers, the
+    warm-up's, and a page per request of slack, rounded up to whole pages."""
+    conv = a.rounds * (a.request_len + a.output_len)
+    warm = 2 * (a.request_len + a.output_len) * a.warmup
+    total = a.clients * (conv + PAGE) + warm + a.parallel * PAGE
+    return -(-total // PAGE) * PAGE
+
+
 def server_flags(name, a, tmp, owner, mooncake_cfg):
     host = a.host_gib
-    common = ["--page-size", str(PAGE), "--max-total-tokens", str(a.gpu_tokens),
+    pool = floor_tokens(a) if name == "gpu-floor" else a.gpu_tokens
+    common = ["--page-size", str(PAGE), "--max-total-tokens", str(pool),
               "--mem-fraction-static", "0.85", "--max-running-requests", str(a.parallel),
               "--chunked-prefill-size", "8192"]
     l2_small = ["--enable-hierarchical-cache", "--hicache-size", str(max(1, host // 4)),
                 "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first",
                 "--hicache-storage-prefetch-policy", "wait_complete"]
-    if name == "gpu":
+    if name in ("gpu", "gpu-floor"):
         return common
     if name == "hicache":
         return common + ["--enable-hierarchical-cache", "--hicache-size", str(host),

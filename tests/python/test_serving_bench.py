@@ -141,3 +141,20 @@ def test_warm_up_serves_its_own_conversations_and_flushes_after():
         assert not fake.seen  # flushed at the end
     finally:
         fake.httpd.shutdown()
+
+
+def test_the_floor_configuration_holds_every_conversation_on_the_gpu():
+    bench = load_bench()
+    a = argparse.Namespace(clients=16, rounds=10, request_len=2048, output_len=1, warmup=2,
+                           parallel=4, gpu_tokens=60000, host_gib=56)
+    floor = bench.floor_tokens(a)
+    assert floor % bench.PAGE == 0
+    # Every turn and answer of every conversation, and the warm-up's, fit at once.
+    assert floor >= 16 * 10 * (2048 + 1) + 2 * 2 * (2048 + 1)
+
+    def pool(name):
+        flags = bench.server_flags(name, a, "/tmp", None, None)
+        return int(flags[flags.index("--max-total-tokens") + 1])
+
+    assert pool("gpu-floor") == floor
+    assert pool("gpu") == 60000
