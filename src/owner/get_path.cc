@@ -87,7 +87,14 @@ void GetPath::HoldKeys(const std::vector<std::string>& keys, GetStartOutcome* ou
     const auto begin = Clock::now();
     const auto deadline = begin + options_.join_timeout;
     for (size_t i = 0; i < n; ++i) {
-      if (joined[i]) held[i] = joined[i]->Wait(deadline);
+      if (!joined[i]) continue;
+      if (!defer) {
+        held[i] = joined[i]->Wait(deadline);
+      } else if (joined[i]->WaitDecided(deadline, &held[i])) {
+        // Another get's leader is fetching it from another owner: counted as being fetched,
+        // like this batch's own remote leaders (G11), not waited for here.
+        deferred->push_back(HandleTable::Pending{static_cast<uint32_t>(i), std::move(joined[i])});
+      }
     }
     counters_->remote_join_wait_us.fetch_add(
         std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - begin).count(),
@@ -209,6 +216,8 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
       remote_index.push_back(i);
     }
   }
+  // Routed elsewhere and about to be fetched: a deferred joiner need not wait for the read.
+  for (size_t i : remote_index) led[i]->MarkRouted();
   bool queued = false;
   if (!remote.empty() && defer) {
     // In key order, so the first chunk covers the start of the prefix.

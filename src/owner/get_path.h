@@ -19,7 +19,9 @@
 //   workers, which finish each leader's op as its chunk ends, so get_transfer waits only for the
 //   chunks of the consumed prefix. A batch whose chunks do not all fit the bounded queue is fetched
 //   before the answer, as without deferral. Every queued chunk ends once: fetched, or (stopping) a
-//   miss.
+//   miss. A key that joins another get's op waits only until that leader knows where the value
+//   is: one being fetched from another owner counts the same way (its handle waits for the op's
+//   terminal holder at get_transfer, G7).
 #pragma once
 
 #include <chrono>

@@ -7,6 +7,9 @@
 // - A leader finishes its op exactly once (Ready with a holder, or Failed), then removes it by
 //   identity, so a newer op for the same key is never removed (no ABA).
 // - Joiners wait with a deadline; a joiner that times out sees a miss, never a partial state.
+// - kRouted (the leader found the value on another owner and its fetch has begun) is not
+//   terminal: Wait goes on to Ready/Failed; only WaitDecided returns there, for a deferred
+//   get_start that counts the value as being fetched (G11) instead of waiting for the read.
 #pragma once
 
 #include <chrono>
@@ -28,17 +31,42 @@ class SharedGetOp {
     holder_ = std::move(h);
     cv_.SignalAll();
   }
+  // The leader found the value on another owner and is fetching it (no effect once finished).
+  void MarkRouted() {
+    MutexLock lock(&mu_);
+    if (phase_ != Phase::kStarting) return;
+    phase_ = Phase::kRouted;
+    cv_.SignalAll();
+  }
   // The leader's holder (empty on failure or when `deadline` passed first).
   HolderRef Wait(std::chrono::steady_clock::time_point deadline) {
     MutexLock lock(&mu_);
-    while (phase_ == Phase::kStarting) {
-      if (!cv_.WaitUntil(&mu_, deadline) && phase_ == Phase::kStarting) return HolderRef();
+    while (phase_ == Phase::kStarting || phase_ == Phase::kRouted) {
+      if (!cv_.WaitUntil(&mu_, deadline) &&
+          (phase_ == Phase::kStarting || phase_ == Phase::kRouted)) {
+        return HolderRef();
+      }
     }
     return holder_;
   }
+  // Waits (until `deadline`) only until the leader knows where the value is: true when it is
+  // being fetched from another owner (its holder comes later, through Wait); false with the
+  // terminal holder in `*holder` (empty: a miss, a failure or the deadline).
+  bool WaitDecided(std::chrono::steady_clock::time_point deadline, HolderRef* holder) {
+    MutexLock lock(&mu_);
+    while (phase_ == Phase::kStarting) {
+      if (!cv_.WaitUntil(&mu_, deadline) && phase_ == Phase::kStarting) {
+        *holder = HolderRef();
+        return false;
+      }
+    }
+    if (phase_ == Phase::kRouted) return true;
+    *holder = holder_;
+    return false;
+  }
 
  private:
-  enum class Phase : uint8_t { kStarting, kReady, kFailed };
+  enum class Phase : uint8_t { kStarting, kRouted, kReady, kFailed };
   Mutex mu_;
   CondVar cv_;
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kStarting;

@@ -439,6 +439,43 @@ TEST_F(RemoteFetcherTest, ADeferredGetStartAnswersBeforeTheReadAndTheTransferWai
   EXPECT_TRUE(a_->gets->Cancel(1, local->handle_id).ok());
 }
 
+// A deferred get_start whose keys another get is already fetching from another owner joins that
+// fetch without waiting for its read (G11), and its transfer gets the one installed copy (G7);
+// one BatchGetStart serves both.
+TEST_F(RemoteFetcherTest, ADeferredGetStartJoiningAFetchInFlightAnswersBeforeTheRead) {
+  PartsOptions requester;
+  requester.prefetch_workers = 2;
+  TwoOwners(requester);
+  const std::vector<std::string> keys = Keys("j", 4);
+  ASSERT_TRUE(PutAndPublish(*b_, keys).ok());
+  a_->peer_faults.Set(FaultRule{"peer.read", FaultAction::kDelay, milliseconds(600), 1});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto first = a_->gets->Start(1, keys, {}, true, /*allow_deferred=*/true);
+  ASSERT_TRUE(first.ok() && first->deferred);
+  ASSERT_EQ(first->leader_started, 4u);
+  auto second = a_->gets->Start(2, keys, {}, true, /*allow_deferred=*/true);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(400));  // the read takes 600
+  EXPECT_TRUE(second->deferred);
+  EXPECT_EQ(second->inflight_joined, 4u);
+  EXPECT_EQ(second->prefix.transferable_len, 4u);
+  EXPECT_TRUE(second->offsets.empty());
+  for (auto [client, handle] : {std::pair{2u, second->handle_id}, {1u, first->handle_id}}) {
+    std::vector<HandleTable::Located> located;
+    ASSERT_TRUE(a_->gets->Transfer(client, handle, 0, &located).ok());
+    ASSERT_EQ(located.size(), keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(TagAt(*a_, located[i].offset), TagOf(keys[i]));
+    }
+    ASSERT_TRUE(a_->gets->Release(client, handle).ok());
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(600));
+  EXPECT_EQ(mc().get_start_calls.load(), 1);
+  EXPECT_EQ(a_->flights->size(), 0u);
+  EXPECT_EQ(a_->counters->live_views.load(), 0);
+  EXPECT_EQ(a_->counters->live_handles.load(), 0);
+}
+
 // A consumed value that could not be fetched fails the transfer (Aborted) and releases the whole
 // handle: no plan ever names a value that is not here, and nothing stays reserved or pinned.
 TEST_F(RemoteFetcherTest, ADeferredValueThatCannotBeFetchedFailsTheTransfer) {
