@@ -60,6 +60,8 @@ void HandleTable::ConsumeLocked(Handle& h, uint32_t keep, std::vector<HolderRef>
   h.pins.resize(keep);
   h.consumed = true;
   h.deadline = Clock::now() + view_lease_;
+  counters_->live_handles.fetch_sub(1, std::memory_order_relaxed);
+  counters_->live_views.fetch_add(1, std::memory_order_relaxed);
   if (located != nullptr && h.deferred) {
     located->reserve(keep);
     for (const HolderRef& p : h.pins) located->push_back(Located{p->offset, p->len});
@@ -95,8 +97,6 @@ absl::Status HandleTable::Consume(uint64_t client_id, uint64_t handle_id, uint32
         return absl::OkStatus();
       });
   if (consumed) {
-    counters_->live_handles.fetch_sub(1, std::memory_order_relaxed);
-    counters_->live_views.fetch_add(1, std::memory_order_relaxed);
     tail.clear();  // G5: the dropped suffix is released now, outside the shard lock
     return checked;
   }
@@ -134,10 +134,6 @@ absl::Status HandleTable::Consume(uint64_t client_id, uint64_t handle_id, uint32
         ConsumeLocked(**hp, keep, &tail, located);
         return absl::OkStatus();
       });
-  if (result.ok()) {
-    counters_->live_handles.fetch_sub(1, std::memory_order_relaxed);
-    counters_->live_views.fetch_add(1, std::memory_order_relaxed);
-  }
   if (failed) {
     counters_->deferred_gets_failed.fetch_add(1, std::memory_order_relaxed);
     Drop(std::move(failed));

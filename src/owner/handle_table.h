@@ -88,7 +88,8 @@ class HandleTable {
   static absl::Status CheckConsume(const std::shared_ptr<Handle>* hp, uint64_t client_id,
                                    uint64_t handle_id, uint32_t consume, uint32_t* keep);
   // Keeps the first `keep` pins of a checked handle (the rest go to `tail`, released by the
-  // caller outside the shard lock) and starts its views' lease.
+  // caller outside the shard lock), starts its views' lease and moves it from the live handles
+  // gauge to the live views gauge.
   void ConsumeLocked(Handle& h, uint32_t keep, std::vector<HolderRef>* tail,
                      std::vector<Located>* located) const;
   // Drops a handle taken out of the table (its pins, its gauge).
