@@ -88,10 +88,12 @@ class SingleFlight {
         });
     return {std::move(op), leads};
   }
-  // The leader's terminal state: wakes the joiners, then removes this op (only this one).
+  // The leader's terminal state: removes this op (only this one), then wakes the joiners, so a
+  // joiner that wakes never finds its finished op still in the table (a get of the key after
+  // the erase pins the installed copy or leads a new op).
   void Finish(const std::string& key, const std::shared_ptr<SharedGetOp>& op, HolderRef holder) {
-    op->Finish(std::move(holder));
     ops_.EraseIf(key, [&](const std::shared_ptr<SharedGetOp>& current) { return current == op; });
+    op->Finish(std::move(holder));
   }
   size_t size() const { return ops_.size(); }
 
