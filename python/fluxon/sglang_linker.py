@@ -30,7 +30,11 @@ MLA: its KV rows).
   kernel; ~95 % of PCIe), smaller ones through the one-layer restore kernel (lowest latency).
   ``layer_done_counter`` is completed for layer ``l`` once event ``l`` has fired and no kernel
   reported an error. The forward only waits on the counter (no CUDA sync on its thread). Views
-  are released after the last layer's copies finished.
+  are released after the last layer's copies finished. A small batch (``inline_load_pages``,
+  default 4 pages) whose lookup handles are all local skips the thread: start_layer_wise_loading
+  opens its plans and enqueues every layer in one restore kernel per load on a stream of its
+  own, and the counter makes the forward's stream wait on that batch's CUDA event (no host wait);
+  ``finish_layer_wise_loading`` checks the kernels' error word and releases the views.
 * **Offload**: the offload thread computes the page indices on its stream after
   ``record_offload_ready()``'s events, reserves a put plan (pages already stored are skipped:
   ``KeyConflictError``), runs the write (staged path from ``staged_min_pages`` pages, else the
@@ -52,7 +56,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from queue import Empty, Queue
@@ -140,9 +144,54 @@ class _LocalCounter:
         self.futures.clear()
 
 
+_BaseCounter: Any = _SGLCounter if _SGLCounter is not None else _LocalCounter
+
+
+class _LayerCounter(_BaseCounter):  # type: ignore[misc, valid-type]
+    """The linker's ``layer_done_counter``: SGLang's ``LayerWiseLoadCounter`` (host futures,
+    completed by the load thread) for the batches the load thread runs, and device-side waits for
+    the small batches ``start_layer_wise_loading`` enqueued whole itself (``set_enqueued``): for
+    those, ``wait_until`` makes the forward's current stream wait on the batch's CUDA event and
+    returns at once (the copies were all enqueued before the forward began, so the event is
+    already recorded), and ``finish`` hands the batch to its finisher (host wait for the copies,
+    the kernels' error word, views released) for the verdict."""
+
+    def __init__(self, num_layers: int, on_layer_ready=None):
+        super().__init__(num_layers, on_layer_ready)
+        self._enqueued: Dict[int, Tuple[Any, Any]] = {}  # index -> (event or None, finisher)
+
+    def set_enqueued(self, index: int, event, finisher) -> None:
+        """Batch `index` is on the device: `event` fires after its copies (None: nothing was
+        enqueued, it already failed); `finisher()` returns whether it landed."""
+        self._enqueued[index] = (event, finisher)
+
+    def wait_until(self, threshold: int) -> None:
+        entry = self._enqueued.get(self.consumer_index)
+        if entry is None:
+            return super().wait_until(threshold)
+        if entry[0] is not None:
+            entry[0].wait()  # the current (forward) stream waits on the GPU; no host wait
+        if self.on_layer_ready is not None:
+            self.on_layer_ready(self.consumer_index, threshold)
+
+    def finish(self, index: int) -> bool:
+        entry = self._enqueued.pop(index, None)
+        if entry is None:
+            return super().finish(index)
+        self.futures.pop(index, None)
+        return entry[1]()
+
+    def has_enqueued(self) -> bool:
+        return bool(self._enqueued)
+
+    def take_enqueued(self) -> List[Any]:
+        """Removes every enqueued batch not finished yet; returns their finishers (reset)."""
+        entries, self._enqueued = list(self._enqueued.values()), {}
+        return [finisher for _, finisher in entries]
+
+
 def _make_counter(num_layers: int, on_layer_ready=None):
-    cls = _SGLCounter if _SGLCounter is not None else _LocalCounter
-    return cls(num_layers, on_layer_ready)
+    return _LayerCounter(num_layers, on_layer_ready)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,10 +226,22 @@ class LinkerConfig:
     # a lookup never holds the scheduler for a remote read. A page that then cannot be fetched
     # fails that load, as a page evicted since lookup does.
     deferred_lookup: bool = True
+    # A load batch of at most inline_load_pages pages whose lookup handles are all local (not
+    # deferred) is enqueued by start_layer_wise_loading itself, all layers in one restore kernel
+    # per load on a stream of its own, and the forward waits for it on the GPU (one CUDA event):
+    # no hand-off to the load thread, no per-layer launches, no host wait. Larger batches keep
+    # the layer-by-layer pipeline of the load thread (the forward's first layers overlap the
+    # copies of later ones). 0: every batch goes through the load thread.
+    inline_load_pages: int = 4
+    # An offload of at most inline_offload_pages pages is reserved and its write kernel enqueued
+    # by offload() itself (one at a time); num_completed_offloads() commits it once its write
+    # finished. No hand-off to the offload thread on either side. 0: every offload goes through
+    # the offload thread.
+    inline_offload_pages: int = 4
 
     KEYS = ("socket", "namespace", "reconnect_interval_s", "lookup_hold_s", "sm_budget", "model",
             "tp_rank", "tp_size", "staging_pages", "staged_min_pages", "copy_streams",
-            "layer_path", "deferred_lookup")
+            "layer_path", "deferred_lookup", "inline_load_pages", "inline_offload_pages")
 
     @classmethod
     def from_extra(cls, extra) -> "LinkerConfig":
@@ -238,6 +299,13 @@ class LinkerConfig:
         if layer_path == "staged" and staging == 0:
             raise InvalidArgumentError("linker_extra_config 'layer_path' 'staged' needs "
                                        "'staging_pages' > 0")
+        inline = {}
+        for name in ("inline_load_pages", "inline_offload_pages"):
+            inline[name] = num(name, getattr(cls, name), 0, True)
+            if inline[name] > 64:
+                raise InvalidArgumentError(f"linker_extra_config {name!r} must be <= 64 (larger "
+                                           f"transfers are the threads' pipelines), got "
+                                           f"{inline[name]}")
         deferred = extra.get("deferred_lookup", cls.deferred_lookup)
         if not isinstance(deferred, bool):
             raise InvalidArgumentError(f"linker_extra_config 'deferred_lookup' must be true or "
@@ -249,7 +317,8 @@ class LinkerConfig:
                    model=model,
                    tp_rank=tp_rank, tp_size=tp_size, staging_pages=staging,
                    staged_min_pages=num("staged_min_pages", cls.staged_min_pages, 1, True),
-                   copy_streams=copy_streams, layer_path=layer_path, deferred_lookup=deferred)
+                   copy_streams=copy_streams, layer_path=layer_path, deferred_lookup=deferred,
+                   **inline)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -427,26 +496,33 @@ class CudaOps:
         self.view = view
         self.config = config
         self.device = view.k_buffers[0].device
-        self.load_stream = torch.cuda.Stream(device=self.device)
-        self.offload_stream = torch.cuda.Stream(device=self.device)
+        # A stream and a page-index buffer per lane, (offload, inline): the load thread's, the
+        # offload thread's, and those of the small transfers the scheduler's thread enqueues
+        # itself. A lane's transfers follow each other on its stream, so the next one's indices
+        # never overwrite a buffer a kernel still reads; lanes never share one.
+        self._lanes = {lane: (torch.cuda.Stream(device=self.device),
+                              torch.empty(view.device_pages, dtype=torch.int64,
+                                          device=self.device))
+                       for lane in ((False, False), (True, False), (False, True), (True, True))}
+        self.load_stream = self._lanes[(False, False)][0]
+        self.offload_stream = self._lanes[(True, False)][0]
+        self.inline_stream = self._lanes[(False, True)][0]
+        self.inline_offload_stream = self._lanes[(True, True)][0]
         self.events = fk.LayerEvents(view.num_layers)  # one load batch at a time (load thread)
         self.layout = fk.KvLayout(view.attention, view.num_layers, view.page_size, view.row_bytes)
         self._k = [int(b.data_ptr()) for b in view.k_buffers]
         self._v = [int(b.data_ptr()) for b in view.v_buffers]
-        # Page-index buffers, one per direction; each direction runs one transfer at a time
-        # (its thread waits for the copies before the next one).
-        self._pages_buf = {d: torch.empty(view.device_pages, dtype=torch.int64,
-                                          device=self.device) for d in (False, True)}
 
     def bind_thread(self) -> None:
         """CUDA's current device is per thread: the linker's threads use the pool's."""
         self.torch.cuda.set_device(self.device)
 
-    def plane(self, registration):
+    def plane(self, registration, staged: bool = True):
         """A data plane (its own sticky error word, staging buffer and copy streams) checking
-        values against `registration`."""
+        values against `registration`; without `staged`, no staging buffer (kernels only)."""
         return self.fk.DataPlane(self.layout, self._k, self._v, self.view.device_pages, None,
-                                 registration, staging_group_pages=self.config.staging_pages)
+                                 registration,
+                                 staging_group_pages=self.config.staging_pages if staged else 0)
 
     def record_ready(self):
         ev = self.torch.cuda.Event()
@@ -456,17 +532,19 @@ class CudaOps:
     def offload_ready(self, linker) -> list:
         return linker.record_offload_ready()
 
-    def device_pages(self, slots, wait_events, offload: bool, offset: int = 0):
+    def device_pages(self, slots, wait_events, offload: bool, offset: int = 0,
+                     inline: bool = False):
         """Page indices of `slots` (whole, aligned pages), computed on our stream after it waited
         (on the GPU) for `wait_events`; -1 for a slot row that is not a whole page. The result is
-        a view of this direction's index buffer at `offset` pages (a load batch gives each load
-        its own range), valid until the next transfer of that direction."""
+        a view of the lane's index buffer at `offset` pages (a load batch gives each load its own
+        range), valid until the lane's next transfer. `inline`: a transfer the scheduler's thread
+        enqueues itself (its own lane)."""
         torch = self.torch
         ps, n = self.view.page_size, int(slots.numel())
         if n == 0 or n % ps:
             raise InvalidArgumentError(f"{n} token slots is not a whole number of {ps}-token "
                                        f"pages")
-        stream = self.offload_stream if offload else self.load_stream
+        stream, buf = self._lanes[(bool(offload), bool(inline))]
         for ev in wait_events:
             stream.wait_event(ev)
         if not slots.is_cuda or slots.dtype not in (torch.int64, torch.int32) or \
@@ -475,7 +553,6 @@ class CudaOps:
                 slots = slots.to(self.device, torch.int64).contiguous()
         else:
             slots.record_stream(stream)  # the caller's tensor, read on our stream
-        buf = self._pages_buf[offload]
         if offset + n // ps <= buf.numel():
             pages = buf[offset:offset + n // ps]
         else:  # more pages than the pool holds: only a batch repeating slots gets here
@@ -485,9 +562,9 @@ class CudaOps:
                                  int(pages.data_ptr()), int(stream.cuda_stream))
         return pages
 
-    def select(self, pages_dev, idx: List[int]):
+    def select(self, pages_dev, idx: List[int], inline: bool = False):
         torch = self.torch
-        with torch.cuda.stream(self.offload_stream):
+        with torch.cuda.stream(self.inline_offload_stream if inline else self.offload_stream):
             return pages_dev[torch.tensor(idx, dtype=torch.int64, device=self.device)]
 
     def _staged(self, pages: int) -> bool:
@@ -510,6 +587,30 @@ class CudaOps:
                              int(self.load_stream.cuda_stream), path=path,
                              sm_budget=self.config.sm_budget,
                              copy_streams=self.config.copy_streams, continues=continues)
+
+    def restore_all(self, plane, work):
+        """Enqueues every layer of every (plan, pages_dev, n) in `work` on the inline stream, one
+        restore kernel per load; returns the CUDA event recorded after them."""
+        stream = int(self.inline_stream.cuda_stream)
+        for plan, pages, n in work:
+            plane.restore_pages(plan, int(pages.data_ptr()), n, stream,
+                                sm_budget=self.config.sm_budget)
+        ev = self.torch.cuda.Event()
+        ev.record(self.inline_stream)
+        return ev
+
+    def write_inline(self, plane, plan: int, pages_dev, n: int):
+        """Enqueues the write kernel of a small offload on the inline offload lane; returns the
+        CUDA event recorded after it."""
+        stream = self.inline_offload_stream
+        plane.write_pages(plan, int(pages_dev.data_ptr()), n, int(stream.cuda_stream),
+                          sm_budget=self.config.sm_budget)
+        ev = self.torch.cuda.Event()
+        ev.record(stream)
+        return ev
+
+    def drain_inline(self, offload: bool = False) -> None:
+        (self.inline_offload_stream if offload else self.inline_stream).synchronize()
 
     def layer_done(self, layer: int) -> bool:
         return self.events.query(layer)
@@ -569,7 +670,10 @@ class _Conn:
         self.client = client
         self.ops = ops
         self.maps: List[tuple] = []
-        self.load_plane = self.offload_plane = None
+        # One plane per user, so a kernel's error is taken by the transfer that caused it: the
+        # load thread, the offload thread, and the loads start_layer_wise_loading enqueues.
+        self.load_plane = self.offload_plane = self.inline_plane = None
+        self.inline_offload_plane = None
         if ops is not None:
             segs, arena = ops.mappings(client)
             seg_reg = _acquire_registration(segs)
@@ -579,15 +683,85 @@ class _Conn:
                 self.maps.append(arena)
                 self.load_plane = ops.plane(seg_reg)
                 self.offload_plane = ops.plane(seg_reg)
+                self.inline_plane = ops.plane(seg_reg, staged=False)
+                self.inline_offload_plane = ops.plane(seg_reg, staged=False)
             except BaseException:
                 self.release()
                 raise
 
     def release(self) -> None:
-        self.load_plane = self.offload_plane = None
+        self.load_plane = self.offload_plane = self.inline_plane = None
+        self.inline_offload_plane = None
         maps, self.maps = self.maps, []
         for m in maps:
             _release_registration(m)
+
+
+@dataclass
+class _InlineOffload:
+    """A small offload the scheduler's thread enqueued itself: its put plan is reserved and its
+    write kernel enqueued; committed (or aborted) once `event` fired."""
+
+    conn: "_Conn"
+    plane: Any
+    plan: int
+    pages: int
+    event: Any
+
+
+class _OffloadResults:
+    """Offload verdicts in the order the offloads were asked for (SGLang pairs them with its
+    pending offloads by position). The offload thread decides its records; an inline record is
+    decided by whoever polls (`decide`, the scheduler's thread) once its write has finished."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._records: "deque[list]" = deque()  # [verdict or None, _InlineOffload or None]
+
+    def add(self, verdict: Optional[bool] = None, inline: Optional[_InlineOffload] = None):
+        rec = [verdict, inline]
+        with self._lock:
+            self._records.append(rec)
+        return rec
+
+    def set(self, rec, verdict: bool) -> None:
+        with self._lock:
+            rec[0] = verdict
+
+    def inline_in_flight(self) -> bool:
+        with self._lock:
+            return any(r[0] is None and r[1] is not None for r in self._records)
+
+    def completed(self, decide) -> int:
+        """How many verdicts from the front are known; every inline record is decided on the way
+        by `decide(inline, block=False)` (None: its write has not finished)."""
+        with self._lock:
+            records = list(self._records)
+        n, prefix = 0, True
+        for rec in records:
+            if rec[0] is None and rec[1] is not None:
+                verdict = decide(rec[1], False)
+                if verdict is not None:
+                    self.set(rec, verdict)
+            if rec[0] is None:
+                prefix = False
+            elif prefix:
+                n += 1
+        return n
+
+    def pop(self) -> bool:
+        with self._lock:
+            if not self._records or self._records[0][0] is None:
+                raise Empty
+            return self._records.popleft()[0]
+
+    def clear(self, decide) -> None:
+        """Decides every inline record (waiting for its write), then drops every record."""
+        with self._lock:
+            records, self._records = list(self._records), deque()
+        for rec in records:
+            if rec[0] is None and rec[1] is not None:
+                decide(rec[1], True)
 
 
 _MAX_PARENTS = 1 << 16
@@ -623,7 +797,8 @@ class FluxonLinker(_LinkerBase):
         self._conn: Optional[_Conn] = None
         self._retired: List[_Conn] = []
         self._last_connect = 0.0
-        self.stats = {"lookup": 0, "lookup_hit_pages": 0, "load": 0, "load_pages": 0,
+        self.stats = {"lookup": 0, "lookup_hit_pages": 0, "load": 0, "load_inline": 0,
+                      "load_pages": 0, "offload_inline": 0,
                       "load_failures": 0, "offload": 0, "offload_pages": 0,
                       "offload_failures": 0, "errors": 0, "reconnects": 0}
         try:
@@ -647,7 +822,7 @@ class FluxonLinker(_LinkerBase):
         self._parents: "OrderedDict[str, str]" = OrderedDict()
         self._load_q: Queue = Queue()
         self._offload_q: Queue = Queue()
-        self._offload_results: Queue = Queue()
+        self._offload_results = _OffloadResults()
         self._closed = False
         self._load_thread = threading.Thread(target=self._load_loop, daemon=True,
                                              name=f"fluxon-linker-load-t{self.ident.tp_rank}")
@@ -855,7 +1030,13 @@ class FluxonLinker(_LinkerBase):
                     self._cancel_held(ld.held)
                 return index
         self.stats["load"] += len(pending)
-        self._load_q.put((index, pending, ready))
+        # An MLA dedup source broadcasts each layer once the host knows it landed: thread only.
+        conn = self._inline_conn(pending) if broadcaster is None else None
+        if conn is not None:
+            self.stats["load_inline"] += len(pending)
+            self._enqueue_inline(index, pending, ready, conn)
+        else:
+            self._load_q.put((index, pending, ready))
         return index
 
     def finish_layer_wise_loading(self, counter_index: int) -> bool:
@@ -879,6 +1060,95 @@ class FluxonLinker(_LinkerBase):
             raise fluxon.NotFoundError(f"{n - h.result.transferable_len} of {n} pages are no "
                                        f"longer stored")
         return conn.client.get_transfer(h)
+
+    def _inline_conn(self, loads: List[_Load]) -> Optional[_Conn]:
+        """The connection on which start_layer_wise_loading enqueues `loads` itself, or None when
+        they go to the load thread. Inline only when small (inline_load_pages) and every load
+        holds its lookup's handle over its keys on the current connection, none of them
+        deferred: the get_transfer then only turns pins into views, so the scheduler's thread
+        never waits for a remote read."""
+        limit = self.config.inline_load_pages
+        if limit == 0 or not hasattr(self._ops, "restore_all") or \
+                sum(len(ld.keys) for ld in loads) > limit:
+            return None
+        if self.layer_done_counter.has_enqueued():
+            return None  # one unfinished inline batch at a time: the error word names its copies
+        with self._lock:
+            conn = self._conn
+        if conn is None:
+            return None
+        for ld in loads:
+            held = ld.held
+            if held is None or held.handle is None or held.conn is not conn or \
+                    held.keys[:len(ld.keys)] != ld.keys or \
+                    getattr(held.handle.result, "deferred", False):
+                return None
+        return conn
+
+    def _enqueue_inline(self, index: int, loads: List[_Load], ready, conn: _Conn) -> None:
+        """Opens the get plans of `loads` and enqueues all their layers (one restore kernel per
+        load) on the inline stream; the counter's batch `index` then waits on the GPU. A failure
+        here enqueues nothing more: the batch's layers count as done (the forward runs on
+        whatever the slots hold) and finish reports it, as for the load thread's batches."""
+        ops = self._ops
+        plane = conn.inline_plane
+        plans: List[Tuple[_Conn, int]] = []
+        event, error = None, None
+        try:
+            work = []
+            offset = 0
+            for ld in loads:
+                pages_dev = ops.device_pages(ld.slots, [ready], offload=False, offset=offset,
+                                             inline=True)
+                offset += len(ld.keys)
+                plan = self._open_get(conn, ld)
+                plans.append((conn, plan))
+                work.append((plan, pages_dev, len(ld.keys)))
+            event = ops.restore_all(plane, work)
+        except BaseException as e:  # noqa: BLE001 - reported by finish
+            error = e
+            try:
+                ops.drain_inline()  # nothing may still read a plan we release
+            except BaseException:  # noqa: BLE001
+                logger.exception("fluxon: linker inline load stream failed")
+        for ld in loads:
+            self._cancel_held(ld.held)
+        pages = sum(len(ld.keys) for ld in loads)
+
+        def finish() -> bool:
+            err = error
+            try:
+                if event is not None:
+                    event.synchronize()  # after the forward: the copies have long finished
+                    if plane is not None:
+                        plane.take_device_errors()
+            except BaseException as e:  # noqa: BLE001
+                err = err or e
+            self._release_plans(plans)
+            return self._load_verdict(conn, err, pages)
+
+        self.layer_done_counter.set_enqueued(index, event, finish)
+
+    def _release_plans(self, plans: List[Tuple[_Conn, int]]) -> None:
+        for c, plan in plans:
+            try:
+                c.client.release_views(plan)
+            except FluxonError as e:
+                logger.warning("fluxon: release_views failed: %s", e)
+
+    def _load_verdict(self, conn: Optional[_Conn], error: Optional[BaseException],
+                      pages: int) -> bool:
+        """Counts a load batch that ended with `error` (None: landed); True when it landed."""
+        if error is None:
+            self.stats["load_pages"] += pages
+            return True
+        self.stats["load_failures"] += 1
+        if isinstance(error, FluxonError):
+            self._failed(conn, "load", error)
+        else:
+            logger.error("fluxon: linker layer-wise load failed: %s: %s", type(error).__name__,
+                         error)
+        return False
 
     def _bind_thread(self) -> None:
         bind = getattr(self._ops, "bind_thread", None)
@@ -928,7 +1198,6 @@ class FluxonLinker(_LinkerBase):
             for layer in range(done, layers):
                 ops.wait_layer(layer)  # this layer's copies finished (load thread, not forward)
                 self._layer_landed(plane, index, layer)
-            self.stats["load_pages"] += sum(w[2] for w in work)
         except BaseException as e:  # noqa: BLE001 - reported through the counter, below
             error = e
         else:
@@ -945,19 +1214,10 @@ class FluxonLinker(_LinkerBase):
                     error = error or e
             for ld in loads:
                 self._cancel_held(ld.held)
-            for c, plan in plans:
-                try:
-                    c.client.release_views(plan)
-                except FluxonError as e:
-                    logger.warning("fluxon: release_views failed: %s", e)
+            self._release_plans(plans)
         if error is not None:
-            self.stats["load_failures"] += 1
             self.layer_done_counter.fail(index, error)
-            if isinstance(error, FluxonError):
-                self._failed(conn, "load", error)
-            else:
-                logger.error("fluxon: linker layer-wise load failed: %s: %s",
-                             type(error).__name__, error)
+        self._load_verdict(conn, error, sum(len(ld.keys) for ld in loads))
 
     def _layer_landed(self, plane, index: int, layer: int) -> None:
         """Completes `layer` on the counter once its event fired, unless a kernel reported an
@@ -979,15 +1239,101 @@ class FluxonLinker(_LinkerBase):
             logger.exception("fluxon: linker offload refused")
             return False
         if not self.is_writer:  # rank-replicated KV: the writer rank stores it
-            self._offload_results.put(True)
+            self._offload_results.add(True)
             return True
         try:
             events = self._ops.offload_ready(self)
         except Exception:
             logger.exception("fluxon: record_offload_ready failed")
             return False
-        self._offload_q.put(([self.keys.key(k) for k in keys], slots, events))
+        stored = [self.keys.key(k) for k in keys]
+        if not self._offload_inline(stored, slots, events):
+            self._offload_q.put((stored, slots, events, self._offload_results.add()))
         return True
+
+    def _offload_inline(self, keys: List[str], slots, events) -> bool:
+        """Reserves and enqueues the write of a small offload on the caller's thread (False:
+        not small, another inline offload in flight, or no connection: the thread takes it).
+        Its verdict is added in order: decided now when nothing is left to write or the
+        reservation failed, else by _decide_inline once the write finished."""
+        ops = self._ops
+        limit = self.config.inline_offload_pages
+        if limit == 0 or len(keys) > limit or not hasattr(ops, "write_inline"):
+            return False
+        # One inline offload at a time: its plane's error word then names exactly its write.
+        self._offload_results.completed(self._decide_inline)  # commits one that finished
+        if self._offload_results.inline_in_flight():
+            return False
+        with self._lock:
+            conn = self._conn
+        if conn is None:
+            return False
+        self.stats["offload_inline"] += 1
+        try:
+            pages_dev = ops.device_pages(slots, events, offload=True, inline=True)
+            self._learn_parents(keys)
+            with self._lock:
+                parent = self._parents.get(keys[0])
+            plan, idx = self._reserve_put(conn, keys, list(range(len(keys))), parent)
+        except InvalidArgumentError as e:
+            logger.error("fluxon: offload: %s", e)
+            return self._decided_inline(False, 0)
+        except FluxonError as e:
+            self._failed(conn, "offload", e)
+            return self._decided_inline(False, 0)
+        if plan is None:  # every page stored already, or being stored by another writer
+            return self._decided_inline(True, len(keys))
+        plane = conn.inline_offload_plane
+        try:
+            sub = pages_dev if len(idx) == len(keys) else ops.select(pages_dev, idx, inline=True)
+            event = ops.write_inline(plane, plan, sub, len(idx))
+        except BaseException:  # noqa: BLE001
+            logger.exception("fluxon: linker offload failed")
+            try:
+                ops.drain_inline(offload=True)
+                conn.client.put_abort(plan)
+            except BaseException as e:  # noqa: BLE001
+                logger.warning("fluxon: abort of an offload's plan failed: %s", e)
+            return self._decided_inline(False, 0)
+        self._offload_results.add(inline=_InlineOffload(conn, plane, plan, len(keys), event))
+        return True
+
+    def _decided_inline(self, ok: bool, pages: int) -> bool:
+        """An inline offload decided before anything was enqueued: counted, its verdict in
+        order. True (offload() took it)."""
+        self._count_offload(ok, pages)
+        self._offload_results.add(ok)
+        return True
+
+    def _decide_inline(self, rec: _InlineOffload, block: bool) -> Optional[bool]:
+        """Commits an inline offload whose write finished (aborts it when the write failed or a
+        kernel reported an error); None while the write runs and `block` is false."""
+        if not block and not rec.event.query():
+            return None
+        try:
+            rec.event.synchronize()
+            if rec.plane is not None:
+                rec.plane.take_device_errors()  # e.g. a slot row not a whole page
+        except BaseException as e:  # noqa: BLE001
+            logger.error("fluxon: linker offload failed: %s: %s", type(e).__name__, e)
+            try:
+                rec.conn.client.put_abort(rec.plan)
+            except FluxonError as e2:
+                logger.warning("fluxon: abort of an offload's plan failed: %s", e2)
+            return self._count_offload(False, 0)
+        try:
+            rec.conn.client.local_fast_put_commit(rec.plan)  # locally readable once it returns
+        except FluxonError as e:
+            self._failed(rec.conn, "offload", e)
+            return self._count_offload(False, 0)
+        return self._count_offload(True, rec.pages)
+
+    def _count_offload(self, ok: bool, pages: int) -> bool:
+        """Counts an offload's verdict (`pages` stored when it succeeded); returns `ok`."""
+        self.stats["offload" if ok else "offload_failures"] += 1
+        if ok:
+            self.stats["offload_pages"] += pages
+        return ok
 
     def _offload_loop(self) -> None:
         self._bind_thread()
@@ -996,13 +1342,13 @@ class FluxonLinker(_LinkerBase):
             try:
                 if task is None:
                     return
+                keys, slots, events, rec = task
                 ok = False
                 try:
-                    ok = self._run_offload(*task)
+                    ok = self._run_offload(keys, slots, events)  # counts the pages it stored
                 except BaseException:  # noqa: BLE001
                     logger.exception("fluxon: linker offload failed")
-                self.stats["offload" if ok else "offload_failures"] += 1
-                self._offload_results.put(ok)
+                self._offload_results.set(rec, self._count_offload(ok, 0))
             finally:
                 self._offload_q.task_done()
 
@@ -1030,45 +1376,53 @@ class FluxonLinker(_LinkerBase):
         self.stats["offload_pages"] += len(keys)
         return True
 
-    def _put_chunk(self, conn: _Conn, keys, pages_dev, idx: List[int], parent) -> None:
-        """Stores keys[idx] not stored yet; raises FluxonError when some could not be stored.
-        The put plan is reserved while the GPU may still be finishing the forward's writes."""
-        ops = self._ops
+    def _reserve_put(self, conn: _Conn, keys, idx: List[int],
+                     parent) -> Tuple[Optional[int], List[int]]:
+        """A put plan over keys[idx] not stored yet, and those indices; (None, []) when every one
+        is stored (or being stored by another writer). Raises FluxonError when some could not be
+        reserved. The plan is reserved while the GPU may still be finishing the forward's
+        writes."""
         for _ in range(_MAX_PUT_ROUNDS):
             if not idx:
-                return
+                return None, []
             first = idx[0]
             opts = fluxon.PutOptionalArgs(parent_key=keys[first - 1] if first > 0 else parent)
             try:
-                plan = conn.client.local_fast_put_start([keys[i] for i in idx],
-                                                        self.view.value_len, opts)
+                return conn.client.local_fast_put_start([keys[i] for i in idx],
+                                                        self.view.value_len, opts), idx
             except KeyConflictError as e:
                 bad = {idx[j] for j in e.conflict_indices}
                 idx = [i for i in idx if i not in bad]  # stored, or being stored by another
-                continue
-            try:
-                # All of them (the usual case): the indices already on the device serve.
-                sub = pages_dev if len(idx) == len(keys) else ops.select(pages_dev, idx)
-                ops.write(conn.offload_plane, plan, sub, len(idx))
-                ops.finish_offload()  # the write finished
-                if conn.offload_plane is not None:
-                    conn.offload_plane.take_device_errors()  # e.g. a slot row not a whole page
-            except BaseException:
-                try:
-                    ops.drain(offload=True)
-                finally:
-                    conn.client.put_abort(plan)
-                raise
-            conn.client.local_fast_put_commit(plan)  # locally readable once this returns
-            return
         if idx:
             raise fluxon.PlanStateError(f"{len(idx)} pages kept conflicting")
+        return None, []
+
+    def _put_chunk(self, conn: _Conn, keys, pages_dev, idx: List[int], parent) -> None:
+        """Stores keys[idx] not stored yet; raises FluxonError when some could not be stored."""
+        ops = self._ops
+        plan, idx = self._reserve_put(conn, keys, idx, parent)
+        if plan is None:
+            return
+        try:
+            # All of them (the usual case): the indices already on the device serve.
+            sub = pages_dev if len(idx) == len(keys) else ops.select(pages_dev, idx)
+            ops.write(conn.offload_plane, plan, sub, len(idx))
+            ops.finish_offload()  # the write finished
+            if conn.offload_plane is not None:
+                conn.offload_plane.take_device_errors()  # e.g. a slot row not a whole page
+        except BaseException:
+            try:
+                ops.drain(offload=True)
+            finally:
+                conn.client.put_abort(plan)
+            raise
+        conn.client.local_fast_put_commit(plan)  # locally readable once this returns
 
     def num_completed_offloads(self) -> int:
-        return self._offload_results.qsize()
+        return self._offload_results.completed(self._decide_inline)
 
     def pop_completed_offload(self) -> bool:
-        return self._offload_results.get_nowait()
+        return self._offload_results.pop()
 
     # -- MLA dedup (rank 0 reads, broadcasts each layer; SGLang's Mooncake linker's scheme) -----
 
@@ -1127,12 +1481,10 @@ class FluxonLinker(_LinkerBase):
         for h in held:
             self._cancel_held(h)
         self._load_q.join()
+        for finish in self.layer_done_counter.take_enqueued():
+            finish()  # batches enqueued inline that nobody finished: views back
         self._offload_q.join()
-        while True:
-            try:
-                self._offload_results.get_nowait()
-            except Empty:
-                break
+        self._offload_results.clear(self._decide_inline)  # inline writes committed or aborted
         self.broadcast_loads.clear()
         self.layer_done_counter.reset()
 

@@ -182,6 +182,9 @@ def round_trip(sock, mla):
         rig.poison(dst2)
         want2 = [w.view(PAGES, PAGE, -1)[:2].reshape(2 * PAGE, *w.shape[1:]) for w in want]
         assert rig.load("r2", keys[:2], dst2[: 2 * PAGE], want2) is True
+        # Two pages with a local lookup handle: enqueued by start_layer_wise_loading itself, the
+        # forward's stream waiting on the device (the per-layer check above ran after each wait).
+        assert rig.linker.stats["load_inline"] >= 1, rig.linker.stats
         tail = rig.rows(dst2[2 * PAGE:])
         assert all(bool((t == 0xAB).all()) for t in tail), "a slot past the hit was written"
         # Overlapping offload: stored pages skipped, new ones written, result True.

@@ -89,15 +89,25 @@ def slots(pages):
 
 
 class Event:
+    def __init__(self):
+        self.waits = 0
+        self.done = True
+
     def synchronize(self):
-        pass
+        assert self.done, "a host wait on a write still running (the fake never finishes it)"
+
+    def query(self):
+        return self.done
+
+    def wait(self):  # the current stream waits on the device
+        self.waits += 1
 
 
 class FakeOps:
     """The CUDA side: records launches, moves nothing."""
 
     def __init__(self):
-        self.restores, self.writes = [], []
+        self.restores, self.writes, self.inline, self.events = [], [], [], []
 
     def record_ready(self):
         return Event()
@@ -108,11 +118,24 @@ class FakeOps:
     def bind_thread(self):
         pass
 
-    def device_pages(self, s, events, offload, offset=0):
+    def device_pages(self, s, events, offload, offset=0, inline=False):
         return pages_from_token_slots(list(s), PAGE, 16)
 
-    def select(self, pages, idx):
+    def restore_all(self, plane, work):
+        self.inline.extend((plan, tuple(pages)) for plan, pages, n in work)
+        self.events.append(Event())
+        return self.events[-1]
+
+    def drain_inline(self, offload=False):
+        pass
+
+    def select(self, pages, idx, inline=False):
         return [pages[i] for i in idx]
+
+    def write_inline(self, plane, plan, pages_dev, n):
+        self.write(plane, plan, pages_dev, n)
+        self.events.append(Event())
+        return self.events[-1]
 
     def layer_path(self, pages):
         return "kernel"
@@ -394,7 +417,7 @@ def test_keys_follow_rank_pipeline_and_context_parallel(daemon, sock):
 
 def test_offload_lookup_load_consumes_the_lookup_handle(daemon, sock):
     ops = FakeOps()
-    lk = daemon_linker(sock, ops=ops)
+    lk = daemon_linker(sock, ops=ops, inline_load_pages=0)  # every batch to the load thread
     try:
         keys = hashes(6)
         assert lk.lookup("r0", kv(keys)) == []
@@ -501,15 +524,16 @@ def test_no_daemon_at_start_is_a_clear_error(tmp_path):
 
 
 class Handle:
-    def __init__(self, n):
-        self.result = SimpleNamespace(transferable_len=n)
+    def __init__(self, n, deferred=False):
+        self.result = SimpleNamespace(transferable_len=n, deferred=deferred)
 
 
 class FakeClient:
     """Counts calls; `fail` names calls that raise OwnerUnavailableError."""
 
-    def __init__(self, stored=(), fail=(), conflicts=None):
+    def __init__(self, stored=(), fail=(), conflicts=None, deferred=False):
         self.stored, self.fail = set(stored), set(fail)
+        self.deferred = deferred
         self.conflicts = conflicts
         self.calls, self.open_handles, self.open_plans = [], 0, 0
         self.lock = threading.Lock()
@@ -527,7 +551,7 @@ class FakeClient:
         while n < len(keys) and keys[n] in self.stored:
             n += 1
         self.open_handles += 1
-        return Handle(n)
+        return Handle(n, self.deferred and kw.get("allow_deferred", False))
 
     def cancel_get_transfer(self, h):
         self._call("cancel")
@@ -588,7 +612,7 @@ def test_fake_owner_load_failure_releases_views_and_reports(tmp_path):
                 raise RuntimeError("kernel launch failed")
             super().restore_layer(plane, plan, pages, layer)
 
-    lk = make(ops=FailingOps(), client_factory=lambda s: fc)
+    lk = make(ops=FailingOps(), client_factory=lambda s: fc, inline_load_pages=0)
     fc.stored = {lk.storage_key(h) for h in hashes(3)}
     try:
         assert lk.lookup("r", kv(hashes(3))) == [1, 2, 3]
@@ -626,6 +650,141 @@ def test_a_deferred_lookup_whose_pages_cannot_be_fetched_fails_the_load_only(tmp
         lk.close()
 
 
+def test_a_small_local_load_is_enqueued_by_start_and_the_forward_waits_on_the_device(daemon,
+                                                                                      sock):
+    """A batch of at most inline_load_pages pages whose lookup handles are local is enqueued by
+    start_layer_wise_loading itself (one restore of every layer per load, no load thread, no
+    per-layer launch): every wait_until is a device-side wait on the batch's event, finish
+    gives the verdict and the views back."""
+    ops = FakeOps()
+    lk = daemon_linker(sock, ops=ops)
+    try:
+        keys = hashes(4)
+        assert lk.offload(kv(keys, [1, 2, 3, 4])) is True
+        assert wait_results(lk, 1) == [True]
+        assert lk.lookup("a", kv(keys[:2])) == [1, 2]
+        assert lk.lookup("b", kv(keys[2:])) == [1, 2]
+        assert lk.load("a", kv(keys[:2], [9, 10])) and lk.load("b", kv(keys[2:], [11, 12]))
+        idx = lk.start_layer_wise_loading()
+        assert idx >= 0 and lk.stats["load_inline"] == 2
+        assert [p for _, p in ops.inline] == [(9, 10), (11, 12)] and ops.restores == []
+        counter = lk.layer_done_counter
+        counter.set_consumer(idx)
+        for layer in range(LAYERS):
+            counter.wait_until(layer)  # returns at once: the stream waits, not the host
+        assert ops.events[-1].waits == LAYERS  # the batch's one event (the first: the offload)
+        c = fluxon.KvClient(socket_path=sock)
+        assert c.delete_prefix("sglang:") == (0, 4)  # the views pin the pages until finish
+        assert lk.finish_layer_wise_loading(idx) is True
+        counter.set_consumer(-1)
+        assert lk.stats["load_pages"] == 4 and lk.stats["load_failures"] == 0
+        assert c.delete_prefix("sglang:") == (4, 0)  # nothing left pinned
+    finally:
+        lk.close()
+
+
+def test_loads_that_are_large_deferred_or_without_a_lookup_go_to_the_load_thread(tmp_path):
+    """Inline only when small and every handle is local: more pages than inline_load_pages, a
+    deferred lookup (its get_transfer may wait for a remote read: never on the scheduler's
+    thread), a load with no lookup handle, or inline_load_pages 0 go to the load thread."""
+    def run(pages, fc, lookup=True, **extra):
+        ops = FakeOps()
+        lk = make(ops=ops, client_factory=lambda s: fc, **extra)
+        fc.stored = {lk.storage_key(h) for h in hashes(pages)}
+        try:
+            if lookup:
+                assert lk.lookup("r", kv(hashes(pages))) == list(range(1, pages + 1))
+            assert lk.load("r", kv(hashes(pages), list(range(pages))))
+            assert lk.finish_layer_wise_loading(lk.start_layer_wise_loading()) is True
+            assert fc.open_handles == 0 and fc.open_plans == 0
+            return lk.stats["load_inline"], sum(len(p) for _, p in ops.inline), len(ops.restores)
+        finally:
+            lk.close()
+
+    assert run(4, FakeClient()) == (1, 4, 0)  # the default: 4 pages inline
+    assert run(5, FakeClient()) == (0, 0, LAYERS)
+    assert run(8, FakeClient(), inline_load_pages=8) == (1, 8, 0)
+    assert run(1, FakeClient(), inline_load_pages=0) == (0, 0, LAYERS)
+    assert run(2, FakeClient(deferred=True)) == (0, 0, LAYERS)
+    assert run(2, FakeClient(), lookup=False) == (0, 0, LAYERS)
+    with pytest.raises(fluxon.InvalidArgumentError, match="inline_load_pages"):
+        LinkerConfig.from_extra({"inline_load_pages": 65})
+    with pytest.raises(fluxon.InvalidArgumentError, match="inline_load_pages"):
+        LinkerConfig.from_extra({"inline_load_pages": -1})
+
+
+def test_one_unfinished_inline_load_batch_at_a_time(tmp_path):
+    """A batch started while an inline one is not finished (overlap scheduling) goes to the load
+    thread: one plane's error word then always names the copies of the batch that checks it."""
+    fc = FakeClient()
+    ops = FakeOps()
+    lk = make(ops=ops, client_factory=lambda s: fc)
+    fc.stored = {lk.storage_key(h) for h in hashes(2)}
+    try:
+        for rid in ("a", "b"):
+            assert lk.lookup(rid, kv(hashes(2))) == [1, 2]
+        assert lk.load("a", kv(hashes(2), [1, 2]))
+        first = lk.start_layer_wise_loading()
+        assert lk.load("b", kv(hashes(2), [3, 4]))
+        second = lk.start_layer_wise_loading()
+        assert lk.finish_layer_wise_loading(second) is True
+        assert lk.stats["load_inline"] == 1 and len(ops.restores) == LAYERS
+        assert lk.finish_layer_wise_loading(first) is True
+        assert fc.open_handles == 0 and fc.open_plans == 0
+    finally:
+        lk.close()
+
+
+def test_an_inline_load_that_fails_is_reported_by_finish_and_releases_its_views(tmp_path):
+    fc = FakeClient()
+
+    class FailingOps(FakeOps):
+        def restore_all(self, plane, work):
+            raise RuntimeError("kernel launch failed")
+
+    class BadEvent(Event):
+        def synchronize(self):
+            raise RuntimeError("an illegal address was encountered")
+
+    class LateFailingOps(FakeOps):
+        def restore_all(self, plane, work):
+            super().restore_all(plane, work)
+            self.events[-1] = BadEvent()
+            return self.events[-1]
+
+    for ops in (FailingOps(), LateFailingOps()):
+        lk = make(ops=ops, client_factory=lambda s: fc)
+        fc.stored = {lk.storage_key(h) for h in hashes(2)}
+        try:
+            assert lk.lookup("r", kv(hashes(2))) == [1, 2]
+            assert lk.load("r", kv(hashes(2), [1, 2]))
+            idx = lk.start_layer_wise_loading()
+            assert lk.stats["load_inline"] == 1
+            lk.layer_done_counter.set_consumer(idx)
+            lk.layer_done_counter.wait_until(LAYERS - 1)  # never blocks, even when failed
+            assert lk.finish_layer_wise_loading(idx) is False
+            assert lk.stats["load_failures"] == 1 and lk.stats["load_pages"] == 0
+            assert fc.open_handles == 0 and fc.open_plans == 0
+        finally:
+            lk.close()
+
+
+def test_reset_gives_back_the_views_of_inline_loads_nobody_finished(tmp_path):
+    fc = FakeClient()
+    lk = make(client_factory=lambda s: fc)
+    fc.stored = {lk.storage_key(h) for h in hashes(2)}
+    try:
+        assert lk.lookup("r", kv(hashes(2))) == [1, 2]
+        assert lk.load("r", kv(hashes(2), [1, 2]))
+        idx = lk.start_layer_wise_loading()
+        assert lk.stats["load_inline"] == 1 and fc.open_plans == 1
+        lk.reset()
+        assert fc.open_handles == 0 and fc.open_plans == 0
+        assert lk.finish_layer_wise_loading(idx) is True  # nothing left of it: no wait
+    finally:
+        lk.close()
+
+
 def test_offload_skips_stored_pages_and_passes_the_parent(tmp_path):
     fc = FakeClient()
     ops = FakeOps()
@@ -655,13 +814,106 @@ def test_write_failure_aborts_the_plan():
         def write(self, *a):
             raise RuntimeError("write kernel failed")
 
-    lk = make(ops=FailingOps(), client_factory=lambda s: fc)
+    lk = make(ops=FailingOps(), client_factory=lambda s: fc, inline_offload_pages=0)
     try:
         assert lk.offload(kv(hashes(2), [1, 2]))
         assert wait_results(lk, 1) == [False]
         assert "abort" in fc.calls and "commit" not in fc.calls and fc.open_plans == 0
         assert lk.offload([SimpleNamespace(name="swa", keys=hashes(1),
                                            device_indices=slots([1]))]) is False
+    finally:
+        lk.close()
+
+
+def test_a_small_offload_is_written_by_the_caller_and_committed_when_polled(daemon, sock):
+    """An offload of at most inline_offload_pages pages is reserved and its write enqueued by
+    offload() itself; num_completed_offloads() commits it once the write finished (no offload
+    thread on either side), and the pages are then stored."""
+    ops = FakeOps()
+    lk = daemon_linker(sock, ops=ops)
+    try:
+        keys = hashes(3, "in")
+        assert lk.offload(kv(keys, [1, 2, 3])) is True
+        assert lk.stats["offload_inline"] == 1 and ops.writes[-1][1] == (1, 2, 3)
+        ops.events[-1].done = False  # the write still runs: not committed, not completed
+        assert lk.num_completed_offloads() == 0
+        assert lk.lookup("r", kv(keys)) == []
+        ops.events[-1].done = True
+        assert lk.num_completed_offloads() == 1 and lk.pop_completed_offload() is True
+        assert lk.lookup("r", kv(keys)) == [1, 2, 3]
+        assert lk.stats["offload_pages"] == 3 and lk.stats["offload_failures"] == 0
+        # Stored already: decided at once, nothing written.
+        writes = len(ops.writes)
+        assert lk.offload(kv(keys, [4, 5, 6])) is True and len(ops.writes) == writes
+        assert wait_results(lk, 1) == [True]
+    finally:
+        lk.close()
+
+
+def test_offload_verdicts_keep_their_order_across_inline_and_threaded_offloads(tmp_path):
+    """SGLang pairs verdicts with its offloads by position: an inline offload still writing
+    holds back the verdict of a later offload the thread already finished."""
+    fc = FakeClient()
+    ops = FakeOps()
+    lk = make(ops=ops, client_factory=lambda s: fc)
+    try:
+        assert lk.offload(kv(hashes(1, "a"), [1]))  # inline
+        ops.events[-1].done = False
+        assert lk.offload(kv(hashes(1, "b"), [2]))  # an inline one is in flight: the thread
+        assert lk.offload(kv(hashes(6, "c"), [3, 4, 5, 6, 7, 8]))  # large: the thread
+        assert lk.stats["offload_inline"] == 1
+        deadline = time.time() + 10
+        while lk.stats["offload"] < 2:
+            assert time.time() < deadline
+            time.sleep(0.01)
+        assert lk.num_completed_offloads() == 0  # the first one's write still runs
+        with pytest.raises(Exception):
+            lk.pop_completed_offload()
+        ops.events[-1].done = True
+        assert wait_results(lk, 3) == [True, True, True]
+        assert fc.open_plans == 0
+    finally:
+        lk.close()
+
+
+def test_an_inline_offload_that_fails_is_aborted_and_reported_in_order(tmp_path):
+    fc = FakeClient()
+
+    class FailingOps(FakeOps):
+        def write_inline(self, *a):
+            raise RuntimeError("write kernel failed")
+
+    class BadEvent(Event):
+        def synchronize(self):
+            raise RuntimeError("an illegal address was encountered")
+
+    class LateFailingOps(FakeOps):
+        def write_inline(self, *a):
+            super().write_inline(*a)
+            self.events[-1] = BadEvent()
+            return self.events[-1]
+
+    for ops in (FailingOps(), LateFailingOps()):
+        lk = make(ops=ops, client_factory=lambda s: fc)
+        try:
+            assert lk.offload(kv(hashes(2, type(ops).__name__), [1, 2])) is True
+            assert wait_results(lk, 1) == [False]
+            assert "abort" in fc.calls and "commit" not in fc.calls and fc.open_plans == 0
+            assert lk.stats["offload_inline"] == 1 and lk.stats["offload_failures"] == 1
+        finally:
+            lk.close()
+        fc.calls.clear()
+
+
+def test_reset_commits_or_aborts_an_inline_offload_in_flight(tmp_path):
+    fc = FakeClient()
+    ops = FakeOps()
+    lk = make(ops=ops, client_factory=lambda s: fc)
+    try:
+        assert lk.offload(kv(hashes(2, "r"), [1, 2]))
+        assert fc.open_plans == 1
+        lk.reset()  # waits for the write (done), commits, drops the verdict
+        assert fc.open_plans == 0 and "commit" in fc.calls and lk.num_completed_offloads() == 0
     finally:
         lk.close()
 
