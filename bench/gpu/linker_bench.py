@@ -264,7 +264,10 @@ class Bench:
         # Layer times are taken on the forward's stream (idle until now, so `start` runs at t1):
         # a batch the linker enqueues inline is waited for on the device, and its wait_until
         # returns at once; an event after each wait then marks when that layer was usable.
-        start = torch.cuda.Event(enable_timing=True)
+        if not hasattr(self, "_marks"):  # made once: a new event per layer would time itself
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._marks = [torch.cuda.Event(enable_timing=True) for _ in range(LAYERS)]
+        start = self._start
         start.record()
         hit = max(hits) if hits else 0  # every restorable prefix length: the longest
         assert hit == len(keys), f"lookup hit {hits} of {len(keys)}"
@@ -278,7 +281,7 @@ class Bench:
         if layer_wise:
             for layer in range(LAYERS):
                 self.pool.get_key_buffer(layer)  # the attention layer's wait
-                marks.append(torch.cuda.Event(enable_timing=True))
+                marks.append(self._marks[layer])
                 marks[-1].record()
         else:
             self.pool.get_key_buffer(LAYERS - 1)
@@ -557,6 +560,8 @@ def run(args, sizes, sock, t_start):
                 jobs.append((f"v_{vname}_off", lambda vk=vk, vl=vl: b.linker_offload(vk, src, vl)))
                 jobs.append((f"v_{vname}_lw", lambda vname=vname, vl=vl: b.linker_load(
                     f"vlw{vname}{r}", keys("ld", n), dst, True, vl)))
+                jobs.append((f"v_{vname}_al", lambda vname=vname, vl=vl: b.linker_load(
+                    f"val{vname}{r}", keys("ld", n), dst, False, vl)))
             if mc:
                 mk = keys(f"m{r:02d}", n)
                 jobs.append(("mc_off", lambda: b.linker_offload(mk, src, b.mc_linker)))
@@ -568,7 +573,7 @@ def run(args, sizes, sock, t_start):
                 v = fn()
                 if r == 0:
                     continue
-                if name == "mc_lw" or (name.startswith("v_") and name.endswith("_lw")):
+                if name == "mc_lw" or (name.startswith("v_") and name[-3:] in ("_lw", "_al")):
                     add(n, name, v[1])
                 elif name in ("lw", "al"):
                     lk, ld, ready = v
@@ -647,16 +652,18 @@ def run(args, sizes, sock, t_start):
                       f"{gbs(n, mk):.1f} | {ms(n, mk):.2f} | {ms(n, mk) / ms(n, lk):.2f}x |")
     if variants:
         print("\n### FluxonLinker variants (linker_extra_config overrides; same rounds)\n")
-        print("| variant | pages | offload GB/s (% ceiling) | layer-wise restore GB/s (% ceiling) |")
-        print("|---|---|---|---|")
-        print_rows = [("default", "off", "lw")] + [
-            (v, f"v_{v}_off", f"v_{v}_lw") for v in variants]
-        for vname, ok_, lk_ in print_rows:
+        print("| variant | pages | offload GB/s (% ceiling) | ms | layer-wise restore GB/s "
+              "(% ceiling) | ms | last layer only GB/s (% ceiling) | ms |")
+        print("|---|---|---|---|---|---|---|---|")
+        print_rows = [("default", "off", "lw", "al")] + [
+            (v, f"v_{v}_off", f"v_{v}_lw", f"v_{v}_al") for v in variants]
+        for vname, ok_, lk_, ak_ in print_rows:
             for n in sizes:
                 co, ch = gbs(n, "ceil_d2h"), gbs(n, "ceil_h2d")
-                go, gl = gbs(n, ok_), gbs(n, lk_)
-                print(f"| {vname} | {n} | {go:.1f} ({100 * go / co:.1f}%) | "
-                      f"{gl:.1f} ({100 * gl / ch:.1f}%) |")
+                go, gl, ga = gbs(n, ok_), gbs(n, lk_), gbs(n, ak_)
+                print(f"| {vname} | {n} | {go:.1f} ({100 * go / co:.1f}%) | {ms(n, ok_):.2f} | "
+                      f"{gl:.1f} ({100 * gl / ch:.1f}%) | {ms(n, lk_):.2f} | "
+                      f"{ga:.1f} ({100 * ga / ch:.1f}%) | {ms(n, ak_):.2f} |")
     print(f"\nlookup (get_start, not in the load times): " + ", ".join(
         f"{n} pages {ms(n, 'lw_lookup'):.2f} ms" for n in sizes))
     print(f"\n### Layer-wise restore, time per layer (budget {args.layer_budget_ms} ms/layer)\n")
