@@ -14,6 +14,10 @@
 //   build/bench/bench_eviction_suite                      # the tables of docs/perf.md
 //   build/bench/bench_eviction_suite --quick              # a small sweep (the test)
 //   build/bench/bench_eviction_suite --family barrier --seeds 4 --capacities 25,50 --misses 40
+//   build/bench/bench_eviction_suite --selecting           # the policy measured: SelectingPolicy
+//   (bench/eviction/selecting_policy.h) over the owner's policy, the previous one, ARC, S3-FIFO
+//   and page LRU; --selecting-options half_life,margin,judge_every,followers sets its options
+//   (FLUXON_SEL_DEBUG=1 prints each cell's simulated hit rates and switches)
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -27,6 +31,7 @@
 
 #include "eviction/baseline_policies.h"
 #include "eviction/eviction_replay.h"
+#include "eviction/selecting_policy.h"
 #include "eviction/trace_suite.h"
 
 namespace fluxon {
@@ -55,13 +60,30 @@ struct PredictionExpertPolicy : AdaptiveChainPolicy {
   PredictionExpertPolicy() : AdaptiveChainPolicy(Mode::kPredictionOnly) {}
 };
 
+SelectingOptions g_sel;  // --selecting-options half_life,margin,judge_every
+struct Selecting : SelectingPolicy<AdaptiveChainPolicy, ReusePredictionPolicy, ArcPolicy,
+                                   S3FifoPolicy, LruPolicy> {
+  Selecting() : SelectingPolicy(g_sel) {}
+  ~Selecting() {
+    if (std::getenv("FLUXON_SEL_DEBUG") == nullptr) return;
+    const auto r = simulated_hit_rates();
+    std::fprintf(stderr,
+                 "sims adaptive %.1f previous %.1f arc %.1f s3fifo %.1f lru %.1f; "
+                 "leader %zu, %llu switches\n",
+                 r[0], r[1], r[2], r[3], r[4], live_expert(),
+                 static_cast<unsigned long long>(switches()));
+  }
+};
+bool g_selecting = false;  // --selecting: the policy measured is Selecting, not the owner's
+
 Cell Run(const suite::Case& c, int pct) {
   Cell cell;
   cell.c = &c;
   cell.capacity_pct = pct;
   const uint64_t cap = std::max<uint64_t>(1, uint64_t{c.trace.distinct} * pct / 100);
   const Result lru = Replay<LruPolicy>(c.trace, cap);
-  const Result adaptive = Replay<AdaptiveChainPolicy>(c.trace, cap);
+  const Result adaptive =
+      g_selecting ? Replay<Selecting>(c.trace, cap) : Replay<AdaptiveChainPolicy>(c.trace, cap);
   cell.lru = lru.hit_rate();
   cell.adaptive = adaptive.hit_rate();
   cell.lru_ns = lru.ns_per_access();
@@ -168,10 +190,26 @@ int main(int argc, char** argv) {
       misses = std::atoi(argv[++i]);
     } else if (a == "--list-tuning") {
       list_tuning = true;
+    } else if (a == "--selecting") {
+      g_selecting = true;
+    } else if (a == "--selecting-options" && i + 1 < argc) {
+      g_selecting = true;
+      int followers = 0;
+      if (std::sscanf(argv[++i], "%lf,%lf,%u,%d", &g_sel.half_life_prompts, &g_sel.switch_margin,
+                      &g_sel.judge_every, &followers) != 4 ||
+          !(g_sel.half_life_prompts > 0) || g_sel.judge_every == 0 ||
+          (followers != 0 && followers != 1)) {
+        std::fprintf(stderr,
+                     "--selecting-options wants half_life > 0, margin, judge_every >= 1 "
+                     "and followers 0 or 1, e.g. 256,1,32,1\n");
+        return 2;
+      }
+      g_sel.followers = followers != 0;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--seeds N] [--capacities 5,10,25,50] [--threads N] "
-                   "[--family barrier,zipf,...] [--misses N] [--list-tuning]\n",
+                   "[--family barrier,zipf,...] [--misses N] [--list-tuning] [--selecting] "
+                   "[--selecting-options half_life,margin,judge_every,followers]\n",
                    argv[0]);
       return 2;
     }

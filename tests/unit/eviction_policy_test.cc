@@ -16,6 +16,7 @@
 
 #include "cohort_test_util.h"
 #include "eviction/eviction_replay.h"
+#include "eviction/selecting_policy.h"
 #include "eviction/trace_suite.h"
 #include "owner/hot_tier.h"
 
@@ -500,6 +501,42 @@ TEST(AdaptiveChainPolicyStress, RandomOperationsKeepEveryInvariant) {
       ASSERT_EQ(p.cohorts(), held.size());
     }
   }
+}
+
+}  // namespace
+}  // namespace fluxon
+
+namespace fluxon {
+namespace {
+
+// SelectingPolicy (bench/eviction/selecting_policy.h): its simulations rank the experts on the
+// stream the live policy sees, and the live cache follows the best one. On interleaved
+// round-barrier groups at 25 % the previous policy is far ahead of the adaptive one, which
+// ranks the live cache first: the selector must move to it, with every expert following the
+// live cache and with a rebuild at the switch alike.
+using eviction_replay::Replay;
+struct SelectFollowing : SelectingPolicy<AdaptiveChainPolicy, ReusePredictionPolicy> {};
+struct SelectRebuilding : SelectingPolicy<AdaptiveChainPolicy, ReusePredictionPolicy> {
+  SelectRebuilding() : SelectingPolicy(SelectingOptions{256, 1.0, 32, /*followers=*/false}) {}
+};
+
+TEST(SelectingPolicyTest, TheLiveCacheFollowsTheExpertItsSimulationsRankFirst) {
+  const suite::Case c = suite::Barrier(512, 4, 2, 6, 0, 4, /*seed=*/1);
+  const uint64_t cap = c.trace.distinct / 4;
+  const double adaptive = Replay<AdaptiveChainPolicy>(c.trace, cap).hit_rate();
+  const double previous = Replay<ReusePredictionPolicy>(c.trace, cap).hit_rate();
+  ASSERT_GT(previous, adaptive + 5);
+  const double following = Replay<SelectFollowing>(c.trace, cap).hit_rate();
+  const double rebuilding = Replay<SelectRebuilding>(c.trace, cap).hit_rate();
+  EXPECT_GT(following, adaptive + 3) << previous;
+  EXPECT_GT(rebuilding, adaptive + 3) << previous;
+  // Where the first expert is the better one, nothing moves it.
+  const suite::Case z = suite::Zipf(1.0, 256, 4000, /*seed=*/1);
+  const uint64_t zcap = z.trace.distinct / 10;
+  const double za = Replay<AdaptiveChainPolicy>(z.trace, zcap).hit_rate();
+  const double zp = Replay<ReusePredictionPolicy>(z.trace, zcap).hit_rate();
+  const double zs = Replay<SelectFollowing>(z.trace, zcap).hit_rate();
+  EXPECT_GE(zs, std::min(za, zp) - 0.5) << za << " " << zp;
 }
 
 }  // namespace
