@@ -34,8 +34,17 @@ uint64_t InflightGets::Start(std::string key, uint32_t requester_node,
                              const RouteLocation& source, uint64_t target_offset, uint64_t len,
                              Clock::time_point now, bool replica) {
   const uint64_t id = next_get_id_++;
-  ++pins_[PinKey{key, source.node_id, source.generation, source.put_id}];
-  by_requester_key_[{key, requester_node}] = id;
+  auto pin = pins_.find(KeyRef{key, source.node_id, source.generation, source.put_id});
+  if (pin == pins_.end()) {
+    pin = pins_.emplace(KeyOf{key, source.node_id, source.generation, source.put_id}, 0).first;
+  }
+  ++pin->second;
+  auto by = by_requester_key_.find(KeyRef{key, requester_node, 0, 0});
+  if (by == by_requester_key_.end()) {
+    by_requester_key_.emplace(KeyOf{key, requester_node, 0, 0}, id);
+  } else {
+    by->second = id;
+  }
   gets_.emplace(id, Get{id, std::move(key), requester_node, requester_generation, source,
                         target_offset, len, request_id, now + ttl_, replica});
   return id;
@@ -43,10 +52,10 @@ uint64_t InflightGets::Start(std::string key, uint32_t requester_node,
 
 void InflightGets::Erase(absl::flat_hash_map<uint64_t, Get>::iterator it) {
   const Get& g = it->second;
-  auto pin = pins_.find(PinKey{g.key, g.source.node_id, g.source.generation, g.source.put_id});
+  auto pin = pins_.find(KeyRef{g.key, g.source.node_id, g.source.generation, g.source.put_id});
   FLUXON_DCHECK(pin != pins_.end() && pin->second > 0, "an in-flight get lost its source pin");
   if (pin != pins_.end() && --pin->second == 0) pins_.erase(pin);
-  auto by = by_requester_key_.find({g.key, g.requester_node});
+  auto by = by_requester_key_.find(KeyRef{g.key, g.requester_node, 0, 0});
   if (by != by_requester_key_.end() && by->second == g.get_id) by_requester_key_.erase(by);
   auto reply = replies_.find({g.requester_node, g.request_id});
   if (reply != replies_.end() && --reply->second.live_gets == 0) replies_.erase(reply);
@@ -61,9 +70,9 @@ std::optional<InflightGets::Get> InflightGets::Take(uint64_t get_id) {
   return g;
 }
 
-bool InflightGets::Pinned(const std::string& key, uint32_t node, uint64_t generation,
+bool InflightGets::Pinned(std::string_view key, uint32_t node, uint64_t generation,
                           uint64_t put_id) const {
-  return pins_.contains(PinKey{key, node, generation, put_id});
+  return pins_.contains(KeyRef{key, node, generation, put_id});
 }
 
 size_t InflightGets::ExpireDue(Clock::time_point now) {

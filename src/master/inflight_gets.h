@@ -28,9 +28,12 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "fluxon/v1/master.pb.h"
 #include "route/route_table.h"
 
@@ -62,8 +65,8 @@ class InflightGets {
   void StoreReply(uint32_t requester_node, uint64_t request_id, v1::BatchGetStartReply reply,
                   Clock::time_point now);
 
-  bool Busy(const std::string& key, uint32_t requester_node) const {
-    return by_requester_key_.contains({key, requester_node});
+  bool Busy(std::string_view key, uint32_t requester_node) const {
+    return by_requester_key_.contains(KeyRef{key, requester_node, 0, 0});
   }
   // Records a get and pins its source; returns the get_id.
   uint64_t Start(std::string key, uint32_t requester_node, uint64_t requester_generation,
@@ -75,7 +78,7 @@ class InflightGets {
   }
   // Ends a get (Done or Revoke), releasing its pin; nullopt when it is not in flight.
   std::optional<Get> Take(uint64_t get_id);
-  bool Pinned(const std::string& key, uint32_t node, uint64_t generation, uint64_t put_id) const;
+  bool Pinned(std::string_view key, uint32_t node, uint64_t generation, uint64_t put_id) const;
 
   // Ends gets past their TTL (and drops stored answers past theirs); returns the gets ended.
   size_t ExpireDue(Clock::time_point now);
@@ -90,24 +93,48 @@ class InflightGets {
   size_t PinsOn(uint32_t node) const;
 
  private:
-  struct PinKey {
+  // A key with a node (and, for a pin, the source's generation and put_id; 0 in
+  // by_requester_key_). The maps hold KeyOf; lookups pass a KeyRef, so finding an entry copies
+  // no key (the hash and equality are transparent, and hash a KeyOf as its KeyRef).
+  struct KeyRef {
+    std::string_view key;
+    uint32_t node;
+    uint64_t generation;
+    uint64_t put_id;
+  };
+  struct KeyOf {
     std::string key;
     uint32_t node;
     uint64_t generation;
     uint64_t put_id;
-    friend bool operator==(const PinKey&, const PinKey&) = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const PinKey& k) {
-      return H::combine(std::move(h), k.key, k.node, k.generation, k.put_id);
+    KeyRef ref() const { return KeyRef{key, node, generation, put_id}; }
+  };
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(const KeyRef& k) const {
+      return absl::Hash<std::tuple<std::string_view, uint32_t, uint64_t, uint64_t>>{}(
+          std::make_tuple(k.key, k.node, k.generation, k.put_id));
     }
+    size_t operator()(const KeyOf& k) const { return (*this)(k.ref()); }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    static bool Same(const KeyRef& a, const KeyRef& b) {
+      return a.node == b.node && a.generation == b.generation && a.put_id == b.put_id &&
+             a.key == b.key;
+    }
+    bool operator()(const KeyOf& a, const KeyOf& b) const { return Same(a.ref(), b.ref()); }
+    bool operator()(const KeyOf& a, const KeyRef& b) const { return Same(a.ref(), b); }
+    bool operator()(const KeyRef& a, const KeyOf& b) const { return Same(a, b.ref()); }
+    bool operator()(const KeyRef& a, const KeyRef& b) const { return Same(a, b); }
   };
   void Erase(absl::flat_hash_map<uint64_t, Get>::iterator it);
 
   const std::chrono::milliseconds ttl_;
   uint64_t next_get_id_ = 1;
   absl::flat_hash_map<uint64_t, Get> gets_;
-  absl::flat_hash_map<std::pair<std::string, uint32_t>, uint64_t> by_requester_key_;
-  absl::flat_hash_map<PinKey, uint32_t> pins_;
+  absl::flat_hash_map<KeyOf, uint64_t, KeyHash, KeyEq> by_requester_key_;  // (key, requester)
+  absl::flat_hash_map<KeyOf, uint32_t, KeyHash, KeyEq> pins_;              // (key, source location)
   struct StoredReply {
     v1::BatchGetStartReply reply;
     Clock::time_point expires;
