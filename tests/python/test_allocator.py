@@ -11,8 +11,21 @@ import pytest
 from conftest import FLUXOND
 
 
-def started_allocator(env=None):
-    r = subprocess.run([FLUXOND, "--once"], capture_output=True, text=True, timeout=30, env=env)
+def started_allocator(tmp, env=None):
+    """The allocator fluxond's first log line names, from a daemon on ephemeral ports and a
+    socket of its own (the default ports may be taken on a shared machine)."""
+    cfg = tmp / "once.yaml"
+    cfg.write_text(f"""
+role: embedded
+log_level: info
+master: {{listen_address: "127.0.0.1:0"}}
+admin: {{listen_address: "127.0.0.1:0", metrics_port: 0}}
+owner:
+  socket_path: {tmp / "owner.sock"}
+  segment: {{size: 1GiB}}
+""")
+    r = subprocess.run([FLUXOND, "--config", str(cfg), "--once"], capture_output=True, text=True,
+                       timeout=30, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     m = re.search(r"allocator=(\S+)", r.stdout + r.stderr)
     assert m, r.stdout + r.stderr
@@ -26,8 +39,8 @@ def linked_libraries():
     return r.stdout
 
 
-def test_the_allocator_fluxond_links_is_the_one_that_serves_malloc():
-    allocator = started_allocator()
+def test_the_allocator_fluxond_links_is_the_one_that_serves_malloc(tmp_path):
+    allocator = started_allocator(tmp_path)
     if "libmimalloc" in linked_libraries():
         assert allocator.startswith("libmimalloc"), allocator
     else:
