@@ -184,6 +184,12 @@ class _LayerCounter(_BaseCounter):  # type: ignore[misc, valid-type]
     def has_enqueued(self) -> bool:
         return bool(self._enqueued)
 
+    def take_stale(self, before: int) -> List[Any]:
+        """Removes the enqueued batches with an index below `before` (never finished: SGLang
+        finishes a batch before starting the third after it); returns their finishers."""
+        stale = [i for i in self._enqueued if i < before]
+        return [self._enqueued.pop(i)[1] for i in stale]
+
     def take_enqueued(self) -> List[Any]:
         """Removes every enqueued batch not finished yet; returns their finishers (reset)."""
         entries, self._enqueued = list(self._enqueued.values()), {}
@@ -1030,6 +1036,9 @@ class FluxonLinker(_LinkerBase):
                     self._cancel_held(ld.held)
                 return index
         self.stats["load"] += len(pending)
+        for finish in self.layer_done_counter.take_stale(index - 2):
+            logger.warning("fluxon: a small load batch was never finished; its views go back")
+            finish()
         # An MLA dedup source broadcasts each layer once the host knows it landed: thread only.
         conn = self._inline_conn(pending) if broadcaster is None else None
         if conn is not None:

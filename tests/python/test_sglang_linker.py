@@ -735,6 +735,31 @@ def test_one_unfinished_inline_load_batch_at_a_time(tmp_path):
         lk.close()
 
 
+def test_an_inline_batch_never_finished_gives_its_views_back_two_batches_later(tmp_path):
+    """SGLang finishes a batch before it starts the third after it: an inline batch still
+    unfinished by then was dropped by its caller, and its views must not stay pinned."""
+    fc = FakeClient()
+    lk = make(client_factory=lambda s: fc)
+    fc.stored = {lk.storage_key(h) for h in hashes(1)}
+    try:
+        idx = []
+        for i in range(3):
+            assert lk.lookup(f"r{i}", kv(hashes(1))) == [1]
+            assert lk.load(f"r{i}", kv(hashes(1), [i]))
+            idx.append(lk.start_layer_wise_loading())
+            if i > 0:  # the first batch (inline) is never finished by its caller
+                assert lk.finish_layer_wise_loading(idx[-1]) is True
+        assert lk.stats["load_inline"] == 1  # the first, never finished, kept the others out
+        assert lk.lookup("r3", kv(hashes(1))) == [1]
+        assert lk.load("r3", kv(hashes(1), [3]))
+        last = lk.start_layer_wise_loading()  # two batches on: the first one's views go back
+        assert lk.stats["load_inline"] == 2
+        assert lk.finish_layer_wise_loading(last) is True
+        assert fc.open_handles == 0 and fc.open_plans == 0
+    finally:
+        lk.close()
+
+
 def test_an_inline_load_that_fails_is_reported_by_finish_and_releases_its_views(tmp_path):
     fc = FakeClient()
 
