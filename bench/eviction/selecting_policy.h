@@ -10,19 +10,20 @@
 // after it, chained by `after`. A prompt is rebuilt from that: a Touch of other ids, or an Insert
 // that does not continue the prompt being built, starts the next one. Content is named by the
 // cohorts' fingerprints (a cohort id lives one admission; its content comes back under a new id).
+// The simulations count pages, each of weight 1, against the most weight the live tier has held:
+// right for the replays here (every page one cohort of weight 1), not for a tier whose cohorts
+// weigh their bytes (the owner would pass each prompt's weights along).
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <list>
 #include <memory>
 #include <optional>
 #include <tuple>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"

@@ -660,6 +660,10 @@ class _Held:
     keys: List[str]
     since: float
 
+    def serves(self, conn: "_Conn", keys: List[str]) -> bool:
+        """Whether this handle, still open on `conn`, covers `keys` (a prefix of its own)."""
+        return self.handle is not None and self.conn is conn and self.keys[:len(keys)] == keys
+
 
 @dataclass
 class _Load:
@@ -720,23 +724,32 @@ class _OffloadResults:
     pending offloads by position). The offload thread decides its records; an inline record is
     decided by whoever polls (`decide`, the scheduler's thread) once its write has finished."""
 
+    @dataclass
+    class Record:
+        verdict: Optional[bool] = None  # None: not decided yet
+        inline: Optional[_InlineOffload] = None  # decided by polling; else by the thread
+
+        def undecided_inline(self) -> bool:
+            return self.verdict is None and self.inline is not None
+
     def __init__(self):
         self._lock = threading.Lock()
-        self._records: "deque[list]" = deque()  # [verdict or None, _InlineOffload or None]
+        self._records: "deque[_OffloadResults.Record]" = deque()
 
-    def add(self, verdict: Optional[bool] = None, inline: Optional[_InlineOffload] = None):
-        rec = [verdict, inline]
+    def add(self, verdict: Optional[bool] = None,
+            inline: Optional[_InlineOffload] = None) -> "_OffloadResults.Record":
+        rec = self.Record(verdict, inline)
         with self._lock:
             self._records.append(rec)
         return rec
 
-    def set(self, rec, verdict: bool) -> None:
+    def set(self, rec: "_OffloadResults.Record", verdict: bool) -> None:
         with self._lock:
-            rec[0] = verdict
+            rec.verdict = verdict
 
     def inline_in_flight(self) -> bool:
         with self._lock:
-            return any(r[0] is None and r[1] is not None for r in self._records)
+            return any(r.undecided_inline() for r in self._records)
 
     def completed(self, decide) -> int:
         """How many verdicts from the front are known; every inline record is decided on the way
@@ -745,11 +758,11 @@ class _OffloadResults:
             records = list(self._records)
         n, prefix = 0, True
         for rec in records:
-            if rec[0] is None and rec[1] is not None:
-                verdict = decide(rec[1], False)
+            if rec.undecided_inline():
+                verdict = decide(rec.inline, False)
                 if verdict is not None:
                     self.set(rec, verdict)
-            if rec[0] is None:
+            if rec.verdict is None:
                 prefix = False
             elif prefix:
                 n += 1
@@ -757,17 +770,17 @@ class _OffloadResults:
 
     def pop(self) -> bool:
         with self._lock:
-            if not self._records or self._records[0][0] is None:
+            if not self._records or self._records[0].verdict is None:
                 raise Empty
-            return self._records.popleft()[0]
+            return self._records.popleft().verdict
 
     def clear(self, decide) -> None:
         """Decides every inline record (waiting for its write), then drops every record."""
         with self._lock:
             records, self._records = list(self._records), deque()
         for rec in records:
-            if rec[0] is None and rec[1] is not None:
-                decide(rec[1], True)
+            if rec.undecided_inline():
+                decide(rec.inline, True)
 
 
 _MAX_PARENTS = 1 << 16
@@ -1057,8 +1070,7 @@ class FluxonLinker(_LinkerBase):
         """A get plan over exactly ld.keys (the lookup's handle when it covers them)."""
         held, ld.held = ld.held, None
         n = len(ld.keys)
-        if held is not None and held.handle is not None and held.conn is conn and \
-                held.keys[:n] == ld.keys:
+        if held is not None and held.serves(conn, ld.keys):
             h, held.handle = held.handle, None
             return conn.client.get_transfer(h, consume_prefix_len=n) \
                 if n < h.result.transferable_len else conn.client.get_transfer(h)
@@ -1088,8 +1100,7 @@ class FluxonLinker(_LinkerBase):
             return None
         for ld in loads:
             held = ld.held
-            if held is None or held.handle is None or held.conn is not conn or \
-                    held.keys[:len(ld.keys)] != ld.keys or \
+            if held is None or not held.serves(conn, ld.keys) or \
                     getattr(held.handle.result, "deferred", False):
                 return None
         return conn
@@ -1299,8 +1310,10 @@ class FluxonLinker(_LinkerBase):
         except BaseException:  # noqa: BLE001
             logger.exception("fluxon: linker offload failed")
             try:
-                ops.drain_inline(offload=True)
-                conn.client.put_abort(plan)
+                try:
+                    ops.drain_inline(offload=True)
+                finally:
+                    conn.client.put_abort(plan)  # even when the stream cannot be drained
             except BaseException as e:  # noqa: BLE001
                 logger.warning("fluxon: abort of an offload's plan failed: %s", e)
             return self._decided_inline(False, 0)

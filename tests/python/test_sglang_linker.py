@@ -918,7 +918,11 @@ def test_an_inline_offload_that_fails_is_aborted_and_reported_in_order(tmp_path)
             self.events[-1] = BadEvent()
             return self.events[-1]
 
-    for ops in (FailingOps(), LateFailingOps()):
+    class StuckStreamOps(FailingOps):
+        def drain_inline(self, offload=False):
+            raise RuntimeError("the stream cannot be synchronised")
+
+    for ops in (FailingOps(), LateFailingOps(), StuckStreamOps()):
         lk = make(ops=ops, client_factory=lambda s: fc)
         try:
             assert lk.offload(kv(hashes(2, type(ops).__name__), [1, 2])) is True
