@@ -44,6 +44,27 @@ __device__ __forceinline__ int64_t LoadDeviceIndex(const int64_t* p) {
   return static_cast<int64_t>(__ldcs(reinterpret_cast<const long long*>(p)));
 }
 
+// The page index of token-slot row `page` (PagesFromSlotsKernel's rule): -1 unless its
+// slot_page_size slots are consecutive from a multiple of slot_page_size.
+template <typename Slot>
+__device__ int64_t PageOfSlotRow(const Slot* slots, uint64_t page, uint32_t page_size) {
+  const Slot* row = slots + page * page_size;
+  const int64_t first = static_cast<int64_t>(__ldcs(row));
+  bool whole = first >= 0 && first % page_size == 0;
+  for (uint32_t j = 1; whole && j < page_size; ++j) {
+    whole = static_cast<int64_t>(__ldcs(row + j)) == first + j;
+  }
+  return whole ? first / page_size : -1;
+}
+
+__device__ __forceinline__ int64_t PageIndex(const KvCopyParams& p, uint64_t page) {
+  if (p.token_slots == nullptr) return LoadDeviceIndex(p.page_indices + page);
+  if (p.slot_bytes == 8) {
+    return PageOfSlotRow(static_cast<const long long*>(p.token_slots), page, p.slot_page_size);
+  }
+  return PageOfSlotRow(static_cast<const int*>(p.token_slots), page, p.slot_page_size);
+}
+
 struct Staging {
   uint64_t value[kMaxWindowPages];
   int64_t page[kMaxWindowPages];
@@ -79,7 +100,7 @@ __device__ bool StageWindow(const KvCopyParams& p, Staging& s, uint64_t window_b
     s.value[i] = p.plan != nullptr
                      ? LoadVolatileWord(value_ptrs + window_begin + i)
                      : p.staging_base + (window_begin + i) * p.staging_stride - staging_shift;
-    s.page[i] = LoadDeviceIndex(p.page_indices + window_begin + i);
+    s.page[i] = PageIndex(p, window_begin + i);
   }
   __syncthreads();
   if (check_plan && !s.plan_ok) return false;

@@ -30,6 +30,12 @@ struct KvCopyParams {
   uint64_t staging_base = 0;
   uint64_t staging_stride = 0;
   const int64_t* page_indices = nullptr;  // device memory, num_pages entries
+  // Instead of page_indices (when not null): num_pages * slot_page_size token slots in device
+  // memory, slot_bytes (4 or 8) each; a page's index is its row's first slot / slot_page_size when
+  // the row is one whole, aligned page, else the page is skipped as out of range.
+  const void* token_slots = nullptr;
+  uint32_t slot_bytes = 0;
+  uint32_t slot_page_size = 0;
   uint64_t num_pages = 0;
   const uint64_t* buffer_table = nullptr;  // device memory, [layer][buffer] buffer addresses
   uint64_t device_pages = 0;

@@ -329,7 +329,8 @@ class KvDataPlane::Impl {
                       uint32_t layer_count, cudaStream_t stream, const KvKernelConfig& config) {
     FLUXON_RETURN_IF_ERROR(ValidateKernelConfig(config, sm_count_));
     FLUXON_ASSIGN_OR_RETURN(PlanView plan, CheckRequest(direction, request, layer_begin,
-                                                        layer_count, /*need_host_indices=*/false));
+                                                        layer_count, /*need_host_indices=*/false,
+                                                        /*allow_token_slots=*/true));
     const KvPageLayout& layout = options_.buffers.layout;
     const uint64_t items_per_page =
         kernels::KvItemsPerPage(layout.chunk_bytes(), layer_count * layout.buffers_per_layer(),
@@ -340,13 +341,23 @@ class KvDataPlane::Impl {
           absl::StrFormat("one page is %d warp tiles, more than the kernel indexes (%d)",
                           items_per_page, max_items));
     }
+    return LaunchPrepared(direction, KernelParams(request, plan, layer_begin, layer_count),
+                          items_per_page, stream, config);
+  }
+
+  // The per-request fields of a kernel path launch (a request CheckRequest accepted).
+  static kernels::KvCopyParams KernelParams(const KvTransferRequest& request, const PlanView& plan,
+                                            uint32_t layer_begin, uint32_t layer_count) {
     kernels::KvCopyParams params;
     params.plan = reinterpret_cast<const void*>(request.plan_ptr);
     params.page_indices = request.device_page_indices;
+    params.token_slots = request.device_token_slots;
+    params.slot_bytes = static_cast<uint32_t>(request.token_slot_bytes);
+    params.slot_page_size = request.token_page_size;
     params.num_pages = plan.count;
     params.layer_begin = layer_begin;
     params.layer_count = layer_count;
-    return LaunchPrepared(direction, params, items_per_page, stream, config);
+    return params;
   }
 
   // Fills the pool-wide fields of `params` and launches.
@@ -433,7 +444,7 @@ class KvDataPlane::Impl {
           staged
               ? CheckStagedRequest(KvDirection::kValuesToDevice, request, layer_begin, layer_count)
               : CheckRequest(KvDirection::kValuesToDevice, request, layer_begin, layer_count,
-                             /*need_host_indices=*/false));
+                             /*need_host_indices=*/false, /*allow_token_slots=*/true));
       plans.push_back(plan);
     }
     const uint64_t items_per_page = kernels::KvItemsPerPage(
@@ -450,14 +461,9 @@ class KvDataPlane::Impl {
           FLUXON_RETURN_IF_ERROR(StagedLocked(KvDirection::kValuesToDevice, plans[r], requests[r],
                                               layer, 1, stream, config, options.copy_streams));
         } else {
-          kernels::KvCopyParams params;
-          params.plan = reinterpret_cast<const void*>(requests[r].plan_ptr);
-          params.page_indices = requests[r].device_page_indices;
-          params.num_pages = plans[r].count;
-          params.layer_begin = layer;
-          params.layer_count = 1;
-          FLUXON_RETURN_IF_ERROR(
-              LaunchPrepared(KvDirection::kValuesToDevice, params, items_per_page, stream, config));
+          FLUXON_RETURN_IF_ERROR(LaunchPrepared(KvDirection::kValuesToDevice,
+                                                KernelParams(requests[r], plans[r], layer, 1),
+                                                items_per_page, stream, config));
         }
       }
       const cudaError_t err = cudaEventRecord(layer_done[i], stream);
@@ -713,9 +719,10 @@ class KvDataPlane::Impl {
     return absl::OkStatus();
   }
 
+  // `allow_token_slots`: the kernel path, which can take token slots instead of page indices.
   absl::StatusOr<PlanView> CheckRequest(KvDirection direction, const KvTransferRequest& request,
                                         uint32_t layer_begin, uint32_t layer_count,
-                                        bool need_host_indices) {
+                                        bool need_host_indices, bool allow_token_slots = false) {
     const KvPageLayout& layout = options_.buffers.layout;
     if (layer_count == 0 || layer_begin >= layout.num_layers ||
         layer_count > layout.num_layers - layer_begin) {
@@ -729,6 +736,14 @@ class KvDataPlane::Impl {
     if (request.num_pages != plan.count) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "plan holds %d values but %d page indices were given", plan.count, request.num_pages));
+    }
+    if (request.device_token_slots != nullptr) {
+      if (!allow_token_slots) {
+        return absl::InvalidArgumentError(
+            "token slots are taken by the kernel path only (WritePages, RestorePages, "
+            "RestoreLayer, RestoreLayers on the kernel path); give page indices here");
+      }
+      return CheckTokenSlots(request, plan, layout);
     }
     if (need_host_indices) {
       if (request.host_page_indices.size() != request.num_pages) {
@@ -752,6 +767,29 @@ class KvDataPlane::Impl {
     }
     FLUXON_RETURN_IF_ERROR(
         ValidatePageIndices(request.host_page_indices, options_.buffers.device_pages));
+    FLUXON_RETURN_IF_ERROR(ValidatePlanValues(plan, layout, options_.registration));
+    return plan;
+  }
+
+  // A kernel-path request by token slots (CheckRequest's part for them).
+  absl::StatusOr<PlanView> CheckTokenSlots(const KvTransferRequest& request, const PlanView& plan,
+                                           const KvPageLayout& layout) {
+    if (request.device_page_indices != nullptr || !request.host_page_indices.empty()) {
+      return absl::InvalidArgumentError(
+          "give token slots or page indices, not both (the kernel derives the pages)");
+    }
+    if (request.token_slot_bytes != 4 && request.token_slot_bytes != 8) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "token slots must be int32 or int64, got %d-byte elements", request.token_slot_bytes));
+    }
+    if (request.token_page_size == 0) {
+      return absl::InvalidArgumentError("token_page_size is 0");
+    }
+    if (!Aligned(reinterpret_cast<uint64_t>(request.device_token_slots),
+                 static_cast<uint64_t>(request.token_slot_bytes))) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("device_token_slots is not %d-byte aligned", request.token_slot_bytes));
+    }
     FLUXON_RETURN_IF_ERROR(ValidatePlanValues(plan, layout, options_.registration));
     return plan;
   }

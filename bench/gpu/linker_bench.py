@@ -423,6 +423,9 @@ def profile(b, sizes, keys, page):
 
     lk._run_load = run_load
     ops.device_pages = timed("device_pages", ops.device_pages)
+    if hasattr(ops, "inline_slots"):  # the inline lanes' slot step (their kernels derive pages)
+        ops.inline_slots = timed("device_pages", ops.inline_slots)
+        ops.write_inline = timed("write_launch", ops.write_inline)
     ops.restore_layers = timed("restore_launches", ops.restore_layers)
     ops.restore_all = timed("restore_launches", ops.restore_all)
     ops.write = timed("write_launch", ops.write)
@@ -454,7 +457,8 @@ def profile(b, sizes, keys, page):
                 d.setdefault("offload.total", []).append(off_s)
                 fluxon.KvClient(socket_path=b.sock).delete_prefix(f"{NS}:p{r}")
     finally:
-        for name in ("device_pages", "restore_layers", "restore_all", "write"):
+        for name in ("device_pages", "inline_slots", "write_inline", "restore_layers",
+                     "restore_all", "write"):
             ops.__dict__.pop(name, None)
         for name in ("_run_load", "_open_get", "_put_chunk"):
             lk.__dict__.pop(name, None)

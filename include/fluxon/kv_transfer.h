@@ -102,6 +102,15 @@ struct KvTransferRequest {
   const int64_t* device_page_indices = nullptr;
   uint64_t num_pages = 0;
   std::span<const int64_t> host_page_indices;
+  // Kernel path only (WritePages, RestorePages, RestoreLayer), instead of device_page_indices:
+  // the transfer's token slots in device memory, num_pages * token_page_size of them (int64 when
+  // token_slot_bytes is 8, int32 when 4). The copy kernel derives each page's index from its row
+  // as PagesFromTokenSlots does, in the same launch (no index buffer, no second kernel); a row
+  // that is not one whole, aligned page is skipped and reported as kKvDeviceErrorPageOutOfRange.
+  // The other paths refuse such a request.
+  const void* device_token_slots = nullptr;
+  int token_slot_bytes = 0;
+  uint32_t token_page_size = 0;
 };
 
 // One (dst, src, bytes) copy of the copy-engine path.

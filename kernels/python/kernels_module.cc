@@ -180,11 +180,14 @@ class PyDataPlane {
               uint64_t num_pages, uint64_t stream, std::optional<uint32_t> layer_id,
               const std::optional<std::vector<int64_t>>& host_page_indices, int sm_budget,
               int threads_per_block, int vectors_per_thread, const std::string& host_load,
-              bool bulk) {
+              bool bulk, uint64_t token_slots_ptr, int token_slot_bytes, uint32_t page_size) {
     KvTransferRequest request;
     request.plan_ptr = plan_ptr;
     request.device_page_indices = reinterpret_cast<const int64_t*>(page_indices_ptr);
     request.num_pages = num_pages;
+    request.device_token_slots = reinterpret_cast<const void*>(token_slots_ptr);
+    request.token_slot_bytes = token_slot_bytes;
+    request.token_page_size = page_size;
     if (host_page_indices.has_value()) request.host_page_indices = *host_page_indices;
     const KvKernelConfig config =
         MakeConfig(sm_budget, threads_per_block, vectors_per_thread, host_load, bulk);
@@ -400,28 +403,34 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
           "write_pages",
           [](PyDataPlane& d, uint64_t plan_ptr, uint64_t page_indices_ptr, uint64_t num_pages,
              uint64_t stream, std::optional<std::vector<int64_t>> host_page_indices, int sm_budget,
-             int threads_per_block, int vectors_per_thread, const std::string& host_load,
-             bool bulk) {
+             int threads_per_block, int vectors_per_thread, const std::string& host_load, bool bulk,
+             uint64_t token_slots_ptr, int token_slot_bytes, uint32_t page_size) {
             d.Kernel("write", plan_ptr, page_indices_ptr, num_pages, stream, std::nullopt,
                      host_page_indices, sm_budget, threads_per_block, vectors_per_thread, host_load,
-                     bulk);
+                     bulk, token_slots_ptr, token_slot_bytes, page_size);
           },
           py::arg("plan_ptr"), py::arg("page_indices_ptr"), py::arg("num_pages"),
           py::arg("stream") = 0, py::arg("host_page_indices") = py::none(),
           py::arg("sm_budget") = KvKernelConfig{}.sm_budget,
           py::arg("threads_per_block") = KvKernelConfig{}.threads_per_block,
           py::arg("vectors_per_thread") = KvKernelConfig{}.vectors_per_thread,
-          py::arg("host_load") = "streaming", py::arg("bulk_copy") = false)
+          py::arg("host_load") = "streaming", py::arg("bulk_copy") = false,
+          py::arg("token_slots_ptr") = 0, py::arg("token_slot_bytes") = 0, py::arg("page_size") = 0,
+          "Every layer of num_pages pages, device -> the put plan's values. The pages are given "
+          "by page_indices_ptr (int64 in device memory) or, with page_indices_ptr 0, derived in "
+          "the same kernel from token_slots_ptr (num_pages * page_size token slots of "
+          "token_slot_bytes 4 or 8 in device memory; a row that is not one whole, aligned page "
+          "is skipped and reported by take_device_errors).")
       .def(
           "restore_pages",
           [](PyDataPlane& d, uint64_t plan_ptr, uint64_t page_indices_ptr, uint64_t num_pages,
              uint64_t stream, std::optional<uint32_t> layer_id,
              std::optional<std::vector<int64_t>> host_page_indices, int sm_budget,
-             int threads_per_block, int vectors_per_thread, const std::string& host_load,
-             bool bulk) {
+             int threads_per_block, int vectors_per_thread, const std::string& host_load, bool bulk,
+             uint64_t token_slots_ptr, int token_slot_bytes, uint32_t page_size) {
             d.Kernel("restore", plan_ptr, page_indices_ptr, num_pages, stream, layer_id,
                      host_page_indices, sm_budget, threads_per_block, vectors_per_thread, host_load,
-                     bulk);
+                     bulk, token_slots_ptr, token_slot_bytes, page_size);
           },
           py::arg("plan_ptr"), py::arg("page_indices_ptr"), py::arg("num_pages"),
           py::arg("stream") = 0, py::arg("layer_id") = py::none(),
@@ -429,7 +438,10 @@ PYBIND11_MODULE(_fluxon_kernels, m) {
           py::arg("sm_budget") = KvKernelConfig{}.sm_budget,
           py::arg("threads_per_block") = KvKernelConfig{}.threads_per_block,
           py::arg("vectors_per_thread") = KvKernelConfig{}.vectors_per_thread,
-          py::arg("host_load") = "streaming", py::arg("bulk_copy") = false)
+          py::arg("host_load") = "streaming", py::arg("bulk_copy") = false,
+          py::arg("token_slots_ptr") = 0, py::arg("token_slot_bytes") = 0, py::arg("page_size") = 0,
+          "Every layer (or layer_id) of num_pages pages, the get plan's values -> device; the "
+          "pages as for write_pages (page indices, or token slots the kernel turns into pages).")
       .def("copy_engine", &PyDataPlane::CopyEngine, py::arg("direction"), py::arg("plan_ptr"),
            py::arg("host_page_indices"), py::arg("stream") = 0, py::arg("layer_id") = py::none(),
            py::arg("num_streams") = KvCopyEngineOptions{}.num_streams,

@@ -492,7 +492,8 @@ class CudaOps:
     Nothing here waits on the host for the scheduler's stream: token slots become page indices on
     the device (a slot row that is not one whole, aligned page becomes page -1, which the kernels
     refuse and report through the plane's error word), so a load's copies are enqueued as soon as
-    its plan is open."""
+    its plan is open. The inline lanes' kernels read the slots themselves (same rule, no index
+    step)."""
 
     def __init__(self, view: PoolView, config: "LinkerConfig"):
         import torch
@@ -506,7 +507,9 @@ class CudaOps:
         # offload thread's, and those of the small transfers the scheduler's thread enqueues
         # itself. A lane's transfers follow each other on its stream, so the next one's indices
         # never overwrite a buffer a kernel still reads; lanes never share one.
+        # The inline load lane has no buffer: its kernel reads the token slots (inline_slots).
         self._lanes = {lane: (torch.cuda.Stream(device=self.device),
+                              None if lane == (False, True) else
                               torch.empty(view.device_pages, dtype=torch.int64,
                                           device=self.device))
                        for lane in ((False, False), (True, False), (False, True), (True, True))}
@@ -551,13 +554,8 @@ class CudaOps:
             raise InvalidArgumentError(f"{n} token slots is not a whole number of {ps}-token "
                                        f"pages")
         stream, buf = self._lanes[(bool(offload), bool(inline))]
-        for ev in wait_events:
-            stream.wait_event(ev)
-        if not slots.is_cuda or slots.dtype not in (torch.int64, torch.int32) or \
-                not slots.is_contiguous():
-            with torch.cuda.stream(stream):
-                slots = slots.to(self.device, torch.int64).contiguous()
-        else:
+        slots, converted = self._slots_on(stream, slots, wait_events)
+        if not converted:
             slots.record_stream(stream)  # the caller's tensor, read on our stream
         if offset + n // ps <= buf.numel():
             pages = buf[offset:offset + n // ps]
@@ -567,6 +565,25 @@ class CudaOps:
         self.fk.pages_from_slots(int(slots.data_ptr()), slots.element_size(), n, ps,
                                  int(pages.data_ptr()), int(stream.cuda_stream))
         return pages
+
+    def inline_slots(self, slots, wait_events, offload: bool = False):
+        """`slots` as an inline lane's kernel reads them, after that lane waited (on the GPU) for
+        `wait_events`: the kernel turns each page's slot row into its page index itself (no index
+        buffer, no separate kernel). The caller keeps the result until the lane's transfer
+        finished."""
+        stream = self.inline_offload_stream if offload else self.inline_stream
+        return self._slots_on(stream, slots, wait_events)[0]
+
+    def _slots_on(self, stream, slots, wait_events):
+        """Makes `stream` wait for `wait_events`; returns (slots as a contiguous int64 or int32
+        device tensor, whether that is a copy made on `stream`)."""
+        torch = self.torch
+        for ev in wait_events:
+            stream.wait_event(ev)
+        if slots.is_cuda and slots.dtype in (torch.int64, torch.int32) and slots.is_contiguous():
+            return slots, False
+        with torch.cuda.stream(stream):
+            return slots.to(self.device, torch.int64).contiguous(), True
 
     def select(self, pages_dev, idx: List[int], inline: bool = False):
         torch = self.torch
@@ -595,22 +612,32 @@ class CudaOps:
                              copy_streams=self.config.copy_streams, continues=continues)
 
     def restore_all(self, plane, work):
-        """Enqueues every layer of every (plan, pages_dev, n) in `work` on the inline stream, one
-        restore kernel per load; returns the CUDA event recorded after them."""
+        """Enqueues every layer of every (plan, slots, n) in `work` (slots from inline_slots) on
+        the inline stream, one restore kernel per load; returns the CUDA event recorded after
+        them."""
         stream = int(self.inline_stream.cuda_stream)
-        for plan, pages, n in work:
-            plane.restore_pages(plan, int(pages.data_ptr()), n, stream,
-                                sm_budget=self.config.sm_budget)
+        ps = self.view.page_size
+        for plan, slots, n in work:
+            plane.restore_pages(plan, 0, n, stream, sm_budget=self.config.sm_budget,
+                                token_slots_ptr=int(slots.data_ptr()),
+                                token_slot_bytes=slots.element_size(), page_size=ps)
         ev = self.torch.cuda.Event()
         ev.record(self.inline_stream)
         return ev
 
-    def write_inline(self, plane, plan: int, pages_dev, n: int):
-        """Enqueues the write kernel of a small offload on the inline offload lane; returns the
-        CUDA event recorded after it."""
+    def write_inline(self, plane, plan: int, pages_dev, n: int, by_slots: bool = False):
+        """Enqueues the write kernel of a small offload on the inline offload lane (`pages_dev`:
+        page indices, or with `by_slots` the token slots from inline_slots); returns the CUDA
+        event recorded after it."""
         stream = self.inline_offload_stream
-        plane.write_pages(plan, int(pages_dev.data_ptr()), n, int(stream.cuda_stream),
-                          sm_budget=self.config.sm_budget)
+        if by_slots:
+            plane.write_pages(plan, 0, n, int(stream.cuda_stream), sm_budget=self.config.sm_budget,
+                              token_slots_ptr=int(pages_dev.data_ptr()),
+                              token_slot_bytes=pages_dev.element_size(),
+                              page_size=self.view.page_size)
+        else:
+            plane.write_pages(plan, int(pages_dev.data_ptr()), n, int(stream.cuda_stream),
+                              sm_budget=self.config.sm_budget)
         ev = self.torch.cuda.Event()
         ev.record(stream)
         return ev
@@ -717,6 +744,9 @@ class _InlineOffload:
     plan: int
     pages: int
     event: Any
+    # What the write kernel reads (slots or page indices): kept until the write is decided, so
+    # its memory is not reused while the kernel may still read it.
+    source: Any = None
 
 
 class _OffloadResults:
@@ -1113,17 +1143,16 @@ class FluxonLinker(_LinkerBase):
         ops = self._ops
         plane = conn.inline_plane
         plans: List[Tuple[_Conn, int]] = []
+        # The slot tensors the kernels read: kept until finish (the event then fired), so their
+        # memory is not reused while a copy may still read it.
+        work: list = []
         event, error = None, None
         try:
-            work = []
-            offset = 0
             for ld in loads:
-                pages_dev = ops.device_pages(ld.slots, [ready], offload=False, offset=offset,
-                                             inline=True)
-                offset += len(ld.keys)
+                slots = ops.inline_slots(ld.slots, [ready])
                 plan = self._open_get(conn, ld)
                 plans.append((conn, plan))
-                work.append((plan, pages_dev, len(ld.keys)))
+                work.append((plan, slots, len(ld.keys)))
             event = ops.restore_all(plane, work)
         except BaseException as e:  # noqa: BLE001 - reported by finish
             error = e
@@ -1144,6 +1173,7 @@ class FluxonLinker(_LinkerBase):
                         plane.take_device_errors()
             except BaseException as e:  # noqa: BLE001
                 err = err or e
+            work.clear()
             self._release_plans(plans)
             return self._load_verdict(conn, err, pages)
 
@@ -1290,7 +1320,7 @@ class FluxonLinker(_LinkerBase):
             return False
         self.stats["offload_inline"] += 1
         try:
-            pages_dev = ops.device_pages(slots, events, offload=True, inline=True)
+            dev_slots = ops.inline_slots(slots, events, offload=True)
             self._learn_parents(keys)
             with self._lock:
                 parent = self._parents.get(keys[0])
@@ -1305,8 +1335,13 @@ class FluxonLinker(_LinkerBase):
             return self._decided_inline(True, len(keys))
         plane = conn.inline_offload_plane
         try:
-            sub = pages_dev if len(idx) == len(keys) else ops.select(pages_dev, idx, inline=True)
-            event = ops.write_inline(plane, plan, sub, len(idx))
+            if len(idx) == len(keys):  # the kernel derives the pages from the slots
+                source = dev_slots
+                event = ops.write_inline(plane, plan, source, len(idx), True)
+            else:  # some pages are stored already: the indices of the others
+                pages_dev = ops.device_pages(dev_slots, [], offload=True, inline=True)
+                source = ops.select(pages_dev, idx, inline=True)
+                event = ops.write_inline(plane, plan, source, len(idx))
         except BaseException:  # noqa: BLE001
             logger.exception("fluxon: linker offload failed")
             try:
@@ -1317,7 +1352,8 @@ class FluxonLinker(_LinkerBase):
             except BaseException as e:  # noqa: BLE001
                 logger.warning("fluxon: abort of an offload's plan failed: %s", e)
             return self._decided_inline(False, 0)
-        self._offload_results.add(inline=_InlineOffload(conn, plane, plan, len(keys), event))
+        self._offload_results.add(
+            inline=_InlineOffload(conn, plane, plan, len(keys), event, source))
         return True
 
     def _decided_inline(self, ok: bool, pages: int) -> bool:

@@ -399,6 +399,54 @@ def run_errors(env: Env, checks: Checks):
             ok &= out.tolist() == [3, 0, -1, -1]
         return ok, ""
     checks.run(group, "pages_from_slots (whole, broken, unaligned rows)", pages_from_slots)
+    def by_token_slots():
+        # The kernel path given token slots instead of page indices: it derives each page from
+        # its slot row in the same launch (write, then restore into a second pool), skips a row
+        # that is not one whole, aligned page and reports it.
+        page = 16
+        dst = Pool("mha", 2, page, 256, torch.bfloat16)
+        dkv = fk.TorchKvCache(dst.k(), dst.v(), page, env.arena, env.registration)
+        vals = env.random_slots(3, vb)
+        src_pages, dst_pages = [4, 1, 11], [2, 9, 6]
+        ok, why = True, []
+        for dtype in (torch.int64, torch.int32):
+            dst.poison()
+            w = env.arena.issue_put(vals)
+            slots = torch.cat([torch.arange(p * page, (p + 1) * page) for p in src_pages])
+            slots = slots.to(dtype).cuda()
+            kv.plane.write_pages(w, 0, 3, s.cuda_stream, token_slots_ptr=slots.data_ptr(),
+                                 token_slot_bytes=slots.element_size(), page_size=page)
+            s.synchronize()
+            kv.plane.take_device_errors()
+            env.arena.consume_put(w)
+            g = env.arena.issue_get(vals)
+            rows = [torch.arange(p * page, (p + 1) * page) for p in dst_pages]
+            rows[2] = rows[2] + 1  # not aligned: page skipped and reported
+            dslots = torch.cat(rows).to(dtype).cuda()
+            dkv.plane.restore_pages(g, 0, 3, s.cuda_stream, token_slots_ptr=dslots.data_ptr(),
+                                    token_slot_bytes=dslots.element_size(), page_size=page)
+            s.synchronize()
+            reported = expect_raises(dkv.plane.take_device_errors, RuntimeError,
+                                     "page index was outside")
+            env.arena.consume_get(g)
+            good = layer_pages_match(dst, pool, [2, 9], [4, 1], range(2))
+            skipped = layer_pages_poisoned(dst, [6], range(2))
+            ok &= good and skipped and reported[0]
+            why.append(f"{dtype}: restored {good}, skipped {skipped}, reported {reported}")
+        return ok, "; ".join(why)[:300]
+    checks.run(group, "write and restore by token slots (int64, int32)", by_token_slots)
+    islots = torch.arange(0, 4 * 16, dtype=torch.int64, device="cuda")
+    checks.run(group, "token slots and page indices both given", lambda: expect_raises(
+        lambda: kv.plane.restore_pages(get, idx.data_ptr(), 4, 0, token_slots_ptr=islots.data_ptr(),
+                                       token_slot_bytes=8, page_size=16), ValueError, "not both"))
+    checks.run(group, "token slots of 2 bytes", lambda: expect_raises(
+        lambda: kv.plane.restore_pages(get, 0, 4, 0, token_slots_ptr=islots.data_ptr(),
+                                       token_slot_bytes=2, page_size=16), ValueError,
+        "int32 or int64"))
+    checks.run(group, "token slots with page size 0", lambda: expect_raises(
+        lambda: kv.plane.restore_pages(get, 0, 4, 0, token_slots_ptr=islots.data_ptr(),
+                                       token_slot_bytes=8, page_size=0), ValueError,
+        "token_page_size is 0"))
     checks.run(group, "pages_from_slots partial page", lambda: expect_raises(
         lambda: fk.pages_from_slots(idx.data_ptr(), 8, 20, 16, idx.data_ptr(), 0), ValueError,
         "not a whole number"))

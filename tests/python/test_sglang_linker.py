@@ -121,8 +121,12 @@ class FakeOps:
     def device_pages(self, s, events, offload, offset=0, inline=False):
         return pages_from_token_slots(list(s), PAGE, 16)
 
+    def inline_slots(self, s, events, offload=False):  # the kernels read the slots
+        return s
+
     def restore_all(self, plane, work):
-        self.inline.extend((plan, tuple(pages)) for plan, pages, n in work)
+        self.inline.extend((plan, tuple(pages_from_token_slots(list(s), PAGE, 16)))
+                           for plan, s, n in work)
         self.events.append(Event())
         return self.events[-1]
 
@@ -132,7 +136,9 @@ class FakeOps:
     def select(self, pages, idx, inline=False):
         return [pages[i] for i in idx]
 
-    def write_inline(self, plane, plan, pages_dev, n):
+    def write_inline(self, plane, plan, pages_dev, n, by_slots=False):
+        if by_slots:  # token slots: the kernel derives the pages
+            pages_dev = pages_from_token_slots(list(pages_dev), PAGE, 16)
         self.write(plane, plan, pages_dev, n)
         self.events.append(Event())
         return self.events[-1]
