@@ -55,10 +55,11 @@ class Daemon:
         return terminate(self.proc)
 
 
-def embedded_config(sock: str, extra_owner: str = "", extra: str = "", size: str = "1GiB") -> str:
+def embedded_config(sock: str, extra_owner: str = "", extra: str = "", size: str = "1GiB",
+                    log_level: str = "warn") -> str:
     return f"""
 role: embedded
-log_level: warn
+log_level: {log_level}
 master: {{listen_address: "127.0.0.1:0"}}
 admin: {{listen_address: "127.0.0.1:0", metrics_port: 0}}
 owner:

@@ -8,22 +8,14 @@ import subprocess
 
 import pytest
 
-from conftest import FLUXOND
+from conftest import FLUXOND, embedded_config
 
 
 def started_allocator(tmp, env=None):
     """The allocator fluxond's first log line names, from a daemon on ephemeral ports and a
     socket of its own (the default ports may be taken on a shared machine)."""
     cfg = tmp / "once.yaml"
-    cfg.write_text(f"""
-role: embedded
-log_level: info
-master: {{listen_address: "127.0.0.1:0"}}
-admin: {{listen_address: "127.0.0.1:0", metrics_port: 0}}
-owner:
-  socket_path: {tmp / "owner.sock"}
-  segment: {{size: 1GiB}}
-""")
+    cfg.write_text(embedded_config(str(tmp / "owner.sock"), log_level="info"))
     r = subprocess.run([FLUXOND, "--config", str(cfg), "--once"], capture_output=True, text=True,
                        timeout=30, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
