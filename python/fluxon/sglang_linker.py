@@ -616,11 +616,9 @@ class CudaOps:
         the inline stream, one restore kernel per load; returns the CUDA event recorded after
         them."""
         stream = int(self.inline_stream.cuda_stream)
-        ps = self.view.page_size
         for plan, slots, n in work:
             plane.restore_pages(plan, 0, n, stream, sm_budget=self.config.sm_budget,
-                                token_slots_ptr=int(slots.data_ptr()),
-                                token_slot_bytes=slots.element_size(), page_size=ps)
+                                **self._slot_args(slots, n))
         ev = self.torch.cuda.Event()
         ev.record(self.inline_stream)
         return ev
@@ -632,15 +630,22 @@ class CudaOps:
         stream = self.inline_offload_stream
         if by_slots:
             plane.write_pages(plan, 0, n, int(stream.cuda_stream), sm_budget=self.config.sm_budget,
-                              token_slots_ptr=int(pages_dev.data_ptr()),
-                              token_slot_bytes=pages_dev.element_size(),
-                              page_size=self.view.page_size)
+                              **self._slot_args(pages_dev, n))
         else:
             plane.write_pages(plan, int(pages_dev.data_ptr()), n, int(stream.cuda_stream),
                               sm_budget=self.config.sm_budget)
         ev = self.torch.cuda.Event()
         ev.record(stream)
         return ev
+
+    def _slot_args(self, slots, n: int) -> dict:
+        """The kernel arguments of `n` pages given by their token slots; the kernel reads
+        n * page_size slots, so a tensor of another length is refused here."""
+        ps = self.view.page_size
+        if int(slots.numel()) != n * ps:
+            raise InvalidArgumentError(f"{slots.numel()} token slots for {n} pages of {ps}")
+        return dict(token_slots_ptr=int(slots.data_ptr()), token_slot_bytes=slots.element_size(),
+                    page_size=ps)
 
     def drain_inline(self, offload: bool = False) -> None:
         (self.inline_offload_stream if offload else self.inline_stream).synchronize()

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import fluxon
-from fluxon.errors import KeyConflictError, OwnerUnavailableError
+from fluxon.errors import InvalidArgumentError, KeyConflictError, OwnerUnavailableError
 from fluxon.hicache import SUPPORTED_LAYOUTS, FluxonHiCacheBackend, KeyScheme, RankIdentity
-from fluxon.sglang_linker import (LINKER_LAYOUT, FluxonLinker, LinkerConfig, PoolView,
+from fluxon.sglang_linker import (LINKER_LAYOUT, CudaOps, FluxonLinker, LinkerConfig, PoolView,
                                   pages_from_token_slots)
 from hostpool import NumpyHostPool
 from test_hicache import storage_config
@@ -982,8 +982,6 @@ def test_token_slots_must_be_whole_pages():
 def test_layer_path_by_batch_size():
     """Loads of staged_min_pages pages or more take the staged copy-engine path; smaller ones the
     one-layer kernel; layer_path forces either; no staging buffer means the kernel."""
-    from fluxon.sglang_linker import CudaOps
-
     def path(extra, pages):
         ops = CudaOps.__new__(CudaOps)  # the path choice needs only the config, not CUDA
         ops.config = LinkerConfig.from_extra(extra)
@@ -994,3 +992,27 @@ def test_layer_path_by_batch_size():
     assert path({"staging_pages": 0}, 128) == "kernel"
     assert path({"layer_path": "kernel"}, 128) == "kernel"
     assert path({"layer_path": "staged"}, 1) == "staged"
+
+
+def test_kernels_by_token_slots_get_exactly_their_pages_slots():
+    # The inline kernels read n * page_size token slots through a raw pointer: a slot tensor of
+    # another length must be refused before any launch, never read past its end.
+    class SlotTensor:
+        def __init__(self, n):
+            self.n = n
+
+        def numel(self):
+            return self.n
+
+        def data_ptr(self):
+            return 0x1000
+
+        def element_size(self):
+            return 8
+
+    ops = SimpleNamespace(view=SimpleNamespace(page_size=PAGE))
+    assert CudaOps._slot_args(ops, SlotTensor(2 * PAGE), 2) == dict(
+        token_slots_ptr=0x1000, token_slot_bytes=8, page_size=PAGE)
+    for wrong in (PAGE, 2 * PAGE - 1, 3 * PAGE):
+        with pytest.raises(InvalidArgumentError, match="token slots for 2 pages"):
+            CudaOps._slot_args(ops, SlotTensor(wrong), 2)
