@@ -26,11 +26,11 @@ build/src/fluxond "${CONFIG[@]}" >"$LOG" 2>&1 &
 PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
 for _ in $(seq 200); do
-  grep -q "ready" "$LOG" && break
+  grep -qx "fluxond .* ready" "$LOG" && break
   kill -0 $PID 2>/dev/null || { cat "$LOG"; echo "fluxond exited early" >&2; exit 1; }
   sleep 0.05
 done
-sed -n '/ready/,$p' "$LOG"
+sed -n '/^fluxond .* ready$/,$p' "$LOG"
 SOCKET=$(sed -n 's/^clients: socket //p' "$LOG")
 PYTHONPATH=build/python python3 bench/hicache_workload.py --socket "$SOCKET" "$@"
 kill -TERM $PID

@@ -149,8 +149,13 @@ class OwnerCore {
   // Evicts cold cohorts worth at least `bytes` (or all evictable ones); returns bytes evicted.
   uint64_t EvictSome(uint64_t bytes) { return evictor_->EvictSome(bytes); }
   // Removes every committed, unpinned value whose key starts with `prefix` (non-empty), the same
-  // way eviction does (S2: routes removed at the master before slots are released).
+  // way eviction does (S2: routes removed at the master before slots are released). Puts that
+  // completed before the call are published asynchronously; the delete first waits (up to
+  // kDeleteWaitsForPublish) for every batch queued so far, so a value its writer has just put is
+  // deleted, not kept as not yet committed.
+  static constexpr std::chrono::milliseconds kDeleteWaitsForPublish{5'000};
   absl::StatusOr<DeleteOutcome> DeletePrefix(const std::string& prefix) {
+    publisher_->WaitQueuedSettled(std::chrono::steady_clock::now() + kDeleteWaitsForPublish);
     return evictor_->DeletePrefix(prefix);
   }
 

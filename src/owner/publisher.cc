@@ -45,6 +45,7 @@ void Publisher::Push(std::shared_ptr<PutBatch> batch, PutDoneCallback done, bool
   FLUXON_DCHECK(reserved_ > 0, "a batch is queued without a reserved place");
   --reserved_;
   queue_.push_back(Job{std::move(batch), std::move(done)});
+  ++queued_total_;
   if (!defer_wake) cv_.SignalAll();
 }
 
@@ -58,6 +59,17 @@ void Publisher::Interrupt() { Wake(); }
 size_t Publisher::backlog() const {
   MutexLock lock(&mu_);
   return queue_.size() + in_flight_;
+}
+
+bool Publisher::WaitQueuedSettled(Clock::time_point deadline) {
+  MutexLock lock(&mu_);
+  const uint64_t ticket = queued_total_;
+  while (settled_total_ < ticket) {
+    const auto now = Clock::now();
+    if (now >= deadline || stop_->stopped()) return false;
+    cv_.WaitUntil(&mu_, std::min(deadline, now + std::chrono::milliseconds(100)));
+  }
+  return true;
 }
 
 void Publisher::Run() {
@@ -82,6 +94,8 @@ void Publisher::Run() {
     {
       MutexLock lock(&mu_);
       --in_flight_;
+      ++settled_total_;
+      cv_.SignalAll();
     }
     // After the batch left the queue's accounting, so a caller woken here sees it settled. A
     // write-through put completes when its copies are routed too.

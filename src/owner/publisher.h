@@ -97,6 +97,9 @@ class Publisher {
   void Interrupt();
   // Batches queued or being published.
   size_t backlog() const;
+  // Waits until every batch queued before this call has been published (or given up), up to
+  // `deadline` or until the owner stops; true when they all settled.
+  bool WaitQueuedSettled(std::chrono::steady_clock::time_point deadline);
   // Cohort ids are one sequence per owner (published batches and remote-get copies alike).
   uint64_t NewCohortId() { return next_cohort_id_.fetch_add(1); }
 
@@ -128,6 +131,10 @@ class Publisher {
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   size_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // places taken between ReservePlace and Push
+  // Batches ever queued and ever settled (published or given up); the actor settles them in
+  // queue order, so every batch queued before `settled_` reached n is settled.
+  uint64_t queued_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t settled_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace fluxon

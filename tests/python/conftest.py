@@ -1,6 +1,7 @@
 """Fixtures: a real fluxond process per test (module) on a private socket."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,6 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FLUXOND = os.environ.get("FLUXOND", str(ROOT / "build" / "src" / "fluxond"))
+# The line fluxond prints once every listener accepts (a log line that merely contains "ready",
+# such as an error saying something exists "already", is not it).
+READY_LINE = re.compile(r"^fluxond \S+ ready$", re.MULTILINE)
 
 
 def free_port() -> int:
@@ -44,7 +48,7 @@ class Daemon:
                                      env=None if env is None else {**os.environ, **env})
         deadline = time.time() + 20
         while time.time() < deadline:
-            if "ready" in self.log.read_text():
+            if READY_LINE.search(self.log.read_text()):
                 return
             if self.proc.poll() is not None:
                 raise RuntimeError(f"fluxond exited: {self.log.read_text()}")
@@ -53,6 +57,16 @@ class Daemon:
 
     def stop(self):
         return terminate(self.proc)
+
+    def log_tail(self, lines=40, width=400):
+        """The last `lines` lines of its log (each cut to `width` characters), with its state."""
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError as e:
+            text = [f"(log unreadable: {e})"]
+        state = "running" if self.proc.poll() is None else f"exited {self.proc.returncode}"
+        body = "\n".join(line[:width] for line in text[-lines:])
+        return f"--- {self.log.name} (pid {self.proc.pid}, {state}) ---\n{body}"
 
 
 def embedded_config(sock: str, extra_owner: str = "", extra: str = "", size: str = "1GiB",
@@ -100,9 +114,21 @@ def tmp(tmp_path):
     return tmp_path
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's report carries the tail of every fluxond log it started."""
+    outcome = yield
+    report = outcome.get_result()
+    daemons = getattr(item, "fluxond_daemons", None)
+    if report.failed and daemons:
+        report.sections.append((f"fluxond logs ({report.when})",
+                                "\n".join(d.log_tail() for d in daemons)))
+
+
 @pytest.fixture
-def daemon_factory(tmp_path):
+def daemon_factory(tmp_path, request):
     started = []
+    request.node.fluxond_daemons = started
 
     def start(config_text: str, name: str = "fluxond", env=None) -> Daemon:
         d = Daemon(config_text, tmp_path, name, env)

@@ -232,6 +232,25 @@ def test_future_completes_after_delayed_publish(daemon_factory, sock):
     assert_baseline(c)
 
 
+def test_delete_prefix_waits_for_the_publish_of_a_put_just_made(daemon_factory, sock):
+    # The put's route reaches the master 500 ms after the commit; a delete right after the
+    # commit still deletes the value (it waits for the publish) instead of keeping it.
+    extra = """faults:
+  - {point: master.PublishBatch, action: delay, delay_ms: 500, count: 1}"""
+    daemon_factory(embedded_config(sock, extra=extra))
+    c = fluxon.KvClient(socket_path=sock)
+    fut = c.local_fast_put_commit(c.local_fast_put_start(["dp-0", "dp-1"], VALUE_LEN))
+    assert not fut.done()
+    t0 = time.time()
+    assert c.delete_prefix("dp-") == (2, 0)
+    assert 0.2 < time.time() - t0 < 5
+    fut.wait(timeout=5)
+    h = c.get_start(["dp-0", "dp-1"])
+    assert h.result.raw_prefix_hit_len == 0
+    c.cancel_get_transfer(h)
+    assert_baseline(c)
+
+
 def test_no_space_error_after_bounded_wait(daemon_factory, sock):
     daemon_factory(embedded_config(sock, size="512MiB"))
     c = fluxon.KvClient(socket_path=sock)
