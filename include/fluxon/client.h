@@ -66,6 +66,21 @@ struct GetStartResult {
   // Values of the transferable prefix were still being fetched from other owners when the owner
   // answered (allow_deferred): GetTransfer waits for them and may fail (Aborted).
   bool deferred = false;
+  // The owner transferred the whole prefix with the answer (GetStartOptions::transfer).
+  bool transferred = false;
+};
+
+struct GetStartOptions {
+  bool prefix_best_effort = true;
+  std::vector<uint32_t> atomic_group_lens;  // empty: one key per group
+  // See GetStart.
+  bool allow_deferred = false;
+  // The owner also transfers the whole transferable prefix in the same round trip (not when it
+  // defers the answer): GetTransfer then issues the plan without calling the owner, the views'
+  // lease starts at GetStart, a shorter consume_prefix_len keeps the rest's views until
+  // ReleaseViews, and CancelGetTransfer releases the views. A restore that always consumes what
+  // it found saves one round trip.
+  bool transfer = false;
 };
 
 // Returned by GetStart; consumed by GetTransfer or CancelGetTransfer (once).
@@ -120,6 +135,8 @@ class KvClient {
                                           bool prefix_best_effort = true,
                                           const std::vector<uint32_t>& atomic_group_lens = {},
                                           bool allow_deferred = false);
+  absl::StatusOr<GetStartHandle> GetStart(const std::vector<std::string>& keys,
+                                          const GetStartOptions& options);
   absl::StatusOr<uint64_t> GetTransfer(const GetStartHandle& handle,
                                        std::optional<uint32_t> consume_prefix_len = std::nullopt);
   absl::Status CancelGetTransfer(const GetStartHandle& handle);

@@ -265,6 +265,8 @@ class GetStartResult:
     # owner answered; get_transfer waits for them and raises FetchFailedError if one could not be
     # fetched (the handle is then released).
     deferred: bool = False
+    # get_start(transfer=True): the owner transferred the whole prefix with its answer.
+    transferred: bool = False
 
 
 class GetStartHandle:
@@ -416,14 +418,22 @@ class KvClient:
         _call(self._c.put_abort, _check_ptr("plan_ptr", plan_ptr))
 
     def get_start(self, keys, prefix_best_effort: bool = True,
-                  atomic_group_lens=None, *, allow_deferred: bool = False) -> GetStartHandle:
+                  atomic_group_lens=None, *, allow_deferred: bool = False,
+                  transfer: bool = False) -> GetStartHandle:
         """With allow_deferred the owner may answer before it has fetched the values other
         owners hold (result.deferred): the fetch overlaps whatever the caller does next, and
-        get_transfer waits only for the consumed prefix."""
+        get_transfer waits only for the consumed prefix.
+
+        With transfer the owner also transfers the whole transferable prefix in the same round
+        trip (unless it deferred the answer; result.transferred says): get_transfer then returns
+        the plan without calling the owner, the views' lease starts now, a shorter
+        consume_prefix_len keeps the rest's views until release_views, and cancel_get_transfer
+        releases the views. For restores that consume what they found: one round trip fewer."""
         keys = _check_keys(keys)
         groups = _check_groups(atomic_group_lens, len(keys))
         h = _call(self._c.get_start, keys, _check_bool("prefix_best_effort", prefix_best_effort),
-                  groups, _check_bool("allow_deferred", allow_deferred))
+                  groups, _check_bool("allow_deferred", allow_deferred),
+                  _check_bool("transfer", transfer))
         return GetStartHandle(h, self)
 
     def get_transfer(self, handle: GetStartHandle, *, consume_prefix_len=None) -> int:

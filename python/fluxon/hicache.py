@@ -283,7 +283,7 @@ class PageStore:
             return [False] * n
         t0 = time.perf_counter()
         try:
-            h = c.get_start(list(keys))
+            h = c.get_start(list(keys), transfer=True)  # one round trip: get_transfer is local
             got = h.result.transferable_len
             if got == 0:
                 c.cancel_get_transfer(h)

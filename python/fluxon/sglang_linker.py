@@ -1110,7 +1110,7 @@ class FluxonLinker(_LinkerBase):
             return conn.client.get_transfer(h, consume_prefix_len=n) \
                 if n < h.result.transferable_len else conn.client.get_transfer(h)
         self._cancel_held(held)
-        h = conn.client.get_start(ld.keys)
+        h = conn.client.get_start(ld.keys, transfer=True)
         if h.result.transferable_len < n:
             conn.client.cancel_get_transfer(h)
             raise fluxon.NotFoundError(f"{n - h.result.transferable_len} of {n} pages are no "

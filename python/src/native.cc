@@ -165,6 +165,7 @@ class PyHandle {
     d["inflight_joined"] = r.inflight_joined;
     d["leader_started"] = r.leader_started;
     d["deferred"] = r.deferred;
+    d["transferred"] = r.transferred;
     return d;
   }
 
@@ -262,12 +263,17 @@ class PyClient {
   }
 
   PyHandle get_start(py::handle py_keys, bool best_effort, std::vector<uint32_t> groups,
-                     bool allow_deferred) {
+                     bool allow_deferred, bool transfer) {
     const std::vector<std::string> keys = KeysFromPy(py_keys);
+    GetStartOptions options;
+    options.prefix_best_effort = best_effort;
+    options.atomic_group_lens = std::move(groups);
+    options.allow_deferred = allow_deferred;
+    options.transfer = transfer;
     absl::StatusOr<GetStartHandle> h;
     {
       py::gil_scoped_release nogil;
-      h = client_->GetStart(keys, best_effort, groups, allow_deferred);
+      h = client_->GetStart(keys, options);
     }
     return PyHandle(Unwrap(std::move(h)));
   }
@@ -445,7 +451,7 @@ PYBIND11_MODULE(_native, m) {
       .def("put_commit", &PyClient::put_commit)
       .def("put_abort", &PyClient::put_abort)
       .def("get_start", &PyClient::get_start, py::arg("keys"), py::arg("best_effort"),
-           py::arg("groups"), py::arg("allow_deferred") = false)
+           py::arg("groups"), py::arg("allow_deferred") = false, py::arg("transfer") = false)
       .def("get_transfer", &PyClient::get_transfer)
       .def("cancel_get_transfer", &PyClient::cancel_get_transfer)
       .def("release_views", &PyClient::release_views)

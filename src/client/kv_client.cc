@@ -152,6 +152,7 @@ struct GetPlan : PlanPayload {
 struct HandleState {
   uint64_t owner_handle = 0;
   bool deferred = false;             // the offsets come with the transfer
+  bool transferred = false;          // the owner transferred the prefix with get_start
   std::vector<uint64_t> offsets;     // checked against the segment (empty when deferred)
   std::vector<uint32_t> group_lens;  // the caller's groups
   uint32_t transferable = 0;
@@ -507,10 +508,22 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
                                                   bool prefix_best_effort,
                                                   const std::vector<uint32_t>& groups,
                                                   bool allow_deferred) {
+  GetStartOptions options;
+  options.prefix_best_effort = prefix_best_effort;
+  options.atomic_group_lens = groups;
+  options.allow_deferred = allow_deferred;
+  return GetStart(keys, options);
+}
+
+absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>& keys,
+                                                  const GetStartOptions& options) {
+  const std::vector<uint32_t>& groups = options.atomic_group_lens;
+  const bool allow_deferred = options.allow_deferred;
   FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
   FLUXON_RETURN_IF_ERROR(ValidateGroups(groups, keys.size()));
   v1::ClientRequest req;
-  EncodeGetStart(keys, prefix_best_effort, groups, allow_deferred, req.mutable_get_start());
+  EncodeGetStart(keys, options.prefix_best_effort, groups, allow_deferred, req.mutable_get_start());
+  req.mutable_get_start()->set_transfer(options.transfer);
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
   FLUXON_RETURN_IF_ERROR(StatusOf(resp));
   const v1::GetStartReply& r = resp.get_start();
@@ -521,6 +534,8 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
   absl::Status shape = absl::OkStatus();
   if (r.deferred() && !allow_deferred) {
     shape = absl::DataLossError("the owner deferred a get_start that did not allow it");
+  } else if (r.transferred() && (!options.transfer || r.deferred() || r.handle_id() == 0)) {
+    shape = absl::DataLossError("the owner transferred a get_start that did not ask for it");
   } else if (t > keys.size() || static_cast<uint32_t>(r.offsets_size()) != described ||
              static_cast<uint32_t>(r.lens_size()) != described) {
     shape = absl::DataLossError(absl::StrFormat(
@@ -531,9 +546,14 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
   }
   if (!shape.ok()) {
     if (r.handle_id() != 0) {
-      v1::ClientRequest cancel;
-      cancel.mutable_cancel_get()->set_handle_id(r.handle_id());
-      (void)impl_->Call(cancel);
+      // A transferred handle holds views: release_views ends it, cancel_get would not.
+      v1::ClientRequest end;
+      if (r.transferred()) {
+        end.mutable_release_views()->set_handle_id(r.handle_id());
+      } else {
+        end.mutable_cancel_get()->set_handle_id(r.handle_id());
+      }
+      (void)impl_->Call(end);
     }
     return shape;
   }
@@ -543,6 +563,7 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
   HandleState hs;
   hs.owner_handle = r.handle_id();
   hs.deferred = r.deferred();
+  hs.transferred = r.transferred();
   hs.offsets.assign(r.offsets().begin(), r.offsets().end());
   hs.group_lens = groups;
   hs.transferable = r.transferable_len();
@@ -574,11 +595,16 @@ absl::StatusOr<uint64_t> KvClient::GetTransfer(const GetStartHandle& handle,
         return absl::OkStatus();
       }));
   const uint32_t consume = consume_prefix_len.value_or(hs.transferable);
-  v1::ClientRequest req;
-  req.mutable_get_transfer()->set_handle_id(hs.owner_handle);
-  req.mutable_get_transfer()->set_consume_prefix_len(consume);
-  FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
-  FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+  v1::OwnerMessage resp;
+  if (!hs.transferred) {
+    v1::ClientRequest req;
+    req.mutable_get_transfer()->set_handle_id(hs.owner_handle);
+    req.mutable_get_transfer()->set_consume_prefix_len(consume);
+    FLUXON_ASSIGN_OR_RETURN(resp, impl_->Call(req));
+    FLUXON_RETURN_IF_ERROR(StatusOf(resp));
+  }
+  // A transferred handle (never deferred) was transferred whole by get_start: the plan covers
+  // the consumed prefix, and release_views ends the views of all of it.
   std::vector<uint64_t> ptrs(consume);
   if (hs.deferred) {
     // The consumed values' places, checked against the segment like a get_start's.
@@ -619,7 +645,11 @@ absl::Status KvClient::CancelGetTransfer(const GetStartHandle& handle) {
   }));
   if (hs.owner_handle == 0) return absl::OkStatus();  // nothing was pinned
   v1::ClientRequest req;
-  req.mutable_cancel_get()->set_handle_id(hs.owner_handle);
+  if (hs.transferred) {
+    req.mutable_release_views()->set_handle_id(hs.owner_handle);  // the views get_start opened
+  } else {
+    req.mutable_cancel_get()->set_handle_id(hs.owner_handle);
+  }
   return impl_->CallForStatus(req);
 }
 

@@ -567,6 +567,16 @@ absl::Status ClientServer::Impl::AnswerGetStart(Connection* c, v1::GetStartReque
       core_->GetStart(c->session, keys, groups, best_effort, allow_deferred);
   if (!started.ok()) return started.status();
   EncodeGetStartReply(*started, out);
+  // get_start + get_transfer in one round trip: the whole prefix, here already (a deferred
+  // answer's transfer waits for its fetch, so it stays a call of its own).
+  if (r->transfer() && started->handle_id != 0 && !started->deferred) {
+    absl::Status transferred = core_->GetTransfer(c->session, started->handle_id, 0, nullptr);
+    if (!transferred.ok()) {
+      (void)core_->CancelGet(c->session, started->handle_id);
+      return transferred;
+    }
+    out->set_transferred(true);
+  }
   return absl::OkStatus();
 }
 

@@ -81,6 +81,7 @@ GetStartResult DecodeGetStartResult(const v1::GetStartReply& r, size_t num_keys)
   res.inflight_joined = r.inflight_joined();
   res.leader_started = r.leader_started();
   res.deferred = r.deferred();
+  res.transferred = r.transferred();
   return res;
 }
 

@@ -212,6 +212,54 @@ def test_prefix_and_groups(client):
     assert_baseline(client)
 
 
+def test_get_start_with_transfer_opens_the_views_in_the_same_round_trip(client):
+    keys = [f"gt{i}" for i in range(8)]
+    data = put(client, keys, seed=3)
+    # The whole prefix, transferred by get_start: views open, no handle left to transfer.
+    h = client.get_start(keys, transfer=True)
+    assert h.result.all_hit and h.result.transferred
+    s = client.stats()
+    assert (s["live_handles"], s["live_views"]) == (0, 1), s
+    plan = client.get_transfer(h)
+    out = np.empty((len(keys), VALUE_LEN), dtype=np.uint8)
+    fluxon.copy_from_plan(plan, out.ctypes.data, VALUE_LEN)
+    assert np.array_equal(out, data)
+    with pytest.raises(fluxon.FluxonError):
+        client.get_transfer(h)  # a handle is consumed once, transferred or not
+    client.release_views(plan)
+    assert_baseline(client)
+
+    # A shorter consumed prefix: its plan covers it, release_views ends every view.
+    h = client.get_start(keys, transfer=True)
+    plan = client.get_transfer(h, consume_prefix_len=3)
+    assert len(fluxon.plan_value_ptrs(plan)) == 3
+    client.release_views(plan)
+    assert_baseline(client)
+
+    # Cancelled: the views get_start opened are released.
+    h = client.get_start(keys, transfer=True)
+    client.cancel_get_transfer(h)
+    assert_baseline(client)
+
+    # A partial hit transfers its prefix; nothing found transfers nothing.
+    h = client.get_start(keys[:2] + ["gt-missing"] + keys[2:], transfer=True)
+    assert (h.result.transferable_len, h.result.transferred) == (2, True)
+    plan = client.get_transfer(h)
+    assert len(fluxon.plan_value_ptrs(plan)) == 2
+    client.release_views(plan)
+    h = client.get_start(["gt-missing"], transfer=True)
+    assert (h.result.transferable_len, h.result.transferred) == (0, False)
+    client.cancel_get_transfer(h)
+    # Without it nothing changes: the handle waits for get_transfer.
+    h = client.get_start(keys)
+    assert not h.result.transferred
+    assert client.stats()["live_handles"] == 1
+    client.cancel_get_transfer(h)
+    with pytest.raises(fluxon.InvalidArgumentError):
+        client.get_start(keys, transfer="yes")
+    assert_baseline(client)
+
+
 def test_future_completes_after_delayed_publish(daemon_factory, sock):
     extra = """faults:
   - {point: master.PublishBatch, action: delay, delay_ms: 500, count: 1}"""

@@ -438,9 +438,11 @@ def test_a_deferred_get_start_answers_before_the_read_and_the_transfer_brings_th
     counts them), get_transfer waits for them; the bytes are A's, and what is left is B's copy."""
     a, b, keys = put_behind_a_slow_read(cluster, "dfr", 16, seed=3)  # B's next read waits 3 s
     t0 = time.time()
-    h = b.get_start(keys, allow_deferred=True)
+    # transfer=True does not make a deferred answer wait: the transfer stays its own call.
+    h = b.get_start(keys, allow_deferred=True, transfer=True)
     started = time.time() - t0
     assert h.result.deferred and h.result.transferable_len == 16, h.result
+    assert not h.result.transferred
     assert started < 2.0, started
     plan = b.get_transfer(h)
     assert time.time() - t0 >= 2.5
@@ -454,6 +456,9 @@ def test_a_deferred_get_start_answers_before_the_read_and_the_transfer_brings_th
     h = b.get_start(keys, allow_deferred=True)
     assert not h.result.deferred and h.result.local_pinned == 16
     b.cancel_get_transfer(h)
+    h = b.get_start(keys, allow_deferred=True, transfer=True)
+    assert not h.result.deferred and h.result.transferred
+    b.release_views(b.get_transfer(h))
     wait_baseline(cluster, {1: a, 2: b})
 
 
