@@ -14,6 +14,7 @@
 //
 //   transport_bench [--rounds=N] [--batches=K] [--connections=1,2,4,8] [--peer=PATH]
 //                   [--values=128] [--value-len=4718592] [--local=anon|shm]
+//                   [--request-bytes=4194304] [--connection-share] [--no-zc]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -179,6 +180,9 @@ int main(int argc, char** argv) {
   std::vector<int> conn_counts = {1, 2, 4, 8};
   std::string peer_exe = TRANSPORT_PEER_PATH;
   bool local_shm_mode = false;
+  uint64_t request_bytes = uint64_t{4} << 20;  // TcpTransportOptions' default
+  bool zerocopy_mode = true;
+  bool connection_share = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--rounds=", 0) == 0) {
@@ -199,6 +203,12 @@ int main(int argc, char** argv) {
       local_shm_mode = true;
     } else if (a == "--local=anon") {
       local_shm_mode = false;
+    } else if (a.rfind("--request-bytes=", 0) == 0) {
+      request_bytes = std::strtoull(a.c_str() + 16, nullptr, 10);
+    } else if (a == "--connection-share") {
+      connection_share = true;
+    } else if (a == "--no-zc") {
+      zerocopy_mode = false;
     } else if (a.rfind("--peer=", 0) == 0) {
       peer_exe = a.substr(7);
     } else {
@@ -273,8 +283,9 @@ int main(int argc, char** argv) {
       TcpTransportOptions o;
       o.listen_address = "";
       o.connections_per_peer = c;
-      o.request_bytes = 4 << 20;
-      o.max_inflight_bytes_per_peer = 256 << 20;
+      o.request_bytes = request_bytes;
+      o.max_inflight_bytes_per_peer = std::max<uint64_t>(256 << 20, request_bytes);
+      o.requests_of_connection_share = connection_share;
       auto t = TcpTransport::Create(o);
       if (!t.ok() || !(*t)->RegisterRegion(1, local, BatchBytes()).ok()) return 1;
       (*m)[c] = Runner{std::move(*t),
@@ -314,7 +325,9 @@ int main(int argc, char** argv) {
       const std::string suffix = "/" + std::to_string(c);
       measure("fluxon-tcp" + suffix, (*peer)->pid(), [&] { run_fluxon(fluxon[c]); });
       measure("raw-tcp" + suffix, raw_pid, [&] { raw[c]->Batch(local); });
-      measure("fluxon-tcp-zc" + suffix, (*peer_zc)->pid(), [&] { run_fluxon(fluxon_zc[c]); });
+      if (zerocopy_mode) {
+        measure("fluxon-tcp-zc" + suffix, (*peer_zc)->pid(), [&] { run_fluxon(fluxon_zc[c]); });
+      }
     }
     measure("memcpy/1", 0, [&] { std::memcpy(local, (*shm)->base(), BatchBytes()); });
     std::fprintf(stderr, "round %d/%d done\n", round + 1, rounds);
@@ -327,6 +340,8 @@ int main(int argc, char** argv) {
   std::printf("read of %d x %llu B = %.1f MB per batch, %d rounds x %d batches per mode\n",
               g_values, static_cast<unsigned long long>(g_value), BatchBytes() / 1e6, rounds,
               batches);
+  std::printf("fluxon requests: %llu B%s\n", static_cast<unsigned long long>(request_bytes),
+              connection_share ? ", grown to the batch's share per connection" : "");
   std::printf(
       "| mode | connections | GB/s (median of rounds) | batch p50 ms | batch p99 ms | vs raw-tcp "
       "| CPU ms per GB |\n");
@@ -349,7 +364,7 @@ int main(int argc, char** argv) {
   };
   for (int c : conn_counts) {
     row("fluxon-tcp", c);
-    row("fluxon-tcp-zc", c);
+    if (zerocopy_mode) row("fluxon-tcp-zc", c);
     row("raw-tcp", c);
   }
   row("memcpy", 1);

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/transport/peer_process.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
 #ifdef FLUXON_HAVE_VERBS_TRANSPORT
 #include "transport/verbs/verbs_api.h"
@@ -751,6 +752,54 @@ TEST(TcpTransportSpread, ABatchsRequestsSpreadOverEveryConnection) {
   ASSERT_TRUE(h->WaitFor(kWaitBound));
   ASSERT_TRUE(h->Wait().status.ok()) << h->Wait().status;
   EXPECT_EQ(std::memcmp(local.base(), peer->memory(), 16 * MiB), 0);
+  for (uint64_t l : transport.ConnectionLoads(peer->id().address)) EXPECT_EQ(l, 0u);
+  EXPECT_TRUE(transport.UnregisterRegion().ok());
+}
+
+TEST(TcpTransportSpread, RequestsOfTheConnectionShare) {
+  TcpTransportOptions o;
+  o.connections_per_peer = 8;
+  o.request_bytes = 4 * MiB;
+  o.max_inflight_bytes_per_peer = 256 * MiB;
+  EXPECT_EQ(TcpRequestLimit(o, 64 * MiB), 4 * MiB);  // off: request_bytes whatever the batch
+  o.requests_of_connection_share = true;
+  EXPECT_EQ(TcpRequestLimit(o, 64 * MiB), 8 * MiB);  // one request per connection
+  EXPECT_EQ(TcpRequestLimit(o, 64 * MiB + 1), 8 * MiB + 1);
+  EXPECT_EQ(TcpRequestLimit(o, 8 * MiB), 4 * MiB);      // never below request_bytes
+  EXPECT_EQ(TcpRequestLimit(o, 1024 * MiB), 32 * MiB);  // every connection's in flight at once
+  o.connections_per_peer = 2;
+  o.max_inflight_bytes_per_peer = 1024 * MiB;
+  EXPECT_EQ(TcpRequestLimit(o, 1024 * MiB), tcp::kMaxRequestBytes);
+}
+
+TEST(TcpTransportSpread, BatchesInConnectionShareRequestsArriveWhole) {
+  TcpEnv env;
+  std::unique_ptr<PeerHarness> peer = env.StartPeer(24 * MiB, 3);
+  ASSERT_NE(peer, nullptr);
+  Fill(peer->memory(), 24 * MiB, 43);
+  TcpTransportOptions o;
+  o.listen_address = "";
+  o.connections_per_peer = 3;
+  o.request_bytes = 1 * MiB;
+  o.max_inflight_bytes_per_peer = 64 * MiB;
+  o.requests_of_connection_share = true;
+  auto t = TcpTransport::Create(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  TcpTransport& transport = **t;
+  LocalRegion local(24 * MiB);
+  ASSERT_NE(local.base(), nullptr);
+  ASSERT_TRUE(transport.RegisterRegion(1, local.base(), local.len()).ok());
+  // Values of an odd length, so requests of the share (about 8 MiB) split values between them.
+  const uint64_t len = 3 * MiB + 4104;
+  std::vector<Descriptor> d;
+  for (uint64_t off = 0; off + len <= 24 * MiB; off += len)
+    d.push_back({off, local.base() + off, len});
+  auto h = transport.Submit(peer->id(), OpKind::kRead, d, kTimeout);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->WaitFor(kWaitBound));
+  ASSERT_TRUE(h->Wait().status.ok()) << h->Wait().status;
+  const uint64_t covered = d.size() * len;
+  EXPECT_EQ(std::memcmp(local.base(), peer->memory(), covered), 0);
   for (uint64_t l : transport.ConnectionLoads(peer->id().address)) EXPECT_EQ(l, 0u);
   EXPECT_TRUE(transport.UnregisterRegion().ok());
 }

@@ -975,14 +975,27 @@ TcpTransport::Peer* TcpTransport::GetPeer(const std::string& address) {
   return p.get();
 }
 
+uint64_t TcpRequestLimit(const TcpTransportOptions& options, uint64_t batch_bytes) {
+  const uint64_t base = options.request_bytes;
+  if (!options.requests_of_connection_share) return base;
+  const uint64_t c = static_cast<uint64_t>(std::max(1, options.connections_per_peer));
+  const uint64_t share = (batch_bytes + c - 1) / c;
+  const uint64_t cap =
+      std::min(tcp::kMaxRequestBytes, std::max(base, options.max_inflight_bytes_per_peer / c));
+  return std::clamp(share, base, cap);
+}
+
 absl::StatusOr<BatchHandle> TcpTransport::DoSubmit(const PeerId& peer, OpKind op,
                                                    std::span<const Descriptor> descriptors,
                                                    absl::Duration timeout) {
-  // Cut the batch into requests of at most request_bytes and kMaxDescriptorsPerRequest pieces.
+  // Cut the batch into requests of at most RequestLimit() bytes and kMaxDescriptorsPerRequest
+  // pieces.
   auto batch = std::make_shared<TcpBatch>();
   std::vector<Unit> units;
   {
-    const uint64_t limit = options_.request_bytes;
+    uint64_t total = 0;
+    for (const Descriptor& d : descriptors) total += d.len;
+    const uint64_t limit = TcpRequestLimit(options_, total);
     Unit cur;
     for (uint32_t i = 0; i < descriptors.size(); ++i) {
       const Descriptor& d = descriptors[i];

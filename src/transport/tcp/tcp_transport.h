@@ -55,6 +55,11 @@ struct TcpTransportOptions {
   int connections_per_peer = 4;
   uint64_t request_bytes = uint64_t{4} << 20;  // at most tcp::kMaxRequestBytes
   uint64_t max_inflight_bytes_per_peer = uint64_t{256} << 20;
+  // A batch larger than one request per connection gets requests of its share per connection
+  // instead (batch bytes / connections_per_peer, at most max_inflight_bytes_per_peer /
+  // connections_per_peer and tcp::kMaxRequestBytes): fewer requests, so fewer wake-ups between
+  // the submit, the senders and the completion. Off: requests of request_bytes.
+  bool requests_of_connection_share = false;
   absl::Duration connect_timeout = absl::Seconds(2);
   // Serving side: connections at most (each has a thread), and of them at most
   // max_unauthenticated_connections still in the handshake (more are closed at once, so silent
@@ -75,6 +80,10 @@ struct TcpTransportOptions {
   // owner never writes to a peer, so fluxond leaves it null.
   std::function<bool(uint64_t offset, uint64_t len)> write_filter;
 };
+
+// The largest request a batch of `batch_bytes` is cut into under `options`
+// (requests_of_connection_share).
+uint64_t TcpRequestLimit(const TcpTransportOptions& options, uint64_t batch_bytes);
 
 class TcpTransport final : public Transport {
  public:
