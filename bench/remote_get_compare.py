@@ -594,6 +594,13 @@ def report(rows, sides, args):
                for x in rows if x.get("client_stats", {}).get("lookup_calls")]
     if lookups:  # owner B's master Lookup, mean per batch, median over the Fluxon rounds
         summary["fluxon lookup ms"] = float(np.median(lookups))
+    inside = [x["client_stats"]["deferred_start_us"] / 1000 / x["client_stats"]["deferred_gets"]
+              for x in rows if x["side"] == "fluxon-deferred"
+              and x.get("client_stats", {}).get("deferred_gets")]
+    if inside:  # owner B's own time answering a deferred get_start (its Lookup included)
+        summary["fluxon deferred get_start inside owner ms"] = float(np.median(inside))
+        print(f"owner B answering a deferred get_start: {np.median(inside):.2f} ms per batch "
+              f"(its master Lookup included; the rest of the client's get_start is the socket)")
     if {"fluxon", "fluxon-deferred"} <= set(sides):
         f, d = summary["fluxon remote"], summary["fluxon-deferred remote"]
         summary["deferred/fluxon remote"] = {

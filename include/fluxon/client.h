@@ -79,7 +79,8 @@ struct GetStartOptions {
   // defers the answer): GetTransfer then issues the plan without calling the owner, the views'
   // lease starts at GetStart, a shorter consume_prefix_len keeps the rest's views until
   // ReleaseViews, and CancelGetTransfer releases the views. A restore that always consumes what
-  // it found saves one round trip.
+  // it found saves one round trip. A GetTransfer after the views' lease (the owner's
+  // view_lease_ms, counted from GetStart) fails with DeadlineExceeded.
   bool transfer = false;
 };
 

@@ -428,7 +428,9 @@ class KvClient:
         trip (unless it deferred the answer; result.transferred says): get_transfer then returns
         the plan without calling the owner, the views' lease starts now, a shorter
         consume_prefix_len keeps the rest's views until release_views, and cancel_get_transfer
-        releases the views. For restores that consume what they found: one round trip fewer."""
+        releases the views. For restores that consume what they found: one round trip fewer. A
+        get_transfer after the views' lease (the owner's view_lease_ms from get_start) raises
+        TimeoutError."""
         keys = _check_keys(keys)
         groups = _check_groups(atomic_group_lens, len(keys))
         h = _call(self._c.get_start, keys, _check_bool("prefix_best_effort", prefix_best_effort),

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -151,8 +152,11 @@ struct GetPlan : PlanPayload {
 
 struct HandleState {
   uint64_t owner_handle = 0;
-  bool deferred = false;             // the offsets come with the transfer
-  bool transferred = false;          // the owner transferred the prefix with get_start
+  bool deferred = false;     // the offsets come with the transfer
+  bool transferred = false;  // the owner transferred the prefix with get_start
+  // Transferred: when the owner releases the views by their lease (a plan issued later would
+  // name slots that may hold other values by then).
+  std::chrono::steady_clock::time_point views_expire;
   std::vector<uint64_t> offsets;     // checked against the segment (empty when deferred)
   std::vector<uint32_t> group_lens;  // the caller's groups
   uint32_t transferable = 0;
@@ -524,6 +528,7 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
   v1::ClientRequest req;
   EncodeGetStart(keys, options.prefix_best_effort, groups, allow_deferred, req.mutable_get_start());
   req.mutable_get_start()->set_transfer(options.transfer);
+  const auto sent = std::chrono::steady_clock::now();
   FLUXON_ASSIGN_OR_RETURN(v1::OwnerMessage resp, impl_->Call(req));
   FLUXON_RETURN_IF_ERROR(StatusOf(resp));
   const v1::GetStartReply& r = resp.get_start();
@@ -564,6 +569,8 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
   hs.owner_handle = r.handle_id();
   hs.deferred = r.deferred();
   hs.transferred = r.transferred();
+  // Measured from before the request left, so never later than the owner's own deadline.
+  hs.views_expire = sent + std::chrono::milliseconds(r.view_lease_ms());
   hs.offsets.assign(r.offsets().begin(), r.offsets().end());
   hs.group_lens = groups;
   hs.transferable = r.transferable_len();
@@ -596,6 +603,14 @@ absl::StatusOr<uint64_t> KvClient::GetTransfer(const GetStartHandle& handle,
       }));
   const uint32_t consume = consume_prefix_len.value_or(hs.transferable);
   v1::OwnerMessage resp;
+  if (hs.transferred && std::chrono::steady_clock::now() >= hs.views_expire) {
+    v1::ClientRequest rel;  // the owner has released them, or is about to
+    rel.mutable_release_views()->set_handle_id(hs.owner_handle);
+    (void)impl_->Call(rel);
+    return absl::DeadlineExceededError(
+        "the views get_start(transfer=True) opened have passed their lease (view_lease_ms); "
+        "call get_start again");
+  }
   if (!hs.transferred) {
     v1::ClientRequest req;
     req.mutable_get_transfer()->set_handle_id(hs.owner_handle);

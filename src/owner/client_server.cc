@@ -576,6 +576,7 @@ absl::Status ClientServer::Impl::AnswerGetStart(Connection* c, v1::GetStartReque
       return transferred;
     }
     out->set_transferred(true);
+    out->set_view_lease_ms(static_cast<uint64_t>(core_->view_lease().count()));
   }
   return absl::OkStatus();
 }

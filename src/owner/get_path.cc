@@ -21,6 +21,7 @@ absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
                                                bool prefix_best_effort, bool allow_deferred) {
   FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
   FLUXON_RETURN_IF_ERROR(ValidateGroups(group_lens, keys.size()));
+  const Clock::time_point began = Clock::now();
   const size_t n = keys.size();
   counters_->get_batches.fetch_add(1, std::memory_order_relaxed);
   counters_->get_keys.fetch_add(n, std::memory_order_relaxed);
@@ -56,6 +57,11 @@ absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
   counters_->suffix_released.fetch_add(released, std::memory_order_relaxed);
   if (t > 0) {
     OpenPrefix(client_id, group_lens, cohort_of, t, std::move(held), std::move(deferred), &out);
+  }
+  if (out.deferred) {
+    counters_->deferred_start_us.fetch_add(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - began).count(),
+        std::memory_order_relaxed);
   }
   return out;
 }

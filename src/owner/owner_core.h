@@ -135,6 +135,8 @@ class OwnerCore {
                                            bool prefix_best_effort, bool allow_deferred = false) {
     return gets_->Start(client_id, keys, group_lens, prefix_best_effort, allow_deferred);
   }
+  // How long a get plan's views stay pinned unless released (view_lease).
+  std::chrono::milliseconds view_lease() const { return config_.view_lease; }
   absl::Status GetTransfer(uint64_t client_id, uint64_t handle_id, uint32_t consume_prefix_len,
                            std::vector<HandleTable::Located>* located = nullptr) {
     return gets_->Transfer(client_id, handle_id, consume_prefix_len, located);

@@ -260,6 +260,23 @@ def test_get_start_with_transfer_opens_the_views_in_the_same_round_trip(client):
     assert_baseline(client)
 
 
+def test_a_transferred_handle_past_its_view_lease_issues_no_plan(daemon_factory, sock):
+    daemon_factory(embedded_config(sock, extra_owner="  view_lease_ms: 300"))
+    c = fluxon.KvClient(socket_path=sock)
+    put(c, ["vl0", "vl1"])
+    h = c.get_start(["vl0", "vl1"], transfer=True)
+    assert h.result.transferred
+    time.sleep(0.5)
+    with pytest.raises(fluxon.TimeoutError):
+        c.get_transfer(h)
+    with pytest.raises(fluxon.FluxonError):
+        c.get_transfer(h)  # consumed by the refusal
+    # In time it works.
+    h = c.get_start(["vl0", "vl1"], transfer=True)
+    c.release_views(c.get_transfer(h))
+    assert_baseline(c)
+
+
 def test_future_completes_after_delayed_publish(daemon_factory, sock):
     extra = """faults:
   - {point: master.PublishBatch, action: delay, delay_ms: 500, count: 1}"""
