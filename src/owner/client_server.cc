@@ -447,7 +447,10 @@ bool ClientServer::Impl::Handle(Connection* c, v1::ClientRequest& req, bool* eve
   }
   SetStatus(&resp, Answer(c, req, &resp));
   RecordLatency(req.body_case(), parsed_at);
-  return WriteFrame(c->fd, resp).ok();
+  const bool written = WriteFrame(c->fd, resp).ok();
+  // After the answer: a deferred get_start's prefetch worker must not delay it.
+  if (req.body_case() == v1::ClientRequest::kGetStart) core_->WakePrefetches();
+  return written;
 }
 
 bool ClientServer::Impl::HandleHello(Connection* c, const v1::Hello& h, v1::OwnerMessage* resp,
@@ -564,7 +567,8 @@ absl::Status ClientServer::Impl::AnswerGetStart(Connection* c, v1::GetStartReque
   const bool allow_deferred = r->allow_deferred();
   const bool best_effort = DecodeGetStart(r, &keys, &groups);
   absl::StatusOr<GetStartOutcome> started =
-      core_->GetStart(c->session, keys, groups, best_effort, allow_deferred);
+      core_->GetStart(c->session, keys, groups, best_effort, allow_deferred,
+                      /*defer_prefetch_wake=*/true);
   if (!started.ok()) return started.status();
   EncodeGetStartReply(*started, out);
   // get_start + get_transfer in one round trip: the whole prefix, here already (a deferred

@@ -18,7 +18,8 @@ GetPath::~GetPath() {
 absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
                                                const std::vector<std::string>& keys,
                                                const std::vector<uint32_t>& group_lens,
-                                               bool prefix_best_effort, bool allow_deferred) {
+                                               bool prefix_best_effort, bool allow_deferred,
+                                               bool defer_prefetch_wake) {
   FLUXON_RETURN_IF_ERROR(ValidateKeys(keys));
   FLUXON_RETURN_IF_ERROR(ValidateGroups(group_lens, keys.size()));
   const Clock::time_point began = Clock::now();
@@ -29,8 +30,10 @@ absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
   std::vector<HolderRef> held(n);
   std::vector<uint64_t> cohort_of(n, 0);
   std::vector<HandleTable::Pending> deferred;
-  const bool defer =
+  Deferral defer;
+  defer.allowed =
       allow_deferred && options_.prefetch_workers > 0 && remote_ != nullptr && remote_->enabled();
+  defer.wake_later = defer_prefetch_wake;
   HoldKeys(keys, &out, held, cohort_of, defer, &deferred);
 
   // G4: results are already in original order; compute the prefix over the caller's groups (a
@@ -67,8 +70,8 @@ absl::StatusOr<GetStartOutcome> GetPath::Start(uint64_t client_id,
 }
 
 void GetPath::HoldKeys(const std::vector<std::string>& keys, GetStartOutcome* out,
-                       std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of, bool defer,
-                       std::vector<HandleTable::Pending>* deferred) {
+                       std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of,
+                       Deferral defer, std::vector<HandleTable::Pending>* deferred) {
   const size_t n = keys.size();
   std::vector<std::shared_ptr<SharedGetOp>> joined(n), led(n);
   // Classify every key (G1) with one O(1) shard section each (G3, G10).
@@ -94,7 +97,7 @@ void GetPath::HoldKeys(const std::vector<std::string>& keys, GetStartOutcome* ou
     const auto deadline = begin + options_.join_timeout;
     for (size_t i = 0; i < n; ++i) {
       if (!joined[i]) continue;
-      if (!defer) {
+      if (!defer.allowed) {
         held[i] = joined[i]->Wait(deadline);
       } else if (joined[i]->WaitDecided(deadline, &held[i])) {
         // Another get's leader is fetching it from another owner: counted as being fetched,
@@ -171,7 +174,7 @@ void GetPath::OpenPrefix(uint64_t client_id, const std::vector<uint32_t>& group_
 void GetPath::LookupLeaders(const std::vector<std::string>& keys,
                             std::vector<std::shared_ptr<SharedGetOp>>& led,
                             std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of,
-                            bool defer, std::vector<HandleTable::Pending>* deferred) {
+                            Deferral defer, std::vector<HandleTable::Pending>* deferred) {
   v1::LookupRequest req;
   req.set_requester_node_id(registration_->identity().node_id);
   const uint32_t me = registration_->identity().node_id;
@@ -225,7 +228,7 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
   // Routed elsewhere and about to be fetched: a deferred joiner need not wait for the read.
   for (size_t i : remote_index) led[i]->MarkRouted();
   bool queued = false;
-  if (!remote.empty() && defer) {
+  if (!remote.empty() && defer.allowed) {
     // In key order, so the first chunk covers the start of the prefix.
     std::vector<PrefetchChunk> chunks;
     const uint64_t chunk_bytes =
@@ -240,7 +243,7 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
       chunks.back().leaders.push_back(remote[r]);
       chunks.back().ops.push_back(led[remote_index[r]]);
     }
-    queued = QueuePrefetch(std::move(chunks));
+    queued = QueuePrefetch(std::move(chunks), defer.wake_later);
     if (queued) {
       for (size_t i : remote_index) {
         deferred->push_back(HandleTable::Pending{static_cast<uint32_t>(i), std::move(led[i])});
@@ -262,7 +265,7 @@ void GetPath::LookupLeaders(const std::vector<std::string>& keys,
   }
 }
 
-bool GetPath::QueuePrefetch(std::vector<PrefetchChunk> chunks) {
+bool GetPath::QueuePrefetch(std::vector<PrefetchChunk> chunks, bool wake_later) {
   {
     MutexLock lock(&prefetch_mu_);
     if (stop_ == nullptr || stop_->stopped() ||
@@ -270,9 +273,22 @@ bool GetPath::QueuePrefetch(std::vector<PrefetchChunk> chunks) {
       return false;
     }
     for (PrefetchChunk& c : chunks) prefetch_queue_.push_back(std::move(c));
+    if (wake_later) {
+      prefetch_wake_owed_ = true;
+      return true;
+    }
   }
   prefetch_cv_.SignalAll();
   return true;
+}
+
+void GetPath::WakePrefetches() {
+  {
+    MutexLock lock(&prefetch_mu_);
+    if (!prefetch_wake_owed_) return;
+    prefetch_wake_owed_ = false;
+  }
+  prefetch_cv_.SignalAll();
 }
 
 void GetPath::EndChunk(PrefetchChunk& chunk, bool fetch) {

@@ -80,10 +80,16 @@ class GetPath {
   ~GetPath();
 
   // `allow_deferred`: the answer may come before the values on other owners are fetched
-  // (outcome.deferred; offsets then come with Transfer).
+  // (outcome.deferred; offsets then come with Transfer). `defer_prefetch_wake`: the fetch is
+  // queued without waking a worker, and the caller calls WakePrefetches once its answer is out
+  // (a worker woken at once can take the core from the thread writing the answer); a worker
+  // finds it within its 100 ms poll even without the wake.
   absl::StatusOr<GetStartOutcome> Start(uint64_t client_id, const std::vector<std::string>& keys,
                                         const std::vector<uint32_t>& group_lens,
-                                        bool prefix_best_effort, bool allow_deferred = false);
+                                        bool prefix_best_effort, bool allow_deferred = false,
+                                        bool defer_prefetch_wake = false);
+  // Wakes the prefetch workers if a Start queued a fetch without waking them.
+  void WakePrefetches();
   // `located` (may be null) gets the consumed values' places when the handle was deferred.
   absl::Status Transfer(uint64_t client_id, uint64_t handle_id, uint32_t consume_prefix_len,
                         std::vector<HandleTable::Located>* located = nullptr);
@@ -111,8 +117,12 @@ class GetPath {
   // Holds every key of the batch it can (G1: a local pin, a lookup it leads, or a flight it
   // joins); fills held/cohort_of and the outcome's classification counts. With `defer`, the
   // leaders routed elsewhere may be queued instead (`deferred`: their indices and ops).
+  struct Deferral {
+    bool allowed = false;     // leaders routed elsewhere may be queued
+    bool wake_later = false;  // queued without waking a worker (WakePrefetches follows)
+  };
   void HoldKeys(const std::vector<std::string>& keys, GetStartOutcome* out,
-                std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of, bool defer,
+                std::vector<HolderRef>& held, std::vector<uint64_t>& cohort_of, Deferral defer,
                 std::vector<HandleTable::Pending>* deferred);
   // Opens the handle over the first `t` keys (t > 0) and fills the outcome's offsets (none
   // when `deferred` names values of the prefix).
@@ -123,10 +133,11 @@ class GetPath {
   // queues the remote ones (see HoldKeys).
   void LookupLeaders(const std::vector<std::string>& keys,
                      std::vector<std::shared_ptr<SharedGetOp>>& led, std::vector<HolderRef>& held,
-                     std::vector<uint64_t>& cohort_of, bool defer,
+                     std::vector<uint64_t>& cohort_of, Deferral defer,
                      std::vector<HandleTable::Pending>* deferred);
-  // Queues every chunk, or none (false) when the queue has no room for all of them.
-  bool QueuePrefetch(std::vector<PrefetchChunk> chunks);
+  // Queues every chunk, or none (false) when the queue has no room for all of them; wakes the
+  // workers unless `wake_later`.
+  bool QueuePrefetch(std::vector<PrefetchChunk> chunks, bool wake_later);
   // Ends a chunk's ops: with what was fetched (`fetch`), or as misses.
   void EndChunk(PrefetchChunk& chunk, bool fetch);
   // Pins were dropped: eviction candidates changed.
@@ -150,6 +161,7 @@ class GetPath {
   Mutex prefetch_mu_;
   CondVar prefetch_cv_;
   std::deque<PrefetchChunk> prefetch_queue_ ABSL_GUARDED_BY(prefetch_mu_);
+  bool prefetch_wake_owed_ ABSL_GUARDED_BY(prefetch_mu_) = false;
 };
 
 }  // namespace fluxon

@@ -132,9 +132,13 @@ class OwnerCore {
 
   absl::StatusOr<GetStartOutcome> GetStart(uint64_t client_id, const std::vector<std::string>& keys,
                                            const std::vector<uint32_t>& group_lens,
-                                           bool prefix_best_effort, bool allow_deferred = false) {
-    return gets_->Start(client_id, keys, group_lens, prefix_best_effort, allow_deferred);
+                                           bool prefix_best_effort, bool allow_deferred = false,
+                                           bool defer_prefetch_wake = false) {
+    return gets_->Start(client_id, keys, group_lens, prefix_best_effort, allow_deferred,
+                        defer_prefetch_wake);
   }
+  // After the answer of a GetStart that deferred its prefetch wake (GetPath::Start).
+  void WakePrefetches() { gets_->WakePrefetches(); }
   // How long a get plan's views stay pinned unless released (view_lease).
   std::chrono::milliseconds view_lease() const { return config_.view_lease; }
   absl::Status GetTransfer(uint64_t client_id, uint64_t handle_id, uint32_t consume_prefix_len,
