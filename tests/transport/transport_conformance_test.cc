@@ -711,22 +711,38 @@ TYPED_TEST(TransportConformance, PeerKilledMidBatchFailsIt) {
 // is answered: each connection carries 4 of them, not whichever sender woke first all 16 (a
 // read request is only a header, so one sender could take the whole queue and the batch would
 // move at one connection's speed). Then the peer resumes and the batch completes byte-exact.
-TEST(TcpTransportSpread, ABatchsRequestsSpreadOverEveryConnection) {
-  TcpEnv env;
-  std::unique_ptr<PeerHarness> peer = env.StartPeer(16 * MiB, 3);
-  ASSERT_NE(peer, nullptr);
-  Fill(peer->memory(), 16 * MiB, 41);
+class TcpTransportSpread : public ::testing::Test {
+ protected:
+  // A peer serving `bytes` of a pattern and an initiator-only transport with options `o` (its
+  // listen address cleared) and a registered local region of the same size.
+  void Start(uint64_t bytes, uint64_t seed, TcpTransportOptions o) {
+    peer_ = env_.StartPeer(bytes, 3);
+    ASSERT_NE(peer_, nullptr);
+    Fill(peer_->memory(), bytes, seed);
+    o.listen_address = "";
+    auto t = TcpTransport::Create(o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    transport_ = std::move(*t);
+    local_ = std::make_unique<LocalRegion>(bytes);
+    ASSERT_NE(local_->base(), nullptr);
+    ASSERT_TRUE(transport_->RegisterRegion(1, local_->base(), local_->len()).ok());
+  }
+
+  TcpEnv env_;
+  std::unique_ptr<PeerHarness> peer_;
+  std::unique_ptr<TcpTransport> transport_;
+  std::unique_ptr<LocalRegion> local_;
+};
+
+TEST_F(TcpTransportSpread, ABatchsRequestsSpreadOverEveryConnection) {
   TcpTransportOptions o;
-  o.listen_address = "";
   o.connections_per_peer = 4;
   o.request_bytes = 1 * MiB;
   o.max_inflight_bytes_per_peer = 32 * MiB;
-  auto t = TcpTransport::Create(o);
-  ASSERT_TRUE(t.ok()) << t.status();
-  TcpTransport& transport = **t;
-  LocalRegion local(16 * MiB);
-  ASSERT_NE(local.base(), nullptr);
-  ASSERT_TRUE(transport.RegisterRegion(1, local.base(), local.len()).ok());
+  ASSERT_NO_FATAL_FAILURE(Start(16 * MiB, 41, o));
+  PeerHarness* peer = peer_.get();
+  TcpTransport& transport = *transport_;
+  LocalRegion& local = *local_;
   // Connected (all four connections past the handshake) before the peer stops.
   auto warm = transport.Submit(peer->id(), OpKind::kRead,
                                std::vector<Descriptor>{{0, local.base(), 4096}}, kTimeout);
@@ -756,7 +772,7 @@ TEST(TcpTransportSpread, ABatchsRequestsSpreadOverEveryConnection) {
   EXPECT_TRUE(transport.UnregisterRegion().ok());
 }
 
-TEST(TcpTransportSpread, RequestsOfTheConnectionShare) {
+TEST_F(TcpTransportSpread, RequestsOfTheConnectionShare) {
   TcpTransportOptions o;
   o.connections_per_peer = 8;
   o.request_bytes = 4 * MiB;
@@ -772,23 +788,16 @@ TEST(TcpTransportSpread, RequestsOfTheConnectionShare) {
   EXPECT_EQ(TcpRequestLimit(o, 1024 * MiB), tcp::kMaxRequestBytes);
 }
 
-TEST(TcpTransportSpread, BatchesInConnectionShareRequestsArriveWhole) {
-  TcpEnv env;
-  std::unique_ptr<PeerHarness> peer = env.StartPeer(24 * MiB, 3);
-  ASSERT_NE(peer, nullptr);
-  Fill(peer->memory(), 24 * MiB, 43);
+TEST_F(TcpTransportSpread, BatchesInConnectionShareRequestsArriveWhole) {
   TcpTransportOptions o;
-  o.listen_address = "";
   o.connections_per_peer = 3;
   o.request_bytes = 1 * MiB;
   o.max_inflight_bytes_per_peer = 64 * MiB;
   o.requests_of_connection_share = true;
-  auto t = TcpTransport::Create(o);
-  ASSERT_TRUE(t.ok()) << t.status();
-  TcpTransport& transport = **t;
-  LocalRegion local(24 * MiB);
-  ASSERT_NE(local.base(), nullptr);
-  ASSERT_TRUE(transport.RegisterRegion(1, local.base(), local.len()).ok());
+  ASSERT_NO_FATAL_FAILURE(Start(24 * MiB, 43, o));
+  PeerHarness* peer = peer_.get();
+  TcpTransport& transport = *transport_;
+  LocalRegion& local = *local_;
   // Values of an odd length, so requests of the share (about 8 MiB) split values between them.
   const uint64_t len = 3 * MiB + 4104;
   std::vector<Descriptor> d;
