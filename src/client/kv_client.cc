@@ -2,6 +2,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -541,6 +542,8 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
     shape = absl::DataLossError("the owner deferred a get_start that did not allow it");
   } else if (r.transferred() && (!options.transfer || r.deferred() || r.handle_id() == 0)) {
     shape = absl::DataLossError("the owner transferred a get_start that did not ask for it");
+  } else if (r.transferred() && r.view_lease_ms() == 0) {
+    shape = absl::DataLossError("the owner transferred a get_start without the views' lease");
   } else if (t > keys.size() || static_cast<uint32_t>(r.offsets_size()) != described ||
              static_cast<uint32_t>(r.lens_size()) != described) {
     shape = absl::DataLossError(absl::StrFormat(
@@ -569,8 +572,12 @@ absl::StatusOr<GetStartHandle> KvClient::GetStart(const std::vector<std::string>
   hs.owner_handle = r.handle_id();
   hs.deferred = r.deferred();
   hs.transferred = r.transferred();
-  // Measured from before the request left, so never later than the owner's own deadline.
-  hs.views_expire = sent + std::chrono::milliseconds(r.view_lease_ms());
+  // Measured from before the request left, so never later than the owner's own deadline; a
+  // lease past a day is taken as a day (the sum stays far from overflow, and ending the local
+  // transfers earlier is always safe).
+  constexpr uint64_t kMaxLeaseMs = 24ull * 3600 * 1000;
+  hs.views_expire =
+      sent + std::chrono::milliseconds(std::min<uint64_t>(r.view_lease_ms(), kMaxLeaseMs));
   hs.offsets.assign(r.offsets().begin(), r.offsets().end());
   hs.group_lens = groups;
   hs.transferable = r.transferable_len();

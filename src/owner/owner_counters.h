@@ -50,7 +50,8 @@ enum class CounterKind { kCounter, kGauge, kMicros };
   X(lookup_us, kMicros, "fluxon_get_lookup_seconds_total", "",                                    \
     "Time get batches spent in the master Lookup of their leaders.")                              \
   X(deferred_start_us, kMicros, "fluxon_deferred_get_start_seconds_total", "",                    \
-    "Time the owner spent answering deferred get_starts (from the request to the answer).")       \
+    "Time the get path spent answering deferred get_starts (the Lookup included, the socket "     \
+    "not).")                                                                                      \
   X(handles_expired, kCounter, "fluxon_handles_expired_total", "",                                \
     "Get handles dropped after handle_ttl.")                                                      \
   X(views_expired, kCounter, "fluxon_views_expired_total", "",                                    \

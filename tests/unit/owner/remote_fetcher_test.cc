@@ -548,6 +548,29 @@ TEST_F(RemoteFetcherTest, ADeferredTransferOfAPrefixWaitsOnlyForItsChunks) {
   a_->peer_faults.Clear("");
 }
 
+// A deferred get_start may queue its fetch without waking a worker (the client server wakes them
+// after writing the answer): WakePrefetches starts it, and a wake never given strands nothing
+// (the workers' 100 ms poll finds the chunk). Bytes checked either way.
+TEST_F(RemoteFetcherTest, AFetchQueuedWithoutItsWakeIsFetchedWokenOrNot) {
+  PartsOptions requester;
+  requester.prefetch_workers = 1;
+  TwoOwners(requester);
+  ASSERT_TRUE(PutAndPublish(*b_, {"woken", "unwoken"}).ok());
+  for (const std::string key : {"woken", "unwoken"}) {
+    auto got = a_->gets->Start(1, {key}, {}, true, /*allow_deferred=*/true,
+                               /*defer_prefetch_wake=*/true);
+    ASSERT_TRUE(got.ok() && got->deferred) << key;
+    if (key == "woken") a_->gets->WakePrefetches();
+    std::vector<HandleTable::Located> located;
+    ASSERT_TRUE(a_->gets->Transfer(1, got->handle_id, 0, &located).ok()) << key;
+    ASSERT_EQ(located.size(), 1u);
+    EXPECT_EQ(TagAt(*a_, located[0].offset), TagOf(key));
+    ASSERT_TRUE(a_->gets->Release(1, got->handle_id).ok());
+  }
+  a_->gets->WakePrefetches();  // nothing owed: a no-op
+  EXPECT_EQ(a_->flights->size(), 0u);
+}
+
 // Without prefetch workers (or without allow_deferred) a get_start answers once the values are
 // here, as always.
 TEST_F(RemoteFetcherTest, WithoutPrefetchWorkersAGetIsNeverDeferred) {
