@@ -431,6 +431,19 @@ def profile(b, sizes, keys, page):
     ops.write = timed("write_launch", ops.write)
     lk._open_get = timed("open_get", lk._open_get)
     lk._put_chunk = timed("put_chunk(all)", lk._put_chunk)
+    # The inline offload's two owner round trips: the reservation in offload() and the commit
+    # once the write's event fired.
+    lk._reserve_put = timed("reserve", lk._reserve_put)
+    orig_decide = lk._decide_inline
+
+    def decide(rec, block):  # timed only when it decided (a poll before the event is not)
+        t = time.perf_counter()
+        verdict = orig_decide(rec, block)
+        if verdict is not None:
+            cur["commit"] = cur.get("commit", 0.0) + time.perf_counter() - t
+        return verdict
+
+    lk._decide_inline = decide
     out = {}
     try:
         for r in range(3):
@@ -452,7 +465,7 @@ def profile(b, sizes, keys, page):
                 cur.clear()
                 ks = keys(f"p{r}", n)
                 off_s = b.linker_offload(ks, src)
-                for k in ("device_pages", "write_launch", "put_chunk(all)"):
+                for k in ("device_pages", "write_launch", "put_chunk(all)", "reserve", "commit"):
                     d.setdefault("offload." + k, []).append(cur.get(k, 0.0))
                 d.setdefault("offload.total", []).append(off_s)
                 fluxon.KvClient(socket_path=b.sock).delete_prefix(f"{NS}:p{r}")
@@ -460,7 +473,7 @@ def profile(b, sizes, keys, page):
         for name in ("device_pages", "inline_slots", "write_inline", "restore_layers",
                      "restore_all", "write"):
             ops.__dict__.pop(name, None)
-        for name in ("_run_load", "_open_get", "_put_chunk"):
+        for name in ("_run_load", "_open_get", "_put_chunk", "_reserve_put", "_decide_inline"):
             lk.__dict__.pop(name, None)
     return out
 
