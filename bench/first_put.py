@@ -12,6 +12,7 @@ processes spinning meanwhile (a busy machine).
 import argparse
 import multiprocessing as mp
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -49,7 +50,7 @@ owner:
                          stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 30
-        while "ready" not in log.read_text():
+        while not re.search(r"^fluxond \S+ ready$", log.read_text(), re.M):
             if time.time() > deadline or p.poll() is not None:
                 raise SystemExit(log.read_text())
             time.sleep(0.01)

@@ -34,6 +34,7 @@ import gc
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -51,6 +52,9 @@ from mooncake_compare import chain_keys  # noqa: E402  (the same session key cha
 
 LIVE = []  # clusters to stop on any exit
 GRANT = 512 << 20  # an owner segment is carved in grants of this size
+
+# fluxond's own line once it serves (not any log line that contains "ready").
+READY = re.compile(r"^fluxond \S+ ready$", re.M)
 
 
 def slot_bytes(v):  # include/fluxon/units.h SlotSizeFor: exact fit, 4 KiB aligned
@@ -141,7 +145,7 @@ owner:
         deadline = time.monotonic() + timeout
         while True:
             logs = {path: open(path, errors="replace").read() for path, _, _ in self.procs}
-            if all("ready" in text for text in logs.values()):
+            if all(READY.search(text) for text in logs.values()):
                 return
             for path, p, _ in self.procs:
                 if p.poll() is not None:

@@ -34,6 +34,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import random
 import signal
 import socket
@@ -57,6 +58,9 @@ LEASE_MS, GRACE_MS = 1500, 1000
 TEMPORARY = ("slots_Prepared", "slots_Pending", "inflight_gets", "live_handles", "live_views",
              "prepared_puts", "reserved_entries", "remote_pending_targets",
              "remote_quarantined_slots", "remote_unfinished")
+
+# fluxond's own line once it serves (not any log line that contains "ready").
+READY = re.compile(r"^fluxond \S+ ready$", re.M)
 
 
 def parse_duration(text: str) -> float:
@@ -104,7 +108,7 @@ class Proc:
         self.p = subprocess.Popen([self.fluxond, "--config", str(cfg)],
                                   stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         deadline = time.time() + 30
-        while "ready" not in self.log.read_text():
+        while not READY.search(self.log.read_text()):
             if self.p.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"{self.name} did not start: {self.log.read_text()[-2000:]}")
             time.sleep(0.02)
