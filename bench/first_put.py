@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The first puts of a fresh owner: latency of the first put batches after fluxond says ready.
 
-Starts an embedded fluxond (own config; `--warm-grants` sets owner.local_reserve.warm_grants),
-waits for "ready", waits `--delay-s`, then times `--batches` put batches of `--pages` values of
-`--value-len` bytes (start, copy, commit, wait). Repeats `--rounds` times with a fresh daemon and
-prints the first batch's and the p99 batch's latency per configuration; `--busy N` keeps N
-processes spinning meanwhile (a busy machine).
+Starts an embedded fluxond (own config, a 4 GiB segment: 8 grants) per configuration of
+`--configs` (warm_grants:seconds, setting owner.local_reserve.warm_grants and the wait after
+fluxond's ready line), then times `--batches` put batches of `--pages` values of `--value-len`
+bytes (start, copy, commit, wait). Repeats `--rounds` times with a fresh daemon, configurations
+alternating, and prints the first batch's and the p99 batch's latency per configuration;
+`--busy N` keeps N processes spinning meanwhile (a busy machine).
 
   PYTHONPATH=build/python python3 bench/first_put.py --rounds 5 --busy 2
 """
@@ -77,6 +78,9 @@ def main():
     ap.add_argument("--pages", type=int, default=128)
     ap.add_argument("--value-len", type=int, default=256 * 1024)
     ap.add_argument("--busy", type=int, default=0)
+    ap.add_argument("--configs", default="0:0,1:0,1:1",
+                    help="warm_grants:seconds after ready, comma separated (a warm_grants of "
+                         "the segment's grant count populates all of it before ready)")
     ap.add_argument("--fluxond", default=os.environ.get("FLUXOND",
                                                         str(ROOT / "build/src/fluxond")))
     a = ap.parse_args()
@@ -85,7 +89,8 @@ def main():
     for s in spinners:
         s.start()
     try:
-        configs = [(0, 0.0), (1, 0.0), (1, 1.0)]
+        configs = [(int(w), float(d)) for w, d in
+                   (c.split(":") for c in a.configs.split(","))]
         first = {cfg: [] for cfg in configs}
         p99 = {cfg: [] for cfg in configs}
         p50 = {cfg: [] for cfg in configs}
