@@ -486,7 +486,10 @@ void TcpTransport::Peer::ReceiverLoop(Connection* c) {
         MutexLock clock(&c->mu_);
         c->sent_.pop_front();
       }
-      work_cv_.SignalAll();
+      // The landed bytes may let a queued request in (window, least loaded connection). With
+      // nothing queued no sender can move, so none is woken: at 8 connections a batch's last
+      // replies would otherwise wake every sender for nothing, once per reply.
+      if (!queue_.empty()) work_cv_.SignalAll();
     }
     unit.batch->state->FinishUnit();
   }
