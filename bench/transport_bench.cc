@@ -10,7 +10,9 @@
 // noisy); the table reports, per mode and C, the median over rounds of GB/s and batch p50/p99,
 // and the CPU time both processes spent per GB moved (this process's threads, user + system,
 // and the serving process's: the peer for fluxon-tcp, the forked server for raw-tcp), summed
-// over every timed batch.
+// over every timed batch, and both processes' context switches per timed batch (the raw client
+// starts a thread per connection per batch; the serving process's exited threads are not
+// counted).
 //
 //   transport_bench [--rounds=N] [--batches=K] [--connections=1,2,4,8] [--peer=PATH]
 //                   [--values=128] [--value-len=4718592] [--local=anon|shm]
@@ -28,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -141,7 +144,9 @@ struct Samples {
   std::vector<double> gbps_per_round;  // one per round: bytes of its batches / their time
   std::vector<double> batch_s;         // every batch
   double cpu_s = 0;                    // both processes' CPU over every timed batch
-  double bytes = 0;                    // moved by every timed batch
+  double switches = 0;                 // both processes' context switches over them
+  int timed_batches = 0;
+  double bytes = 0;  // moved by every timed batch
 };
 
 // CPU seconds (user + system, every thread) this process has used.
@@ -165,6 +170,32 @@ double ProcessCpuSeconds(pid_t pid) {
     if (i == 14 || i == 15) ticks += std::strtod(field.c_str(), nullptr);
   }
   return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// Context switches (voluntary and not, every thread, exited ones included) of this process.
+double SelfSwitches() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_nvcsw + u.ru_nivcsw);
+}
+
+// Context switches of another process's live threads (/proc/PID/task/*/status); 0 for pid <= 0.
+double ProcessSwitches(pid_t pid) {
+  if (pid <= 0) return 0;
+  double total = 0;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream f(task.path() / "status");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0 ||
+          line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) {
+        total += std::strtod(line.c_str() + line.find(':') + 1, nullptr);
+      }
+    }
+  }
+  return total;
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -309,6 +340,7 @@ int main(int argc, char** argv) {
     batch();  // warm-up (connections, page tables)
     double total = 0;
     const double cpu0 = SelfCpuSeconds() + ProcessCpuSeconds(server);
+    const double switches0 = SelfSwitches() + ProcessSwitches(server);
     for (int b = 0; b < batches; ++b) {
       const auto t0 = Clock::now();
       batch();
@@ -317,6 +349,8 @@ int main(int argc, char** argv) {
       total += s;
     }
     samples[key].cpu_s += SelfCpuSeconds() + ProcessCpuSeconds(server) - cpu0;
+    samples[key].switches += SelfSwitches() + ProcessSwitches(server) - switches0;
+    samples[key].timed_batches += batches;
     samples[key].bytes += static_cast<double>(batches) * BatchBytes();
     samples[key].gbps_per_round.push_back(batches * BatchBytes() / total / 1e9);
   };
@@ -344,8 +378,8 @@ int main(int argc, char** argv) {
               connection_share ? ", grown to the batch's share per connection" : "");
   std::printf(
       "| mode | connections | GB/s (median of rounds) | batch p50 ms | batch p99 ms | vs raw-tcp "
-      "| CPU ms per GB |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+      "| CPU ms per GB | context switches per batch |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   auto row = [&](const std::string& mode, int c) {
     const std::string key = mode + "/" + std::to_string(c);
     const Samples& s = samples[key];
@@ -358,9 +392,10 @@ int main(int argc, char** argv) {
                     100 * gbps / Percentile(raw_it->second.gbps_per_round, 0.5));
       ratio = buf;
     }
-    std::printf("| %s | %d | %.2f | %.1f | %.1f | %s | %.0f |\n", mode.c_str(), c, gbps,
+    std::printf("| %s | %d | %.2f | %.1f | %.1f | %s | %.0f | %.0f |\n", mode.c_str(), c, gbps,
                 1e3 * Percentile(s.batch_s, 0.5), 1e3 * Percentile(s.batch_s, 0.99), ratio.c_str(),
-                s.bytes > 0 ? 1e3 * s.cpu_s / (s.bytes / 1e9) : 0.0);
+                s.bytes > 0 ? 1e3 * s.cpu_s / (s.bytes / 1e9) : 0.0,
+                s.timed_batches > 0 ? s.switches / s.timed_batches : 0.0);
   };
   for (int c : conn_counts) {
     row("fluxon-tcp", c);
