@@ -11,6 +11,7 @@ alternating, and prints the first batch's and the p99 batch's latency per config
   PYTHONPATH=build/python python3 bench/first_put.py --rounds 5 --busy 2
 """
 import argparse
+import ctypes
 import multiprocessing as mp
 import os
 import re
@@ -21,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "build" / "python"))
@@ -57,12 +57,12 @@ owner:
             time.sleep(0.01)
         time.sleep(delay)
         c = fluxon.KvClient(socket_path=str(sock))
-        buf = np.full(a.pages * a.value_len, 1, dtype=np.uint8)
+        buf = ctypes.create_string_buffer(b"\x01" * (a.pages * a.value_len))
         lat = []
         for b in range(a.batches):
             t0 = time.perf_counter()
             plan = c.local_fast_put_start([f"f{b}-{i}" for i in range(a.pages)], a.value_len)
-            fluxon.copy_to_plan(plan, buf.ctypes.data, a.value_len)
+            fluxon.copy_to_plan(plan, ctypes.addressof(buf), a.value_len)
             c.local_fast_put_commit(plan).wait(60)
             lat.append((time.perf_counter() - t0) * 1e3)
         return lat

@@ -44,6 +44,11 @@
 #            multiturn; the options after the second colon, comma-separated, are that run's own),
 #            CAPACITY_ARGS passes options (Mooncake is not in the pack: leave mooncake-L+R out of
 #            --configs); not part of all
+#     firstput: bench/first_put.py (the first put batches of a fresh owner, idle or with
+#            --busy N cores spinning; CPU only; FIRSTPUT_ARGS passes options); not part of all
+#     transport: bench_transport (the TCP transport against raw TCP over loopback, CPU per GB and
+#            context switches per batch; CPU only; TRANSPORT_ARGS passes options, e.g.
+#            --connections=8 --values=1024 --value-len=65536); not part of all
 #     recovery: bench/cluster_recovery_bench.py (a master restart: time until the owners'
 #            republish routes every value again, the master's CPU and memory meanwhile; CPU only,
 #            for route counts whose values this machine's memory can hold; RECOVERY_ARGS passes
@@ -128,7 +133,7 @@ PY
     mkdir -p "$DEST/bench"
     cp bench/gpu/linker_bench.py bench/gpu/serving_bench.py bench/replica_bench.py bench/soak_cluster.py \
       bench/capacity_split.py bench/mooncake_compare.py bench/eviction_fluxond_replay.py \
-      bench/cluster_recovery_bench.py "$DEST/bench/"
+      bench/cluster_recovery_bench.py bench/first_put.py "$DEST/bench/"
     # The eviction traces the capacity split replays (bench/eviction_tables.sh's shapes).
     mkdir -p "$DEST/traces"
     "$BUILD_DIR"/bench/bench_eviction_policy --dump-traces "$DEST/traces" --capacities 25 \
@@ -279,6 +284,16 @@ PY
         --bench-transport "env LD_LIBRARY_PATH=$PACK/lib $PACK/bin/bench_transport" \
         --transport-peer "$PACK/bin/transport_peer" ${REPLICA_ARGS:-}
       cat "$OUTDIR/replica.log"
+    fi
+    if [ "$what" = firstput ]; then
+      step firstput first_put.log "$PY" "$PACK/bench/first_put.py" --fluxond "$FLUXOND" \
+        ${FIRSTPUT_ARGS:-}
+      cat "$OUTDIR/first_put.log"
+    fi
+    if [ "$what" = transport ]; then
+      step transport transport.log env LD_LIBRARY_PATH="$PACK/lib" "$PACK/bin/bench_transport" \
+        --peer="$PACK/bin/transport_peer" ${TRANSPORT_ARGS:-}
+      cat "$OUTDIR/transport.log"
     fi
     if [ "$what" = recovery ]; then
       STEP_TIMEOUT_S=${RECOVERY_TIMEOUT_S:-560} step recovery recovery.log "$PY" \
