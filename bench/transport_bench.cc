@@ -145,8 +145,8 @@ struct Samples {
   std::vector<double> batch_s;         // every batch
   double cpu_s = 0;                    // both processes' CPU over every timed batch
   double switches = 0;                 // both processes' context switches over them
-  int timed_batches = 0;
-  double bytes = 0;  // moved by every timed batch
+  int timed_batches = 0;               // the batches those sums cover
+  double bytes = 0;                    // moved by every timed batch
 };
 
 // CPU seconds (user + system, every thread) this process has used.
