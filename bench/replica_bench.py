@@ -15,6 +15,13 @@ modes alternating inside every round (the VM is noisy); the summary gives median
    a share can pass 100 %). The ceiling in the same round is the data
    plane's own read of the same values between two processes: `bench_transport` (fluxon-tcp and
    raw-tcp at the daemon's 4 connections per peer, --values/--value-len as above).
+   One batch's replicas are one wave: its pulls (replica_batch_keys each, replica_pulls_in_flight
+   at once) start together, so their control steps all come before their reads and none overlaps
+   another's read; that is the time to replicate one put batch. The steady rate is measured
+   apart ("backlog"): with the remote_cache stopped (SIGSTOP) the source puts several batches
+   (--backlog-bytes), its first pulls waiting on the stopped target and the rest queued; the clock
+   runs from SIGCONT until every task settled, so the pulls follow one another as a stream (one
+   pull's control steps beside another's read) and the put rate does not bound them.
 2. The put cycle with replicas on and off: batches of 64 x 262,144 B (start, copy, commit, wait
    for PutDone), p50 and p99 per mode; replicas on puts with make_replica_task=True, so the pulls
    of earlier batches run while later batches are put; "on-paused" puts the same way with the
@@ -162,6 +169,38 @@ def replicate_once(client, cache_stats, tag, pages, value_len, buf):
     return elapsed, parts
 
 
+def replicate_backlog(client, cache_proc, tag, pages, value_len, buf, batches):
+    """Seconds to drain `batches` put batches' replicas queued behind a stopped remote_cache,
+    from SIGCONT until every task settled."""
+    before = client.stats()
+    cache_proc.p.send_signal(signal.SIGSTOP)
+    try:
+        t_put = time.perf_counter()
+        for b in range(batches):
+            put(client, [f"{tag}-{b}-{i}" for i in range(pages)], value_len, buf, True)
+        put_s = time.perf_counter() - t_put
+        if put_s > 3:
+            # The master would soon stop placing on a target it has not heard from.
+            print(f"warning: the backlog's puts took {put_s:.1f} s", file=sys.stderr)
+    finally:
+        t0 = time.perf_counter()
+        cache_proc.p.send_signal(signal.SIGCONT)
+    total = pages * batches
+    deadline = t0 + 120
+    while True:
+        s = client.stats()
+        if settled(s) - settled(before) >= total:
+            break
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"the backlog {tag} did not settle: {s}")
+        time.sleep(0.0005)
+    elapsed = time.perf_counter() - t0
+    done = s["replica_tasks_completed"] - before.get("replica_tasks_completed", 0)
+    if done != total:
+        raise RuntimeError(f"backlog {tag}: {done} of {total} replicas completed: {s}")
+    return elapsed
+
+
 def transport_ceiling(bench, peer, pages, value_len):
     """GB/s of fluxon-tcp and raw-tcp at 4 connections for the same values (bench_transport)."""
     cmd = shlex.split(bench) + ["--rounds=1", "--batches=3", "--connections=4",
@@ -207,12 +246,16 @@ def main():
                     help="the source's owner.replica_batch_keys")
     ap.add_argument("--pulls-in-flight", type=int, default=4,
                     help="the source's owner.replica_pulls_in_flight")
+    ap.add_argument("--backlog-bytes", type=int, default=768 << 20,
+                    help="bytes put behind a stopped remote_cache per shape and round for the "
+                         "steady rate (whole batches, at least one; 0: not measured)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fxrepl"))
     procs, sock, cache_stats = start_cluster(a.fluxond, tmp, batch_keys=a.batch_keys,
                                              pulls_in_flight=a.pulls_in_flight)
-    rows = {f"{p}x{v}": {"replica_s": [], "read": [], "control": [], "place": [], "pull": [],
+    rows = {f"{p}x{v}": {"replica_s": [], "backlog_gbps": [], "read": [], "control": [],
+                         "place": [], "pull": [],
                          "fluxon-tcp": [], "raw-tcp": [], **{c: [] for c in CONTROL_PARTS}}
             for p, v in SHAPES}
     cycles = {"off": [], "on": [], "on-paused": []}
@@ -230,6 +273,11 @@ def main():
                 rows[name]["replica_s"].append(sec)
                 for part, part_s in parts.items():
                     rows[name][part].append(part_s)
+                if a.backlog_bytes > 0:
+                    batches = max(1, -(-a.backlog_bytes // (p * v)))
+                    sec = replicate_backlog(client, cache_proc, f"r{r}-{name}-backlog", p, v,
+                                            bufs[v], batches)
+                    rows[name]["backlog_gbps"].append(batches * p * v / sec / 1e9)
                 for mode, gbps in transport_ceiling(a.bench_transport, a.transport_peer, p, v).items():
                     rows[name][mode].append(gbps)
             modes = ["off", "on", "on-paused"]
@@ -270,6 +318,23 @@ def main():
         print(f"| {p} x {v:,} B | {p / sec:,.0f} | {gbps:.2f} | {share['read']:.0f} % | "
               f"{share['control']:.0f} % | {share['place']:.0f} % | {share['pull']:.0f} % | "
               f"{ft:.2f} | {raw:.2f} | {100 * gbps / ft:.0f} % | {100 * gbps / raw:.0f} % |")
+    if a.backlog_bytes > 0:
+        print()
+        print("steady rate: the replicas of several put batches drained as a stream (queued "
+              "behind a stopped remote_cache, timed from its SIGCONT), medians")
+        print("| values | batches | replica GB/s (rounds) | fluxon-tcp GB/s | vs fluxon-tcp | "
+              "vs raw-tcp |")
+        print("|---|---|---|---|---|---|")
+        for p, v in SHAPES:
+            name = f"{p}x{v}"
+            xs = rows[name]["backlog_gbps"]
+            g = statistics.median(xs)
+            ft = summary[name]["fluxon_tcp_gbps"]
+            raw = summary[name]["raw_tcp_gbps"]
+            summary[name]["backlog_gbps"] = g
+            print(f"| {p} x {v:,} B | {max(1, -(-a.backlog_bytes // (p * v)))} | {g:.2f} ("
+                  + ", ".join(f"{x:.2f}" for x in xs) + f") | {ft:.2f} | {100 * g / ft:.0f} % | "
+                  f"{100 * g / raw:.0f} % |")
     print()
     print("the remote_cache's control steps, shares of the elapsed time (medians; summed over the "
           "batches in flight)")
