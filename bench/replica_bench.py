@@ -169,6 +169,12 @@ def replicate_once(client, cache_stats, tag, pages, value_len, buf):
     return elapsed, parts
 
 
+def backlog_batches(backlog_bytes, pages, value_len):
+    """Whole batches of at least backlog_bytes, their keys within the source's replica queue
+    (owner.replica_queue_keys, default 16,384: a group that does not fit is dropped)."""
+    return max(1, min(-(-backlog_bytes // (pages * value_len)), 16_384 // pages))
+
+
 def replicate_backlog(client, cache_proc, tag, pages, value_len, buf, batches):
     """Seconds to drain `batches` put batches' replicas queued behind a stopped remote_cache,
     from SIGCONT until every task settled."""
@@ -274,7 +280,7 @@ def main():
                 for part, part_s in parts.items():
                     rows[name][part].append(part_s)
                 if a.backlog_bytes > 0:
-                    batches = max(1, -(-a.backlog_bytes // (p * v)))
+                    batches = backlog_batches(a.backlog_bytes, p, v)
                     sec = replicate_backlog(client, cache_proc, f"r{r}-{name}-backlog", p, v,
                                             bufs[v], batches)
                     rows[name]["backlog_gbps"].append(batches * p * v / sec / 1e9)
@@ -332,7 +338,7 @@ def main():
             ft = summary[name]["fluxon_tcp_gbps"]
             raw = summary[name]["raw_tcp_gbps"]
             summary[name]["backlog_gbps"] = g
-            print(f"| {p} x {v:,} B | {max(1, -(-a.backlog_bytes // (p * v)))} | {g:.2f} ("
+            print(f"| {p} x {v:,} B | {backlog_batches(a.backlog_bytes, p, v)} | {g:.2f} ("
                   + ", ".join(f"{x:.2f}" for x in xs) + f") | {ft:.2f} | {100 * g / ft:.0f} % | "
                   f"{100 * g / raw:.0f} % |")
     print()
