@@ -255,25 +255,28 @@ def main():
     ap.add_argument("--backlog-bytes", type=int, default=768 << 20,
                     help="bytes put behind a stopped remote_cache per shape and round for the "
                          "steady rate (whole batches, at least one; 0: not measured)")
+    ap.add_argument("--shapes", default=",".join(f"{p}x{v}" for p, v in SHAPES),
+                    help="comma-separated COUNTxBYTES put batches to replicate (default: both)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="fxrepl"))
     procs, sock, cache_stats = start_cluster(a.fluxond, tmp, batch_keys=a.batch_keys,
                                              pulls_in_flight=a.pulls_in_flight)
     rows = {f"{p}x{v}": {"replica_s": [], "backlog_gbps": [], "read": [], "control": [],
                          "place": [], "pull": [],
                          "fluxon-tcp": [], "raw-tcp": [], **{c: [] for c in CONTROL_PARTS}}
-            for p, v in SHAPES}
+            for p, v in shapes}
     cycles = {"off": [], "on": [], "on-paused": []}
     cache_proc = procs[0]
     try:
         client = fluxon.KvClient(socket_path=sock)
         bufs = {v: np.random.default_rng(v).integers(0, 255, p * v, dtype=np.uint8)
-                for p, v in SHAPES}
+                for p, v in shapes}
         cycle_buf = np.random.default_rng(1).integers(0, 255, CYCLE_PAGES * CYCLE_LEN,
                                                       dtype=np.uint8)
         for r in range(a.rounds):
-            for p, v in SHAPES:
+            for p, v in shapes:
                 name = f"{p}x{v}"
                 sec, parts = replicate_once(client, cache_stats, f"r{r}-{name}", p, v, bufs[v])
                 rows[name]["replica_s"].append(sec)
@@ -311,7 +314,7 @@ def main():
           "| fluxon-tcp GB/s | raw-tcp GB/s | vs fluxon-tcp | vs raw-tcp |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     summary = {}
-    for p, v in SHAPES:
+    for p, v in shapes:
         name = f"{p}x{v}"
         sec = statistics.median(rows[name]["replica_s"])
         gbps = p * v / sec / 1e9
@@ -331,7 +334,7 @@ def main():
         print("| values | batches | replica GB/s (rounds) | fluxon-tcp GB/s | vs fluxon-tcp | "
               "vs raw-tcp |")
         print("|---|---|---|---|---|---|")
-        for p, v in SHAPES:
+        for p, v in shapes:
             name = f"{p}x{v}"
             xs = rows[name]["backlog_gbps"]
             g = statistics.median(xs)
@@ -346,7 +349,7 @@ def main():
           "batches in flight)")
     print("| values | " + " | ".join(CONTROL_PARTS) + " |")
     print("|---|" + "---|" * len(CONTROL_PARTS))
-    for p, v in SHAPES:
+    for p, v in shapes:
         name = f"{p}x{v}"
         sec = statistics.median(rows[name]["replica_s"])
         print(f"| {p} x {v:,} B | " + " | ".join(
