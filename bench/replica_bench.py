@@ -38,6 +38,7 @@ source evicts its oldest values by its own policy when full. Exit status 1 if a 
 
 import argparse
 import json
+import os
 import re
 import shlex
 import signal
@@ -175,9 +176,17 @@ def backlog_batches(backlog_bytes, pages, value_len):
     return max(1, min(-(-backlog_bytes // (pages * value_len)), 16_384 // pages))
 
 
-def replicate_backlog(client, cache_proc, tag, pages, value_len, buf, batches):
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def replicate_backlog(client, procs, tag, pages, value_len, buf, batches):
     """Seconds to drain `batches` put batches' replicas queued behind a stopped remote_cache,
-    from SIGCONT until every task settled."""
+    from SIGCONT until every task settled, and the CPU seconds each daemon spent meanwhile
+    (remote_cache, source, master)."""
+    cache_proc = procs[0]
     before = client.stats()
     cache_proc.p.send_signal(signal.SIGSTOP)
     try:
@@ -189,6 +198,7 @@ def replicate_backlog(client, cache_proc, tag, pages, value_len, buf, batches):
             # The master would soon stop placing on a target it has not heard from.
             print(f"warning: the backlog's puts took {put_s:.1f} s", file=sys.stderr)
     finally:
+        cpu0 = [cpu_seconds(p.p.pid) for p in procs]
         t0 = time.perf_counter()
         cache_proc.p.send_signal(signal.SIGCONT)
     total = pages * batches
@@ -201,10 +211,11 @@ def replicate_backlog(client, cache_proc, tag, pages, value_len, buf, batches):
             raise RuntimeError(f"the backlog {tag} did not settle: {s}")
         time.sleep(0.0005)
     elapsed = time.perf_counter() - t0
+    cpu = [cpu_seconds(p.p.pid) - c for p, c in zip(procs, cpu0)]
     done = s["replica_tasks_completed"] - before.get("replica_tasks_completed", 0)
     if done != total:
         raise RuntimeError(f"backlog {tag}: {done} of {total} replicas completed: {s}")
-    return elapsed
+    return elapsed, cpu
 
 
 def transport_ceiling(bench, peer, pages, value_len):
@@ -263,7 +274,8 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="fxrepl"))
     procs, sock, cache_stats = start_cluster(a.fluxond, tmp, batch_keys=a.batch_keys,
                                              pulls_in_flight=a.pulls_in_flight)
-    rows = {f"{p}x{v}": {"replica_s": [], "backlog_gbps": [], "read": [], "control": [],
+    rows = {f"{p}x{v}": {"replica_s": [], "backlog_gbps": [], "cpu_cache": [], "cpu_source": [],
+                         "cpu_master": [], "read": [], "control": [],
                          "place": [], "pull": [],
                          "fluxon-tcp": [], "raw-tcp": [], **{c: [] for c in CONTROL_PARTS}}
             for p, v in shapes}
@@ -284,9 +296,12 @@ def main():
                     rows[name][part].append(part_s)
                 if a.backlog_bytes > 0:
                     batches = backlog_batches(a.backlog_bytes, p, v)
-                    sec = replicate_backlog(client, cache_proc, f"r{r}-{name}-backlog", p, v,
-                                            bufs[v], batches)
-                    rows[name]["backlog_gbps"].append(batches * p * v / sec / 1e9)
+                    sec, cpu = replicate_backlog(client, procs, f"r{r}-{name}-backlog", p, v,
+                                                 bufs[v], batches)
+                    gb = batches * p * v / 1e9
+                    rows[name]["backlog_gbps"].append(gb / sec)
+                    for who, c in zip(("cache", "source", "master"), cpu):
+                        rows[name][f"cpu_{who}"].append(1e3 * c / gb)
                 for mode, gbps in transport_ceiling(a.bench_transport, a.transport_peer, p, v).items():
                     rows[name][mode].append(gbps)
             modes = ["off", "on", "on-paused"]
@@ -332,8 +347,8 @@ def main():
         print("steady rate: the replicas of several put batches drained as a stream (queued "
               "behind a stopped remote_cache, timed from its SIGCONT), medians")
         print("| values | batches | replica GB/s (rounds) | fluxon-tcp GB/s | vs fluxon-tcp | "
-              "vs raw-tcp |")
-        print("|---|---|---|---|---|---|")
+              "vs raw-tcp | CPU ms per GB: remote_cache / source / master |")
+        print("|---|---|---|---|---|---|---|")
         for p, v in shapes:
             name = f"{p}x{v}"
             xs = rows[name]["backlog_gbps"]
@@ -343,7 +358,9 @@ def main():
             summary[name]["backlog_gbps"] = g
             print(f"| {p} x {v:,} B | {backlog_batches(a.backlog_bytes, p, v)} | {g:.2f} ("
                   + ", ".join(f"{x:.2f}" for x in xs) + f") | {ft:.2f} | {100 * g / ft:.0f} % | "
-                  f"{100 * g / raw:.0f} % |")
+                  f"{100 * g / raw:.0f} % | " + " / ".join(
+                      f"{statistics.median(rows[name][f'cpu_{w}']):.0f}"
+                      for w in ("cache", "source", "master")) + " |")
     print()
     print("the remote_cache's control steps, shares of the elapsed time (medians; summed over the "
           "batches in flight)")
