@@ -209,7 +209,7 @@ def replicate_backlog(client, procs, tag, pages, value_len, buf, batches):
             break
         if time.perf_counter() > deadline:
             raise RuntimeError(f"the backlog {tag} did not settle: {s}")
-        time.sleep(0.0005)
+        time.sleep(0.001)  # the drain lasts 50 ms or more: 1 ms resolution, half the polls
     elapsed = time.perf_counter() - t0
     cpu = [cpu_seconds(p.p.pid) - c for p, c in zip(procs, cpu0)]
     done = s["replica_tasks_completed"] - before.get("replica_tasks_completed", 0)
