@@ -63,7 +63,7 @@ CONTROL_PARTS = ("claim", "start", "finish", "install")
 CYCLE_PAGES, CYCLE_LEN = 64, 262_144
 
 
-def start_cluster(fluxond, tmp, cache_gib=8, batch_keys=256, pulls_in_flight=4):
+def start_cluster(fluxond, tmp, cache_gib=8, batch_keys=256, pulls_in_flight=8):
     mport, madmin = free_port(), free_port()
     master = Proc(fluxond, f"""
 role: master
@@ -261,7 +261,7 @@ def main():
     ap.add_argument("--cycle-batches", type=int, default=40)
     ap.add_argument("--batch-keys", type=int, default=256,
                     help="the source's owner.replica_batch_keys")
-    ap.add_argument("--pulls-in-flight", type=int, default=4,
+    ap.add_argument("--pulls-in-flight", type=int, default=8,
                     help="the source's owner.replica_pulls_in_flight")
     ap.add_argument("--backlog-bytes", type=int, default=768 << 20,
                     help="bytes put behind a stopped remote_cache per shape and round for the "

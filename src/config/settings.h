@@ -186,8 +186,8 @@ struct OneOf {
     "replica tasks (make_replica_task) queued at most; more are dropped and counted (queue_full)") \
   X(replica_batch_keys, "replica_batch_keys", IntIn<uint64_t>(1, 65'536), 256,                   \
     "replica tasks placed and sent to targets per batch (one PullReplicas per target)")           \
-  X(replica_pulls_in_flight, "replica_pulls_in_flight", IntIn<uint32_t>(1, 64), 4,               \
-    "replica batches sent at once (their control round trips overlap each other's reads)")       \
+  X(replica_pulls_in_flight, "replica_pulls_in_flight", IntIn<uint32_t>(1, 64), 8,               \
+    "replica batches sent at once (one's control round trips run beside the others' reads)")     \
   X(replica_pull_timeout, "replica_pull_timeout_ms", Millis{}, std::chrono::milliseconds(30'000), \
     "a PullReplicas call ends within this (retried twice while its outcome is unknown)")
 
