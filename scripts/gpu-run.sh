@@ -35,9 +35,11 @@
 #            SERVEBENCH_ARGS passes options, e.g. --configs; not part of all)
 #     linkerbench: bench/gpu/linker_bench.py (FluxonLinker restore/offload against the pinned
 #            memcpy ceiling and the HiCacheStorage path, in the real SGLang; not part of all)
-#     replica: bench/replica_bench.py (replicas by pull against bench_transport's read of the
-#            same values, and the put cycle with replicas on and off; CPU only, on the GPU
-#            machine's idle cores; REPLICA_ARGS passes options; not part of all)
+#     replica: bench/replica_bench.py (replicas by pull, one batch's wave and the steady rate of
+#            a backlog, against bench_transport's read of the same values, and the put cycle
+#            with replicas on and off; CPU only, on the GPU machine's idle cores; REPLICA_ARGS
+#            passes options, e.g. "--rounds 2 --pulls-in-flight 8 --shapes 1024x65536"; not
+#            part of all)
 #     capacity: bench/capacity_split.py (an owner of L bytes with a remote_cache of R against one
 #            owner of L and of L + R; CPU only, on the GPU machine's idle cores); CAPACITY_RUNS
 #            lists trace:value_len[:opt,opt] runs (a trace of bench_eviction_policy, or
