@@ -132,9 +132,33 @@ def put(client, keys, value_len, buf, replicate):
     client.local_fast_put_commit(plan).wait(60)
 
 
+# Every enqueued replica task ends in exactly one of these (the source's replica_tasks_* stats).
+TASK_ENDS = ("completed", "already_held", "obsolete", "source_gone", "no_space", "failed")
+
+
 def settled(s):
-    return sum(s.get(f"replica_tasks_{o}", 0) for o in (
-        "completed", "already_held", "obsolete", "source_gone", "no_space", "failed"))
+    return sum(s.get(f"replica_tasks_{o}", 0) for o in TASK_ENDS)
+
+
+def await_replicas(client, before, count, tag, t0, poll_s):
+    """Waits (at most 120 s from t0, polling the source's stats every poll_s) until `count` more
+    replica tasks than in `before` have settled; all of them must have completed. Returns the
+    seconds since t0 and the last stats."""
+    deadline = t0 + 120
+    while True:
+        s = client.stats()
+        if settled(s) - settled(before) >= count:
+            break
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"the replicas of {tag} did not settle: {s}")
+        time.sleep(poll_s)
+    elapsed = time.perf_counter() - t0
+    ended = {o: s.get(f"replica_tasks_{o}", 0) - before.get(f"replica_tasks_{o}", 0)
+             for o in TASK_ENDS}
+    if ended["completed"] != count:
+        raise RuntimeError(f"{tag}: {ended['completed']} of {count} replicas completed "
+                           f"(tasks ended: {ended})")
+    return elapsed, s
 
 
 def replicate_once(client, cache_stats, tag, pages, value_len, buf):
@@ -147,19 +171,7 @@ def replicate_once(client, cache_stats, tag, pages, value_len, buf):
     before = client.stats()
     keys = [f"{tag}-{i}" for i in range(pages)]
     put(client, keys, value_len, buf, True)
-    t0 = time.perf_counter()
-    deadline = t0 + 120
-    while True:
-        s = client.stats()
-        if settled(s) - settled(before) >= pages:
-            break
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"replicas of {tag} did not settle: {s}")
-        time.sleep(0.0005)
-    elapsed = time.perf_counter() - t0
-    done = s["replica_tasks_completed"] - before.get("replica_tasks_completed", 0)
-    if done != pages:
-        raise RuntimeError(f"{tag}: {done} of {pages} replicas completed: {s}")
+    elapsed, s = await_replicas(client, before, pages, tag, time.perf_counter(), poll_s=0.0005)
     cache_after = cache_stats()
     parts = {part: (cache_after.get(f"owner_remote_{part}_us", 0) -
                     cache_before.get(f"owner_remote_{part}_us", 0)) / 1e6
@@ -201,20 +213,9 @@ def replicate_backlog(client, procs, tag, pages, value_len, buf, batches):
         cpu0 = [cpu_seconds(p.p.pid) for p in procs]
         t0 = time.perf_counter()
         cache_proc.p.send_signal(signal.SIGCONT)
-    total = pages * batches
-    deadline = t0 + 120
-    while True:
-        s = client.stats()
-        if settled(s) - settled(before) >= total:
-            break
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"the backlog {tag} did not settle: {s}")
-        time.sleep(0.001)  # the drain lasts 50 ms or more: 1 ms resolution, half the polls
-    elapsed = time.perf_counter() - t0
+    # The drain lasts 50 ms or more: 1 ms resolution, half the polls of one batch's wait.
+    elapsed, _ = await_replicas(client, before, pages * batches, tag, t0, poll_s=0.001)
     cpu = [cpu_seconds(p.p.pid) - c for p, c in zip(procs, cpu0)]
-    done = s["replica_tasks_completed"] - before.get("replica_tasks_completed", 0)
-    if done != total:
-        raise RuntimeError(f"backlog {tag}: {done} of {total} replicas completed: {s}")
     return elapsed, cpu
 
 
