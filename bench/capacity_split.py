@@ -12,7 +12,10 @@ Configurations, each started fresh, in an order that alternates per round (the V
   fluxond on loopback; the client talks to the owner, a demoted page comes back by remote get;
 - owner-L+rc-R-ranked: the same with one ranking for both tiers (owner.demotion.
   remote_budget_bytes = --remote-budget of R): the owner's policy keeps ranking what it demoted
-  and asks the remote_cache to drop what it evicts;
+  and asks the remote_cache to drop what it evicts; a value fetched back keeps its copy there
+  and is released here first (owner.demotion.keep_fetched_copies, the default);
+- owner-L+rc-R-ranked-drop: one ranking with keep_fetched_copies: false (a value fetched back
+  gives up its copy there and is demoted again when it cools);
 - owner-L+R: an embedded fluxond with an (L + R)-byte segment (the single-machine ceiling);
 - mooncake-L+R: a mooncake_master and two store clients contributing L and R bytes of global
   segment (the client drives the first; puts land in either segment).
@@ -102,9 +105,11 @@ class TimedPuts:
 class ClusterSide(mc.FluxonSide):
     """Master + owner (L, demotion on) + remote_cache (R); the client uses the owner."""
 
-    def __init__(self, args, tmp, local, remote, ranked=False):
+    def __init__(self, args, tmp, local, remote, ranked=False, keep_fetched_copies=True):
         self.procs = []
         budget = f", remote_budget_bytes: {int(remote * args.remote_budget)}" if ranked else ""
+        if ranked and not keep_fetched_copies:
+            budget += ", keep_fetched_copies: false"
         mport, madmin = free_port(), free_port()
         self._start(args, tmp, "master", f"""
 role: master
@@ -282,7 +287,8 @@ def main():
             args.capacity_bytes = local + remote
             return mc.FluxonSide(args, tmp)
         if name.startswith("owner-L+rc-R"):
-            return ClusterSide(args, tmp, local, remote, ranked=name.endswith("-ranked"))
+            return ClusterSide(args, tmp, local, remote, ranked="-ranked" in name,
+                               keep_fetched_copies=not name.endswith("-drop"))
         side = MooncakeTwoSegments(args, pool, local, remote)
         side.s.register_buffer(out.ctypes.data, out.nbytes)
         return side
@@ -312,7 +318,7 @@ def main():
                         "remote_get_keys", "remote_ranked_bytes", "remote_drops_dropped",
                         "remote_drops_kept", "remote_drops_not_held", "remote_drops_failed",
                         "remote_duplicate_pages",
-                        "relocalised_pages")}
+                        "relocalised_pages", "eviction_rounds")}
                     cache = side.cache_stats()
                     e["cache_evicted_pages"] = cache.get("owner_evicted_pages", 0)
                     e["cache_dropped_on_request_pages"] = cache.get(
@@ -345,7 +351,7 @@ def main():
         s = summary[c]
         print(f"| {c} | {s['hit rate %']:.1f} | {s['pages/s']:.0f} | {s['put p50 ms']:.1f} | "
               f"{s['put p99 ms']:.1f} | {s['failed puts']:.0f} |")
-    for split in ("owner-L+rc-R", "owner-L+rc-R-ranked"):
+    for split in ("owner-L+rc-R", "owner-L+rc-R-ranked", "owner-L+rc-R-ranked-drop"):
         if split in summary and "owner-L+R" in summary:
             ratio = summary[split]["hit rate %"] / max(summary["owner-L+R"]["hit rate %"], 1e-9)
             print(f"{split} hit rate / owner-L+R: {100 * ratio:.0f} %")

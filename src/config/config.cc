@@ -519,6 +519,11 @@ absl::Status CheckOwnerCapacity(const Section& sec, const OwnerConfig& o,
 // Demotion runs ahead of pressure, and moves values to another node through the master.
 absl::Status CheckDemotion(const Section& sec, const OwnerConfig& o) {
   const DemotionConfig& d = o.demotion;
+  if (!d.keep_fetched_copies && d.remote_budget_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: false decides what one ranking does with a value fetched back, so it needs %s",
+        sec.Key("demotion.keep_fetched_copies"), sec.Key("demotion.remote_budget_bytes")));
+  }
   if (!d.enabled) {
     if (d.remote_budget_bytes > 0) {
       return absl::InvalidArgumentError(

@@ -135,7 +135,11 @@ struct OneOf {
     "one ranking for both tiers: this owner's eviction policy keeps ranking the values it "       \
     "demoted, up to this many bytes on remote_caches, and asks the remote_cache to drop those "   \
     "it evicts; set it to this owner's share of the remote_caches' memory. 0: a demoted value "   \
-    "is ranked by the remote_cache that holds it")
+    "is ranked by the remote_cache that holds it")                                                \
+  X(keep_fetched_copies, "keep_fetched_copies", Flag{}, true,                                     \
+    "one ranking: a demoted value fetched back keeps its copy on the remote_cache and is "        \
+    "released here before values held here only (no second demotion); false: that copy is "      \
+    "dropped and the value is demoted again when it cools")
 
 #define FLUXON_OWNER_SETTINGS(X)                                                                  \
   X(hot_capacity_ratio, "hot_capacity_ratio", Ratio{}, 0.95,                                      \

@@ -58,8 +58,9 @@ Evictor::Need Evictor::Measure() const {
     const uint64_t start = static_cast<uint64_t>(demotion_.start_ratio * capacity);
     if (used > start) need.over_demotion = used - start;
     if (one_ranking()) {
-      // A cohort held here and on a remote_cache takes room in both.
-      const uint64_t ranked = hot_->weight() + hot_->remote_weight();
+      // The bytes ranked, each cohort once (one held in both tiers takes room in both, which
+      // each tier's own bound accounts for: start_ratio here, the budget there).
+      const uint64_t ranked = hot_->weight() + hot_->remote_weight() - hot_->both_weight();
       const uint64_t budget = start + demotion_.remote_budget_bytes;
       if (ranked > budget) need.over_budget = ranked - budget;
     }
@@ -143,7 +144,7 @@ void Evictor::EnableDemotion(ReplicaQueue* queue, DemotionOptions options, PeerA
   FLUXON_DCHECK(peers_ != nullptr || demotion_.remote_budget_bytes == 0,
                 "one ranking needs a peer client for its drops");
   if (peers_ == nullptr) demotion_.remote_budget_bytes = 0;
-  if (demotion_.remote_budget_bytes > 0) hot_->EnableOneRanking();
+  if (demotion_.remote_budget_bytes > 0) hot_->EnableOneRanking(demotion_.keep_fetched_copies);
 }
 
 void Evictor::Demote(uint64_t bytes) {

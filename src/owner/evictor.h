@@ -35,16 +35,17 @@
 //   pass never takes a value out of the cluster; a member the master finds sole is kept and its
 //   cohort readmitted unmarked (the hint was stale). Only then cold cohorts without a copy.
 // - One ranking for both tiers (demotion with remote_budget_bytes > 0; HotTier's one-ranking
-//   invariants): the policy ranks what is here and what this owner demoted, together, within
-//   start_ratio of the capacity plus the remote budget. A round first trims that set to its
-//   budget with the policy's victims: a victim held here is evicted (route first, then slots);
-//   this owner's copy of it on a remote_cache is dropped there (DropCopies: that owner evicts
-//   it the same way; a failed drop leaves a routed copy its own eviction takes later). Then,
-//   above start_ratio, the least recently used local cohorts move out: one with a copy on a
-//   remote_cache is released (removed here only if copied), one without is demoted (as above)
-//   and stays ranked with its copy's place. Pressure above hot_capacity_ratio deletes local
-//   cohorts from the same cold end. A cohort the policy evicts while it moves is evicted by
-//   the move's end: what is left here is removed, the copy made meanwhile is dropped.
+//   invariants): the policy ranks what is here and what this owner demoted, together (a cohort
+//   held in both tiers once), within start_ratio of the capacity plus the remote budget. A round
+//   first trims that set to its budget with the policy's victims: a victim held here is evicted
+//   (route first, then slots); this owner's copy of it on a remote_cache is dropped there
+//   (DropCopies: that owner evicts it the same way; a failed drop leaves a routed copy its own
+//   eviction takes later). Then, above start_ratio, the least recently used local cohorts move out,
+//   those with a copy on a remote_cache (fetched back, keep_fetched_copies) first: one with a copy
+//   there is released (removed here only if copied), one without is demoted (as above) and stays
+//   ranked with its copy's place. Pressure above hot_capacity_ratio deletes local cohorts from the
+//   same cold end. A cohort the policy evicts while it moves is evicted by the move's end: what is
+//   left here is removed, the copy made meanwhile is dropped.
 #pragma once
 
 #include <chrono>
@@ -82,6 +83,9 @@ struct DemotionOptions {
   // One ranking for both tiers when nonzero: the bytes of demoted values this owner keeps
   // ranked on remote_caches (and drops there when its policy evicts them).
   uint64_t remote_budget_bytes = 0;
+  // One ranking: a value fetched back keeps its copy on the remote_cache, and its cohort is
+  // released here first (HotTier::EnableOneRanking); false: that copy is dropped.
+  bool keep_fetched_copies = true;
   // Bounds one DropCopies call.
   std::chrono::milliseconds drop_timeout{2'000};
 };
@@ -155,9 +159,9 @@ class Evictor final : public EvictionSignals {
   // One demotion round: releases copied cohorts, then queues cold ones, up to `bytes`.
   void Demote(uint64_t bytes);
   bool one_ranking() const { return demotions_ != nullptr && demotion_.remote_budget_bytes > 0; }
-  // One ranking: drops the remote copies of values fetched back here or put here again since
-  // (HotTier::TakeRemoteToDrop): a duplicate at rest, or an older identity, would hold budget
-  // it does not serve.
+  // One ranking: drops the remote copies of values put here again since, and of values fetched
+  // back here without keep_fetched_copies (HotTier::TakeRemoteToDrop): an older identity, or a
+  // duplicate at rest, would hold budget it does not serve.
   void DropDuplicates();
   // One ranking: evicts the policy's victims worth `bytes` from both tiers.
   struct TrimResult {

@@ -32,9 +32,11 @@
 //   form a least-recently-used list (TakeLocal hands out its cold end for demotion or release;
 //   the cohort stays ranked while it moves, and EndMove says where it is then); weight() is
 //   what is held here, remote_weight() what this owner keeps elsewhere (a cohort with both
-//   counts in both). A get that fetches a value of such a cohort back installs it under the
-//   same cohort (RemoteCohortOf, Relocalised), and its copy there is dropped (TakeRemoteToDrop):
-//   a value is held in one tier at rest. TakeVictims may hand out a cohort that is moving
+//   counts in both; both_weight() is the part counted twice). A get that fetches a value of
+//   such a cohort back installs it under the same cohort (RemoteCohortOf, Relocalised); with
+//   keep_fetched_copies its copy there stays and the cohort, held in both tiers, is on a local
+//   list of its own that TakeLocal empties first (releasing it moves no data); without, its copy
+//   there is dropped (TakeRemoteToDrop). TakeVictims may hand out a cohort that is moving
 //   (Cohort::moving): whoever moves it then finds it gone at EndMove and evicts it.
 #pragma once
 
@@ -99,7 +101,13 @@ class HotTier {
     }
   }
   // One ranking for both tiers (see the invariants). Call before the first admission.
-  void EnableOneRanking() { one_ranking_.store(true, std::memory_order_relaxed); }
+  // `keep_fetched_copies`: a value fetched back keeps its copy on the remote_cache, and the
+  // cohort, held in both tiers, is released here before any cohort held here only (recoverable
+  // first); false: its copy there is dropped (TakeRemoteToDrop) and it is demoted again later.
+  void EnableOneRanking(bool keep_fetched_copies = false) {
+    keep_fetched_copies_ = keep_fetched_copies;
+    one_ranking_.store(true, std::memory_order_relaxed);
+  }
   // The values `copied` have a complete copy on another node now (a replica completed): cohort
   // `id` is marked when every member it has is among them. False when the cohort is not here
   // (evicted, or taken by a round in progress) or has a member not copied.
@@ -148,7 +156,9 @@ class HotTier {
     if (one_ranking_.load(std::memory_order_relaxed)) {
       for (uint64_t id : ids) {
         auto l = local_.find(id);
-        if (l != local_.end()) local_order_.splice(local_order_.end(), local_order_, l->second);
+        if (l == local_.end()) continue;
+        std::list<uint64_t>& order = ListOf(cohorts_.find(id)->second);
+        order.splice(order.end(), order, l->second);
       }
     }
     if (copied_.empty()) return;
@@ -221,14 +231,16 @@ class HotTier {
   }
 
   // One ranking: takes local cohorts worth at least `bytes` (or all of them) from the cold end
-  // of the local list, none copied elsewhere and none already moving, for demotion or release.
-  // They stay ranked (and counted here) until EndMove; the caller gets their descriptions.
+  // of the local lists, none copied elsewhere and none already moving, for demotion or release:
+  // those whose copy is on a remote_cache too first (releasing them moves no data), then those
+  // held here only. They stay ranked (and counted here) until EndMove; the caller gets their
+  // descriptions.
   std::vector<Cohort> TakeLocal(uint64_t bytes) {
     std::vector<Cohort> out;
     MutexLock lock(&mu_);
     uint64_t taken = 0;
-    while (taken < bytes && !local_order_.empty()) {
-      const uint64_t id = local_order_.front();
+    while (taken < bytes && !(both_order_.empty() && local_order_.empty())) {
+      const uint64_t id = both_order_.empty() ? local_order_.front() : both_order_.front();
       UnlistLocal(id);
       Cohort& c = cohorts_.find(id)->second;
       c.moving = true;
@@ -275,8 +287,9 @@ class HotTier {
     Unaccount(it->second);
     it->second.local = true;
     Account(it->second, /*cold=*/false);
-    // Held in both tiers now: the copy there is a duplicate at rest (TakeDuplicates).
-    remote_drops_.push_back(id);
+    // Held in both tiers now: either this copy is released first when room is needed, or the
+    // copy there is a duplicate at rest (TakeRemoteToDrop).
+    if (!keep_fetched_copies_) remote_drops_.push_back(id);
     return true;
   }
   // Takes cohort `id` out of the tier (as a victim: its ghost is remembered), e.g. a moving
@@ -348,6 +361,11 @@ class HotTier {
     MutexLock lock(&mu_);
     return remote_weight_;
   }
+  // Bytes of the cohorts held both here and on a remote_cache (counted in both weights).
+  uint64_t both_weight() const {
+    MutexLock lock(&mu_);
+    return both_weight_;
+  }
   // Bytes of the cohorts held here.
   uint64_t weight() const {
     MutexLock lock(&mu_);
@@ -386,8 +404,12 @@ class HotTier {
       cohorts_.erase(it);
       return;
     }
+    UnlistLocal(c.id);
     UnindexRemote(c);
     c.remote_address.clear();
+    // From the list of cohorts held in both tiers to the local one: a copy given up after a
+    // fetch back is warm here, one lost there (`as_victim`) keeps its cold place.
+    ListLocal(c, /*cold=*/as_victim);
   }
   // Counts `c` (not in cohorts_ yet, or just changed) in the weights and lists.
   void Account(const Cohort& c, bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -395,6 +417,7 @@ class HotTier {
     if (c.copied_elsewhere) ListCopied(c.id);
     ListLocal(c, cold);
     if (!c.remote_address.empty()) {
+      if (c.local) both_weight_ += c.weight;
       remote_weight_ += c.weight;
       for (const std::string& k : c.keys) remote_keys_[k] = c.id;
     }
@@ -408,6 +431,7 @@ class HotTier {
   }
   // Takes `c`'s remote copy out of the remote weight and the key index.
   void UnindexRemote(const Cohort& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (c.local) both_weight_ -= c.weight;
     remote_weight_ -= c.weight;
     for (const std::string& k : c.keys) {
       auto r = remote_keys_.find(k);
@@ -423,19 +447,25 @@ class HotTier {
         remote_drops_.push_back(r->second);
     }
   }
-  // One ranking: a local cohort that is not copied elsewhere nor moving is on the local list.
+  // One ranking: a local cohort that is not copied elsewhere nor moving is on a local list:
+  // the one of cohorts held in both tiers when its copy is on a remote_cache too.
+  std::list<uint64_t>& ListOf(const Cohort& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return c.remote_address.empty() || !keep_fetched_copies_ ? local_order_ : both_order_;
+  }
   void ListLocal(const Cohort& c, bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!one_ranking_.load(std::memory_order_relaxed) || !c.local || c.copied_elsewhere ||
         c.moving || local_.contains(c.id)) {
       return;
     }
-    auto pos = local_order_.insert(cold ? local_order_.begin() : local_order_.end(), c.id);
+    std::list<uint64_t>& order = ListOf(c);
+    auto pos = order.insert(cold ? order.begin() : order.end(), c.id);
     local_.emplace(c.id, pos);
   }
+  // (Before the cohort's remote_address changes: the list is found from it.)
   void UnlistLocal(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto l = local_.find(id);
     if (l == local_.end()) return;
-    local_order_.erase(l->second);
+    ListOf(cohorts_.find(id)->second).erase(l->second);
     local_.erase(l);
   }
   void ListCopied(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -461,9 +491,14 @@ class HotTier {
   // Set once, before the first admission (EnableOneRanking), and read without the lock.
   std::atomic<bool> one_ranking_{false};
   std::list<uint64_t> local_order_ ABSL_GUARDED_BY(mu_);
+  // ... and those held here whose copy is on a remote_cache too (taken first); local_ indexes
+  // both lists.
+  std::list<uint64_t> both_order_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> local_ ABSL_GUARDED_BY(mu_);
+  bool keep_fetched_copies_ = false;  // set with one_ranking_, before the first admission
   absl::flat_hash_map<std::string, uint64_t> remote_keys_ ABSL_GUARDED_BY(mu_);
   uint64_t remote_weight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t both_weight_ ABSL_GUARDED_BY(mu_) = 0;            // of the cohorts held in both tiers
   std::vector<uint64_t> remote_drops_ ABSL_GUARDED_BY(mu_);  // see TakeRemoteToDrop
   uint64_t weight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // logical time: one tick per admission or access

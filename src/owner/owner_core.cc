@@ -61,8 +61,10 @@ absl::StatusOr<std::unique_ptr<OwnerCore>> OwnerCore::Create(const OwnerConfig& 
   if (config.demotion.enabled) {
     c.evictor_->EnableDemotion(
         c.replicas_.get(),
-        DemotionOptions{config.demotion.start_ratio, config.demotion.max_bytes_in_flight,
-                        config.demotion.remote_budget_bytes},
+        DemotionOptions{.start_ratio = config.demotion.start_ratio,
+                        .max_bytes_in_flight = config.demotion.max_bytes_in_flight,
+                        .remote_budget_bytes = config.demotion.remote_budget_bytes,
+                        .keep_fetched_copies = config.demotion.keep_fetched_copies},
         rt.peers);
   }
   c.publisher_ = std::make_unique<Publisher>(

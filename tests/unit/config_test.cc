@@ -121,10 +121,12 @@ owner:
   master_address: 10.0.0.1:50151
   data_address: "127.0.0.1:0"
   demotion: {enabled: true, start_ratio: 0.8, max_bytes_in_flight: 64MiB,
-             remote_budget_bytes: 2GiB}
+             remote_budget_bytes: 2GiB, keep_fetched_copies: false}
 )");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->owner->demotion.enabled);
+  EXPECT_FALSE(c->owner->demotion.keep_fetched_copies);
+  EXPECT_TRUE(ParseConfig("")->owner->demotion.keep_fetched_copies);
   EXPECT_EQ(c->owner->demotion.remote_budget_bytes, 2ull << 30);
   EXPECT_DOUBLE_EQ(c->owner->demotion.start_ratio, 0.8);
   EXPECT_EQ(c->owner->demotion.max_bytes_in_flight, 64ull << 20);
@@ -147,6 +149,9 @@ TEST(ConfigRejects, DemotionThatCannotRunAheadOfPressureOrHasNowhereToGo) {
   // A remote budget ranks demoted values: without demotion it would be ignored.
   EXPECT_THAT(Reject(owner + "demotion: {remote_budget_bytes: 1GiB}}"),
               HasSubstr("needs owner.demotion.enabled: true"));
+  // What one ranking does with a value fetched back: without a remote budget it would be ignored.
+  EXPECT_THAT(Reject(owner + "demotion: {enabled: true, keep_fetched_copies: false}}"),
+              HasSubstr("needs owner.demotion.remote_budget_bytes"));
   EXPECT_THAT(Reject(owner + "demotion: {enabled: true, remote_budget_bytes: -1}}"),
               HasSubstr("owner.demotion.remote_budget_bytes"));
   // The embedded default has no master to place a demotion, and no data plane to serve it.

@@ -349,5 +349,59 @@ TEST(HotTierOneRankingTest, GivingUpTheRemoteCopyKeepsTheLocalPlace) {
   EXPECT_EQ(Ids(tier.TakeLocal(20)), (std::vector<uint64_t>{2, 3}));
 }
 
+// With keep_fetched_copies, a cohort fetched back keeps its copy there and is the first to
+// leave here: releasing it moves no data, where another cohort would have to be demoted.
+TEST(HotTierOneRankingTest, AFetchedBackCohortKeepingItsCopyIsReleasedFirst) {
+  HotTier<> tier;
+  tier.EnableOneRanking(/*keep_fetched_copies=*/true);
+  tier.AdmitChain({Keyed(1), Keyed(2), Keyed(3)});
+  ASSERT_EQ(Ids(tier.TakeLocal(10)), (std::vector<uint64_t>{1}));
+  ASSERT_TRUE(tier.EndMove(1, true, "rc:1"));
+  ASSERT_TRUE(tier.Relocalised(1));
+  tier.Touch({1});  // the read that fetched it
+  EXPECT_EQ(tier.weight(), 30u);
+  EXPECT_EQ(tier.remote_weight(), 10u);
+  EXPECT_EQ(tier.both_weight(), 10u);            // one cohort, counted in both tiers
+  EXPECT_TRUE(tier.TakeRemoteToDrop().empty());  // its copy there stays
+  // Warmest here, yet the first to move out: 2 and 3 would need a demotion each.
+  std::vector<Cohort> moving = tier.TakeLocal(20);
+  ASSERT_EQ(Ids(moving), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(moving[0].remote_address, "rc:1");
+  ASSERT_TRUE(tier.EndMove(1, /*local_freed=*/true, {}));  // released: held there only
+  EXPECT_EQ(tier.both_weight(), 0u);
+  EXPECT_EQ(tier.weight(), 20u);
+  EXPECT_EQ(tier.remote_weight(), 10u);
+  EXPECT_EQ(tier.RemoteCohortOf("k1", 7), 1u);
+  ASSERT_TRUE(tier.EndMove(2, false, {}));
+  EXPECT_EQ(Ids(tier.TakeLocal(10)), (std::vector<uint64_t>{2}));  // 1 is not here any more
+  ASSERT_TRUE(tier.EndMove(2, false, {}));
+}
+
+TEST(HotTierOneRankingTest, CohortsHeldInBothTiersGoInTheirOwnRecencyOrder) {
+  HotTier<> tier;
+  tier.EnableOneRanking(/*keep_fetched_copies=*/true);
+  tier.AdmitChain({Keyed(1), Keyed(2), Keyed(3), Keyed(4)});
+  ASSERT_EQ(tier.TakeLocal(20).size(), 2u);
+  ASSERT_TRUE(tier.EndMove(1, true, "rc:1"));
+  ASSERT_TRUE(tier.EndMove(2, true, "rc:1"));
+  ASSERT_TRUE(tier.Relocalised(1));
+  ASSERT_TRUE(tier.Relocalised(2));
+  tier.Touch({1});  // 2 is now the colder of the two
+  EXPECT_EQ(Ids(tier.TakeLocal(10)), (std::vector<uint64_t>{2}));
+  ASSERT_TRUE(tier.EndMove(2, false, {}));  // kept (pinned): the cold end of its list
+  // Its copy there is lost (the remote_cache's own eviction): local only, still the coldest.
+  tier.ForgetRemoteCopy(2);
+  EXPECT_EQ(tier.both_weight(), 10u);
+  EXPECT_EQ(tier.remote_weight(), 10u);
+  EXPECT_EQ(Ids(tier.TakeLocal(30)), (std::vector<uint64_t>{1, 2, 3}));
+  for (uint64_t id : {1, 2, 3}) ASSERT_TRUE(tier.EndMove(id, false, {}));
+  // A victim held in both tiers leaves both weights.
+  std::vector<Cohort> victims = tier.TakeVictims(40);
+  EXPECT_EQ(victims.size(), 4u);
+  EXPECT_EQ(tier.both_weight(), 0u);
+  EXPECT_EQ(tier.weight(), 0u);
+  EXPECT_EQ(tier.remote_weight(), 0u);
+}
+
 }  // namespace
 }  // namespace fluxon
