@@ -43,9 +43,10 @@
 //   eviction takes later). Then, above start_ratio, the least recently used local cohorts move out,
 //   those with a copy on a remote_cache (fetched back, keep_fetched_copies) first: one with a copy
 //   there is released (removed here only if copied), one without is demoted (as above) and stays
-//   ranked with its copy's place. Pressure above hot_capacity_ratio deletes local cohorts from the
-//   same cold end. A cohort the policy evicts while it moves is evicted by the move's end: what is
-//   left here is removed, the copy made meanwhile is dropped.
+//   ranked with its copy's place. Pressure above hot_capacity_ratio releases the local cohorts
+//   with a copy there, then evicts the policy's victims from both tiers until enough is freed
+//   here. A cohort the policy evicts while it moves is evicted by the move's end: what is left
+//   here is removed, the copy made meanwhile is dropped.
 #pragma once
 
 #include <chrono>
