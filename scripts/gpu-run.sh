@@ -43,7 +43,8 @@
 #     capacity: bench/capacity_split.py (an owner of L bytes with a remote_cache of R against one
 #            owner of L and of L + R; CPU only, on the GPU machine's idle cores); CAPACITY_RUNS
 #            lists trace:value_len[:opt,opt] runs (a trace of bench_eviction_policy, or
-#            multiturn; the options after the second colon, comma-separated, are that run's own),
+#            multiturn; the options after the second colon, comma-separated, are that run's own:
+#            an option whose value has commas, such as --configs, goes in CAPACITY_ARGS),
 #            CAPACITY_ARGS passes options (Mooncake is not in the pack: leave mooncake-L+R out of
 #            --configs); not part of all
 #     firstput: bench/first_put.py (the first put batches of a fresh owner, idle or with
