@@ -60,7 +60,7 @@ Evictor::Need Evictor::Measure() const {
     if (one_ranking()) {
       // The bytes ranked, each cohort once (one held in both tiers takes room in both, which
       // each tier's own bound accounts for: start_ratio here, the budget there).
-      const uint64_t ranked = hot_->weight() + hot_->remote_weight() - hot_->both_weight();
+      const uint64_t ranked = hot_->ranked_weight();
       const uint64_t budget = start + demotion_.remote_budget_bytes;
       if (ranked > budget) need.over_budget = ranked - budget;
     }

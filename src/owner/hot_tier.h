@@ -157,8 +157,8 @@ class HotTier {
       for (uint64_t id : ids) {
         auto l = local_.find(id);
         if (l == local_.end()) continue;
-        std::list<uint64_t>& order = ListOf(cohorts_.find(id)->second);
-        order.splice(order.end(), order, l->second);
+        std::list<uint64_t>& order = *l->second.order;
+        order.splice(order.end(), order, l->second.pos);
       }
     }
     if (copied_.empty()) return;
@@ -366,6 +366,12 @@ class HotTier {
     MutexLock lock(&mu_);
     return both_weight_;
   }
+  // Bytes ranked (one ranking), each cohort once wherever it is held: one snapshot of
+  // weight() + remote_weight() - both_weight().
+  uint64_t ranked_weight() const {
+    MutexLock lock(&mu_);
+    return weight_ + remote_weight_ - both_weight_;
+  }
   // Bytes of the cohorts held here.
   uint64_t weight() const {
     MutexLock lock(&mu_);
@@ -404,12 +410,14 @@ class HotTier {
       cohorts_.erase(it);
       return;
     }
-    UnlistLocal(c.id);
+    auto l = local_.find(c.id);
+    const bool relist = l != local_.end() && l->second.order == &both_order_;
+    if (relist) UnlistLocal(c.id);
     UnindexRemote(c);
     c.remote_address.clear();
     // From the list of cohorts held in both tiers to the local one: a copy given up after a
-    // fetch back is warm here, one lost there (`as_victim`) keeps its cold place.
-    ListLocal(c, /*cold=*/as_victim);
+    // fetch back is warm here, one lost there (`as_victim`) goes to the cold end.
+    if (relist) ListLocal(c, /*cold=*/as_victim);
   }
   // Counts `c` (not in cohorts_ yet, or just changed) in the weights and lists.
   void Account(const Cohort& c, bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -458,14 +466,13 @@ class HotTier {
       return;
     }
     std::list<uint64_t>& order = ListOf(c);
-    auto pos = order.insert(cold ? order.begin() : order.end(), c.id);
-    local_.emplace(c.id, pos);
+    local_.emplace(c.id,
+                   LocalPlace{&order, order.insert(cold ? order.begin() : order.end(), c.id)});
   }
-  // (Before the cohort's remote_address changes: the list is found from it.)
   void UnlistLocal(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto l = local_.find(id);
     if (l == local_.end()) return;
-    ListOf(cohorts_.find(id)->second).erase(l->second);
+    l->second.order->erase(l->second.pos);
     local_.erase(l);
   }
   void ListCopied(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -492,9 +499,13 @@ class HotTier {
   std::atomic<bool> one_ranking_{false};
   std::list<uint64_t> local_order_ ABSL_GUARDED_BY(mu_);
   // ... and those held here whose copy is on a remote_cache too (taken first); local_ indexes
-  // both lists.
+  // both lists: which one, and the place there.
   std::list<uint64_t> both_order_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> local_ ABSL_GUARDED_BY(mu_);
+  struct LocalPlace {
+    std::list<uint64_t>* order;
+    std::list<uint64_t>::iterator pos;
+  };
+  absl::flat_hash_map<uint64_t, LocalPlace> local_ ABSL_GUARDED_BY(mu_);
   bool keep_fetched_copies_ = false;  // set with one_ranking_, before the first admission
   absl::flat_hash_map<std::string, uint64_t> remote_keys_ ABSL_GUARDED_BY(mu_);
   uint64_t remote_weight_ ABSL_GUARDED_BY(mu_) = 0;

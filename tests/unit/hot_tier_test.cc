@@ -362,6 +362,7 @@ TEST(HotTierOneRankingTest, AFetchedBackCohortKeepingItsCopyIsReleasedFirst) {
   EXPECT_EQ(tier.weight(), 30u);
   EXPECT_EQ(tier.remote_weight(), 10u);
   EXPECT_EQ(tier.both_weight(), 10u);            // one cohort, counted in both tiers
+  EXPECT_EQ(tier.ranked_weight(), 30u);          // ... and ranked once
   EXPECT_TRUE(tier.TakeRemoteToDrop().empty());  // its copy there stays
   // Warmest here, yet the first to move out: 2 and 3 would need a demotion each.
   std::vector<Cohort> moving = tier.TakeLocal(20);
