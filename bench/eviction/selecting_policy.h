@@ -41,14 +41,41 @@ struct SelectingOptions {
   // Every expert also ranks the live cache (following the leader's evictions), so a switch
   // keeps what the new leader learned; otherwise a switch rebuilds it from the cohorts held.
   bool followers = true;
+  // Sampling: the simulations see only the pages whose fingerprint hashes into a fraction R of
+  // the hash space, against R of the capacity (as miniature-cache work does), with R the largest
+  // that keeps at most `sampled_pages` pages in each simulation (1: every page while the capacity
+  // is at most that). 0: no sampling.
+  uint64_t sampled_pages = 0;
 };
 
 namespace selecting_internal {
+
+// The sampling hash of a fingerprint (splitmix64's finaliser): uniform over 64 bits.
+inline uint64_t SampleHash(uint64_t fp) {
+  fp += 0x9e3779b97f4a7c15ULL;
+  fp = (fp ^ (fp >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  fp = (fp ^ (fp >> 27)) * 0x94d049bb133111ebULL;
+  return fp ^ (fp >> 31);
+}
 
 // A cache of `capacity` weight ranked by P, fed whole prompts (content fingerprints, in order).
 template <typename P>
 class Sim {
  public:
+  // The sample shrinks to the fingerprints hashing below `threshold`: the others leave.
+  void Shrink(uint64_t threshold) {
+    std::vector<uint64_t> out;
+    for (const auto& [fp, id] : resident_) {
+      if (SampleHash(fp) >= threshold) out.push_back(fp);
+    }
+    for (uint64_t fp : out) {
+      const uint64_t id = resident_.at(fp);
+      policy_.Erase(id);
+      resident_.erase(fp);
+      fp_of_.erase(id);
+      --count_;
+    }
+  }
   void Access(const std::vector<uint64_t>& prompt, uint64_t capacity, double decay) {
     ++clock_;
     size_t prefix = 0;
@@ -217,8 +244,34 @@ class SelectingPolicy {
   void Flush() {
     if (!building_ || prompt_.empty()) return;
     building_ = false;
-    std::apply([&](auto&... sim) { (sim.Access(prompt_, capacity_, decay_), ...); }, sims_);
+    const std::vector<uint64_t>* seen = &prompt_;
+    uint64_t capacity = capacity_;
+    if (options_.sampled_pages > 0) {
+      Resample();
+      if (threshold_ != ~uint64_t{0}) {
+        sampled_.clear();
+        for (uint64_t fp : prompt_) {
+          if (selecting_internal::SampleHash(fp) < threshold_) sampled_.push_back(fp);
+        }
+        if (sampled_.empty()) return;
+        seen = &sampled_;
+        capacity = std::max<uint64_t>(1, static_cast<uint64_t>(rate_ * capacity_ + 0.5));
+      }
+    }
+    std::apply([&](auto&... sim) { (sim.Access(*seen, capacity, decay_), ...); }, sims_);
     if (++prompts_ % options_.judge_every == 0) Judge();
+  }
+
+  // Lowers the sampling rate when the capacity has grown past twice the sample's size (so the
+  // simulations hold about `sampled_pages` to twice that), dropping what leaves the sample.
+  void Resample() {
+    if (capacity_ <= 2 * options_.sampled_pages ||
+        rate_ * capacity_ <= 2.0 * options_.sampled_pages) {
+      return;
+    }
+    rate_ = static_cast<double>(options_.sampled_pages) / static_cast<double>(capacity_);
+    threshold_ = static_cast<uint64_t>(rate_ * 18446744073709551615.0);
+    std::apply([&](auto&... sim) { (sim.Shrink(threshold_), ...); }, sims_);
   }
 
   template <size_t... I>
@@ -292,7 +345,10 @@ class SelectingPolicy {
   std::list<uint64_t> recency_;  // coldest first
   absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> pos_;
   uint64_t weight_ = 0, capacity_ = 0;
-  std::vector<uint64_t> prompt_;  // content of the prompt being rebuilt
+  std::vector<uint64_t> prompt_;       // content of the prompt being rebuilt
+  std::vector<uint64_t> sampled_;      // its sampled pages
+  double rate_ = 1;                    // the sampling rate ...
+  uint64_t threshold_ = ~uint64_t{0};  // ... as a hash threshold (all ones: every page)
   bool building_ = false;
   uint64_t last_id_ = 0;
   std::vector<uint64_t> last_touch_;

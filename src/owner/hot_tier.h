@@ -15,7 +15,8 @@
 //   owner/eviction/adaptive_chain_policy.h for it and the interface; the baselines are in
 //   bench/eviction/baseline_policies.h): Insert(id, after, now,
 //   refresh, fingerprint, weight), Touch(ids, now), Erase(id), Evict(id), Predecessor(id) and
-//   Coldest(now) -> optional<id>, on a logical clock that advances once per admission or access.
+//   Coldest(now) -> optional<id>, on a logical clock that advances once per admission or access;
+//   optionally EvictReturningPredecessor(id) (Predecessor then Evict in one lookup).
 // - Fingerprints (for ghost lists): a cohort's own, or a hash of its first key and key count.
 // - Copied elsewhere (recoverable-first eviction, design §7): a cohort whose every member has a
 //   complete copy on another node (a replica the target confirmed, or this owner's own copy of
@@ -42,6 +43,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <concepts>
 #include <cstdint>
 #include <iterator>
 #include <list>
@@ -174,8 +176,7 @@ class HotTier {
     while (taken < bytes) {
       std::optional<uint64_t> id = policy_.Coldest(clock_);
       if (!id) break;
-      const uint64_t after = policy_.Predecessor(*id);
-      policy_.Evict(*id);
+      const uint64_t after = EvictFromPolicy(*id);
       auto it = cohorts_.find(*id);
       FLUXON_DCHECK(it != cohorts_.end(), "the policy named a cohort the tier does not hold");
       if (it == cohorts_.end()) continue;  // (cannot happen: Readmit admits an id once)
@@ -298,8 +299,7 @@ class HotTier {
     MutexLock lock(&mu_);
     auto it = cohorts_.find(id);
     if (it == cohorts_.end()) return std::nullopt;
-    it->second.after = policy_.Predecessor(id);
-    policy_.Evict(id);
+    it->second.after = EvictFromPolicy(id);
     Unaccount(it->second);
     Cohort out = std::move(it->second);
     cohorts_.erase(it);
@@ -488,6 +488,21 @@ class HotTier {
   }
 
   mutable Mutex mu_;
+  // Evicts `id` from the policy and returns its predecessor there: in one lookup where the policy
+  // offers EvictReturningPredecessor (a victim's place is looked up once per eviction, on the
+  // eviction hot path), else Predecessor then Evict.
+  uint64_t EvictFromPolicy(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if constexpr (requires(Policy & p) {
+                    { p.EvictReturningPredecessor(id) } -> std::same_as<uint64_t>;
+                  }) {
+      return policy_.EvictReturningPredecessor(id);
+    } else {
+      const uint64_t after = policy_.Predecessor(id);
+      policy_.Evict(id);
+      return after;
+    }
+  }
+
   Policy policy_ ABSL_GUARDED_BY(mu_);
   // The copied-elsewhere cohorts, least recently used first (a subset of cohorts_).
   std::list<uint64_t> copied_order_ ABSL_GUARDED_BY(mu_);

@@ -9,6 +9,7 @@
 //   Touch(ids, now)          one access, restored prefix passed tail first
 //   Erase(id)                dropped on request (delete by prefix): remembered nowhere
 //   Evict(id)                dropped as a victim of TakeVictims: may enter a ghost list
+//   EvictReturningPredecessor(id)  (optional) Predecessor(id), then Evict(id), in one lookup
 //   Predecessor(id)          the cohort before it in its prompt (0: none known)
 //   Coldest(now)             the next victim
 // `fingerprint` identifies a cohort's content across its lifetimes (a hash of its first key; keys
@@ -111,6 +112,7 @@
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
+#include "common/check.h"
 
 namespace fluxon {
 
@@ -130,15 +132,26 @@ class AdaptiveChainPolicy {
   void Insert(uint64_t id, uint64_t after, uint64_t now, bool refresh, uint64_t fingerprint = 0,
               uint64_t weight = 1) {
     const bool ghost_hit = fingerprint != 0 && GhostHit(fingerprint, /*penalize=*/refresh);
+    victim_verified_ = false;
     Chain* c = nullptr;
-    auto prev = after != 0 ? members_.find(after) : members_.end();
+    // `after`'s chain and position: the cohort inserted last (the next page of one put: no
+    // lookup), or found.
+    Chain* p = nullptr;
+    uint32_t pos = 0;
+    if (after != 0 && after == last_inserted_) {
+      p = last_inserted_chain_;
+      pos = static_cast<uint32_t>(p->cohorts.size() - 1);
+    } else if (after != 0) {
+      if (auto prev = members_.find(after); prev != members_.end()) {
+        p = prev->second.chain;
+        pos = prev->second.pos;
+      }
+    }
     // A put that continues no stored prompt is a request of its own (a miss); one that continues
     // a stored cohort belongs to the request that restored it.
-    if (refresh && prev == members_.end()) ++requests_;
+    if (refresh && p == nullptr) ++requests_;
     last_touch_front_ = 0;
-    if (prev != members_.end()) {
-      Chain* p = prev->second.chain;
-      const uint32_t pos = prev->second.pos;
+    if (p != nullptr) {
       if (pos + 1 == p->cohorts.size() && p->tail_children == 0) {
         c = p;  // continues its chain
       } else {
@@ -171,6 +184,8 @@ class AdaptiveChainPolicy {
     members_[id] = Member{c, static_cast<uint32_t>(c->cohorts.size() - 1), weight, fingerprint};
     Reindex(c);
     high_water_ = std::max<uint64_t>(high_water_, members_.size());
+    last_inserted_ = id;  // the tail of c until another cohort moves (ForgetInserted)
+    last_inserted_chain_ = c;
   }
 
   // One access: each distinct chain among `ids` learns the gap since its last access. `ids` is
@@ -178,6 +193,7 @@ class AdaptiveChainPolicy {
   // matched against the chain itself.
   void Touch(const std::vector<uint64_t>& ids, uint64_t now) {
     if (ids.empty()) return;
+    victim_verified_ = false;
     // The read right after a probe of the same prefix is the same request.
     if (ids.front() != last_touch_front_) ++requests_;
     last_touch_front_ = ids.front();
@@ -197,38 +213,26 @@ class AdaptiveChainPolicy {
   void Erase(uint64_t id) {
     auto m = members_.find(id);
     if (m == members_.end()) return;
-    Chain* c = m->second.chain;
-    const uint32_t pos = m->second.pos;
-    const uint64_t w = m->second.weight;
-    members_.erase(m);
-    const bool tail = pos + 1 == c->cohorts.size();
-    c->weight -= w;
-    total_weight_ -= w;
-    if (InProbation(c)) {
-      probation_weight_ -= w;
-      Reclass(c);
-    }
-    if (tail) {
-      c->cohorts.pop_back();
-      c->tail_children = 0;  // branches off an erased cohort hang on nothing (E3)
-    } else {
-      c->cohorts.erase(c->cohorts.begin() + pos);
-      for (uint32_t j = pos; j < c->cohorts.size(); ++j) members_.at(c->cohorts[j]).pos = j;
-    }
-    if (c->cohorts.empty()) {
-      DestroyChain(c);
-    } else if (tail) {
-      Reindex(c);  // the new tail has no branches: a leaf now, if it was not
-    }
+    victim_verified_ = false;
+    EraseMember(m);
   }
 
-  void Evict(uint64_t id) {
+  void Evict(uint64_t id) { EvictReturningPredecessor(id); }
+
+  // Evict, returning what Predecessor(id) returned before it (0 when `id` is not here).
+  uint64_t EvictReturningPredecessor(uint64_t id) {
     auto m = members_.find(id);
-    if (m == members_.end()) return;
+    if (m == members_.end()) return 0;
+    // Taking the victim chain's tail while the chain keeps a cohort changes nothing the stage
+    // that chose it reads (its index keys stay; see StillChosen's cache); anything else may.
+    Chain* const chain = m->second.chain;
+    if (chain != victim_ || chain->cohorts.size() < 2 || chain->cohorts.back() != id) {
+      victim_verified_ = false;
+    }
     const uint64_t fp = m->second.fingerprint;
     if (fp != 0) {
-      uint8_t tag = m->second.chain == victim_ ? victim_tag_ : 0;  // experts that chose it
-      if (InProbation(m->second.chain)) {
+      uint8_t tag = chain == victim_ ? victim_tag_ : 0;  // experts that chose it
+      if (InProbation(chain)) {
         tag |= kProbationBit;
         ++probation_ghosts_;
       }
@@ -241,7 +245,9 @@ class AdaptiveChainPolicy {
         ghost_.pop_front();
       }
     }
-    Erase(id);
+    const uint64_t before = m->second.pos == 0 ? chain->parent : chain->cohorts[m->second.pos - 1];
+    EraseMember(m);
+    return before;
   }
 
   // The cohort before `id` in its prompt: its chain predecessor, or the cohort its chain branched
@@ -257,9 +263,10 @@ class AdaptiveChainPolicy {
     if (chains_.empty()) return std::nullopt;
     // The current victim chain stays the victim until it is accessed again.
     if (victim_ != nullptr && victim_->indexed && victim_->last == victim_last_ &&
-        StillChosen(now)) {
+        VictimStillChosen(now)) {
       return victim_->cohorts.back();
     }
+    victim_verified_ = false;
     // The filter first: probation over its target share gives up its oldest chain.
     if (mode_ == Mode::kAdaptive) {
       if (Chain* c = FilterVictim(); c != nullptr) return SetVictim(c, 0, kByFilter);
@@ -271,14 +278,20 @@ class AdaptiveChainPolicy {
         cand[kPrediction] == cand[kRecency]) {
       Chain* c = cand[kPrediction] != nullptr ? cand[kPrediction] : cand[kRecency];
       // No leaf (cannot happen): any tail.
-      return SetVictim(c != nullptr ? c : lru_tail_, 0,
-                       cand[kPrediction] != nullptr ? kByPrediction : kByRecency);
+      const uint64_t id = SetVictim(c != nullptr ? c : lru_tail_, 0,
+                                    cand[kPrediction] != nullptr ? kByPrediction : kByRecency);
+      Verified(c != nullptr, now);
+      return id;
     }
     // Regular traffic: when the chains' periods hardly differ (round-barrier multi-turn, where
     // every conversation comes back once a round), prediction chooses, whatever the weights say
     // (the ghost regret cannot tell the experts apart there: see 4). The victim carries no
     // expert's tag: the rule chose it, not the weights, so its ghost moves no weight.
-    if (PeriodsRegular()) return SetVictim(cand[kPrediction], 0, kByPrediction);
+    if (PeriodsRegular()) {
+      const uint64_t id = SetVictim(cand[kPrediction], 0, kByPrediction);
+      Verified(true, now);
+      return id;
+    }
     // They disagree: smooth weighted round robin (each gains its weight in credit, the richer
     // one chooses and pays 1), so each expert chooses its weight's share of the decisions.
     int best = kPrediction;
@@ -287,8 +300,10 @@ class AdaptiveChainPolicy {
       if (credit_[i] > credit_[best]) best = i;
     }
     credit_[best] -= 1.0;
-    return SetVictim(cand[best], uint8_t{1} << best,
-                     best == kPrediction ? kByPrediction : kByRecency);
+    const uint64_t id =
+        SetVictim(cand[best], uint8_t{1} << best, best == kPrediction ? kByPrediction : kByRecency);
+    Verified(true, now);
+    return id;
   }
 
   // Whether at least kRegularMinChains indexed chains have a period and the standard deviation
@@ -433,6 +448,34 @@ class AdaptiveChainPolicy {
     uint64_t weight;
     uint64_t fingerprint;
   };
+  // Drops member `m` from its chain (and the chain when it empties).
+  void EraseMember(absl::flat_hash_map<uint64_t, Member>::iterator m) {
+    last_inserted_ = 0;
+    Chain* c = m->second.chain;
+    const uint32_t pos = m->second.pos;
+    const uint64_t w = m->second.weight;
+    members_.erase(m);
+    const bool tail = pos + 1 == c->cohorts.size();
+    c->weight -= w;
+    total_weight_ -= w;
+    if (InProbation(c)) {
+      probation_weight_ -= w;
+      Reclass(c);
+    }
+    if (tail) {
+      c->cohorts.pop_back();
+      c->tail_children = 0;  // branches off an erased cohort hang on nothing (E3)
+    } else {
+      c->cohorts.erase(c->cohorts.begin() + pos);
+      for (uint32_t j = pos; j < c->cohorts.size(); ++j) members_.at(c->cohorts[j]).pos = j;
+    }
+    if (c->cohorts.empty()) {
+      DestroyChain(c);
+    } else if (tail) {
+      Reindex(c);  // the new tail has no branches: a leaf now, if it was not
+    }
+  }
+
   struct Ghost {
     uint64_t fingerprint;
     uint64_t seq;
@@ -513,6 +556,7 @@ class AdaptiveChainPolicy {
   // Moves the cohorts after position `at` into a new chain branching off it, with the same
   // statistics.
   void Split(Chain* c, uint32_t at) {
+    last_inserted_ = 0;  // it may move to the new chain
     Unindex(c);
     const uint64_t tail_id = ++last_chain_id_;
     Chain& t = chains_[tail_id];
@@ -692,6 +736,23 @@ class AdaptiveChainPolicy {
     return c->cohorts.back();
   }
 
+  // The victim just set was chosen by its expert's stage at `now` (so StillChosen holds until
+  // something it reads changes).
+  void Verified(bool chosen_by_stage, uint64_t now) {
+    victim_verified_ = chosen_by_stage;
+    victim_verified_now_ = now;
+  }
+  // StillChosen, skipped for an expert's victim while nothing the expert reads has changed
+  // (the filter levels weight times age over every victim, so it is asked each time).
+  bool VictimStillChosen(uint64_t now) {
+    if (victim_verified_ && victim_verified_now_ == now && victim_source_ != kByFilter) {
+      FLUXON_DCHECK(StillChosen(now), "a cached victim its stage would no longer choose");
+      return true;
+    }
+    const bool chosen = StillChosen(now);
+    Verified(chosen && victim_source_ != kByFilter, now);
+    return chosen;
+  }
   // Whether the stage that chose the current victim would still choose it.
   bool StillChosen(uint64_t now) const {
     switch (victim_source_) {
@@ -794,6 +855,15 @@ class AdaptiveChainPolicy {
   uint64_t requests_ = 0;
   uint64_t last_touch_front_ = 0;
   uint64_t high_water_ = 0;  // the most cohorts ever resident: bounds the ghost FIFO
+  // The cohort inserted last while it is its chain's tail and no cohort has moved since (0:
+  // none), and its chain: the next page of the same put continues it without a lookup.
+  uint64_t last_inserted_ = 0;
+  Chain* last_inserted_chain_ = nullptr;
+  // StillChosen's cache: true while the victim was chosen or confirmed by its stage and nothing
+  // that stage reads has changed since, except that the victim chain lost its tail (an eviction
+  // from the victim keeps its index keys; see Evict), at the logical time victim_verified_now_.
+  bool victim_verified_ = false;
+  uint64_t victim_verified_now_ = 0;
   double weight_[kExperts];  // prior: prediction (see 3.)
   double credit_[kExperts] = {0, 0};
 };
