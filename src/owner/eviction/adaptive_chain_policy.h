@@ -77,8 +77,9 @@
 //    first round learnt periods a third shorter than the last ones, and the last one was
 //    evicted as "predicted last" just before its turn).
 // 5. Bounds. Metadata per live cohort and chain, plus a ghost FIFO of at most as many entries as
-//    the most cohorts ever resident (so bounded by the capacity); nothing is kept per key that
-//    left both. No state outlives its cohort except the ghost entry.
+//    the most cohorts ever resident (so bounded by the capacity) and its index, which drops the
+//    entries of ghosts that left the FIFO in one pass when it holds twice that; nothing else is
+//    kept per key that left both. No state outlives its cohort except the ghost entry.
 // 6. Cost (per access, amortised; no allocation per page but the ghost's): a restored prefix costs
 //    one hash lookup per chain, not per page (its pages are matched against the chain's vector);
 //    each touched chain moves to the front of an intrusive recency list (O(1)) and is re-keyed in
@@ -238,11 +239,18 @@ class AdaptiveChainPolicy {
       }
       ghost_.push_back({fp, ++evictions_, tag});
       ghost_index_[fp] = evictions_;
-      while (ghost_.size() > std::max<uint64_t>(high_water_, 1)) {
-        auto g = ghost_index_.find(ghost_.front().fingerprint);
-        if (g != ghost_index_.end() && g->second == ghost_.front().seq) ghost_index_.erase(g);
+      const uint64_t bound = std::max<uint64_t>(high_water_, 1);
+      while (ghost_.size() > bound) {
         if (ghost_.front().tag & kProbationBit) --probation_ghosts_;
         ghost_.pop_front();
+      }
+      // The index keeps the entries of ghosts that left the FIFO (older than its front, so
+      // GhostHit ignores them) until it holds twice as many as the FIFO may: then one pass drops
+      // them all. A lookup per eviction into a table this size misses the cache; a pass over it
+      // per `bound` evictions reads it in order.
+      if (ghost_index_.size() > 2 * bound) {
+        const uint64_t oldest = ghost_.front().seq;
+        absl::erase_if(ghost_index_, [oldest](const auto& e) { return e.second < oldest; });
       }
     }
     const uint64_t before = m->second.pos == 0 ? chain->parent : chain->cohorts[m->second.pos - 1];
@@ -437,6 +445,7 @@ class AdaptiveChainPolicy {
     bool indexed = false;     // in the expert indexes: a leaf (its tail has no branches)
     double indexed_pred = 0;
     double indexed_period = 0;
+    double indexed_log_period = 0;  // log(max(indexed_period, 1)), computed once
     uint64_t indexed_last = 0;
     int indexed_class = 0;   // on probation: its weight class (by_class_)
     Chain* newer = nullptr;  // recency list, every chain
@@ -613,6 +622,7 @@ class AdaptiveChainPolicy {
       by_pred_.insert({c->indexed_pred, c->id, c});
       period_sum_ += c->period;
       const double lp = std::log(std::max(c->period, 1.0));
+      c->indexed_log_period = lp;
       log_period_sum_ += lp;
       log_period_sq_sum_ += lp * lp;
       ++period_count_;
@@ -629,7 +639,7 @@ class AdaptiveChainPolicy {
     if (c->has_period) {
       by_pred_.erase({c->indexed_pred, c->id, c});
       period_sum_ -= c->indexed_period;
-      const double lp = std::log(std::max(c->indexed_period, 1.0));
+      const double lp = c->indexed_log_period;  // exactly what Reindex added
       log_period_sum_ -= lp;
       log_period_sq_sum_ -= lp * lp;
       if (--period_count_ == 0) {  // no rounding error outlives the chains it came from
@@ -795,7 +805,8 @@ class AdaptiveChainPolicy {
     if (g == ghost_index_.end()) return false;
     const uint64_t seq = g->second;
     ghost_index_.erase(g);
-    if (!penalize || ghost_.empty() || seq < ghost_.front().seq) return true;
+    if (ghost_.empty() || seq < ghost_.front().seq) return false;  // it left the FIFO
+    if (!penalize) return true;
     const Ghost& entry = ghost_[seq - ghost_.front().seq];
     // ARC: a page that left probation and came back says probation was too small, one that left
     // the main part says the opposite; the step grows with the other population's size.
