@@ -265,10 +265,7 @@ class SelectingPolicy {
   // Lowers the sampling rate when the capacity has grown past twice the sample's size (so the
   // simulations hold about `sampled_pages` to twice that), dropping what leaves the sample.
   void Resample() {
-    if (capacity_ <= 2 * options_.sampled_pages ||
-        rate_ * capacity_ <= 2.0 * options_.sampled_pages) {
-      return;
-    }
+    if (rate_ * static_cast<double>(capacity_) <= 2.0 * options_.sampled_pages) return;
     rate_ = static_cast<double>(options_.sampled_pages) / static_cast<double>(capacity_);
     threshold_ = static_cast<uint64_t>(rate_ * 18446744073709551615.0);
     std::apply([&](auto&... sim) { (sim.Shrink(threshold_), ...); }, sims_);

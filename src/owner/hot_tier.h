@@ -487,7 +487,6 @@ class HotTier {
     copied_.erase(c);
   }
 
-  mutable Mutex mu_;
   // Evicts `id` from the policy and returns its predecessor there: in one lookup where the policy
   // offers EvictReturningPredecessor (a victim's place is looked up once per eviction, on the
   // eviction hot path), else Predecessor then Evict.
@@ -503,6 +502,7 @@ class HotTier {
     }
   }
 
+  mutable Mutex mu_;
   Policy policy_ ABSL_GUARDED_BY(mu_);
   // The copied-elsewhere cohorts, least recently used first (a subset of cohorts_).
   std::list<uint64_t> copied_order_ ABSL_GUARDED_BY(mu_);

@@ -304,6 +304,25 @@ TEST(AdaptiveChainPolicyTest, CyclicTrafficKeepsProbationOpen) {
   }
 }
 
+// A page whose ghost is still in the FIFO skips probation when it is put again; one whose ghost
+// has left the FIFO is a new page (its index entry, kept until the index is compacted, is not a
+// ghost hit).
+TEST(AdaptiveChainPolicyTest, OnlyAGhostStillInTheFifoSkipsProbation) {
+  AdaptiveChainPolicy p;
+  uint64_t now = 0;
+  p.Insert(1, 0, ++now, /*refresh=*/true, /*fingerprint=*/100, 1);  // at most one resident
+  p.Evict(1);                                                       // ghost 100
+  p.Insert(2, 0, ++now, true, 200, 1);
+  p.Evict(2);  // ghost 200; the FIFO holds one, so 100 leaves it
+  ASSERT_EQ(p.ghost_size(), 1u);
+  p.Insert(3, 0, ++now, true, 100, 1);  // 100 again: not a ghost any more
+  EXPECT_EQ(p.probation_weight(), 1u);
+  p.Insert(4, 0, ++now, true, 200, 1);  // 200 again: a ghost hit, past probation
+  EXPECT_EQ(p.probation_weight(), 1u);
+  EXPECT_EQ(p.cohorts(), 2u);
+  EXPECT_EQ(p.CheckInvariants(), "");
+}
+
 TEST(AdaptiveChainPolicyTest, MetadataIsBoundedByTheCapacity) {
   const Trace trace = ZipfMultiTurn(1.1);  // 4,000 accesses, every key new after a restart
   const uint64_t cap = trace.distinct / 10;

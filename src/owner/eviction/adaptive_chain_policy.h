@@ -185,7 +185,7 @@ class AdaptiveChainPolicy {
     members_[id] = Member{c, static_cast<uint32_t>(c->cohorts.size() - 1), weight, fingerprint};
     Reindex(c);
     high_water_ = std::max<uint64_t>(high_water_, members_.size());
-    last_inserted_ = id;  // the tail of c until another cohort moves (ForgetInserted)
+    last_inserted_ = id;  // the tail of c until a cohort is erased or c splits (both reset it)
     last_inserted_chain_ = c;
   }
 
