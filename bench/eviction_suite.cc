@@ -14,6 +14,7 @@
 //   build/bench/bench_eviction_suite                      # the tables of docs/perf.md
 //   build/bench/bench_eviction_suite --quick              # a small sweep (the test)
 //   build/bench/bench_eviction_suite --family barrier --seeds 4 --capacities 25,50 --misses 40
+//   build/bench/bench_eviction_suite --csv cells.csv       # also every cell, one line each
 //   build/bench/bench_eviction_suite --selecting           # the policy measured: SelectingPolicy
 //   (bench/eviction/selecting_policy.h) over the owner's policy, the previous one, ARC, S3-FIFO
 //   and page LRU; --selecting-options half_life,margin,judge_every,followers sets its options
@@ -160,6 +161,23 @@ void PrintSummary(const char* title, const std::vector<Cell>& cells, bool held_o
   }
 }
 
+// Every cell, one line each (for analyses the tables do not make): the trace, its half, the
+// capacity, each policy's hit rate and the two timed policies' cost per access.
+// Closes `f`.
+bool WriteCsv(FILE* f, const std::vector<Cell>& cells) {
+  std::fprintf(f,
+               "family,params,seed,held_out,capacity_pct,lru,s3fifo,arc,previous,adaptive,"
+               "prediction_alone,belady,lru_ns,adaptive_ns\n");
+  for (const Cell& x : cells) {
+    std::fprintf(f, "%s,\"%s\",%llu,%d,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.1f,%.1f\n",
+                 x.c->family.c_str(), x.c->params.c_str(),
+                 static_cast<unsigned long long>(x.c->seed), x.held_out ? 1 : 0, x.capacity_pct,
+                 x.lru, x.s3fifo, x.arc, x.previous, x.adaptive, x.prediction_alone, x.belady,
+                 x.lru_ns, x.adaptive_ns);
+  }
+  return std::fclose(f) == 0;
+}
+
 std::vector<int> Ints(const std::string& s) {
   std::vector<int> out;
   std::stringstream ss(s);
@@ -177,6 +195,7 @@ int main(int argc, char** argv) {
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   bool quick = false;
   std::string family;
+  std::string csv_path;  // --csv FILE: every cell's hit rates, one line each
   std::vector<int> caps = {5, 10, 25, 50};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -192,6 +211,8 @@ int main(int argc, char** argv) {
       family = argv[++i];
     } else if (a == "--misses" && i + 1 < argc) {
       misses = std::atoi(argv[++i]);
+    } else if (a == "--csv" && i + 1 < argc) {
+      csv_path = argv[++i];
     } else if (a == "--list-tuning") {
       list_tuning = true;
     } else if (a == "--selecting") {
@@ -215,7 +236,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--seeds N] [--capacities 5,10,25,50] [--threads N] "
-                   "[--family barrier,zipf,...] [--misses N] [--list-tuning] [--selecting] "
+                   "[--family barrier,zipf,...] [--misses N] [--list-tuning] [--csv FILE] "
+                   "[--selecting] "
                    "[--selecting-options half_life,margin,judge_every,followers[,sampled_pages]]\n",
                    argv[0]);
       return 2;
@@ -225,6 +247,12 @@ int main(int argc, char** argv) {
   if (seeds < 2 || caps.empty() ||
       std::any_of(caps.begin(), caps.end(), [](int c) { return c <= 0 || c > 100; })) {
     std::fprintf(stderr, "--seeds must be at least 2 and every capacity in (0, 100]\n");
+    return 2;
+  }
+  // Opened before the replay, so a path that cannot be written fails at once.
+  FILE* csv = nullptr;
+  if (!csv_path.empty() && (csv = std::fopen(csv_path.c_str(), "w")) == nullptr) {
+    std::fprintf(stderr, "cannot open %s for writing\n", csv_path.c_str());
     return 2;
   }
   std::vector<suite::Case> cases;
@@ -283,6 +311,13 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(x.c->seed), x.capacity_pct, x.adaptive,
                   x.best_baseline(), x.best_name(), x.previous, x.belady, x.prediction_alone);
     }
+  }
+  if (csv != nullptr) {
+    if (!WriteCsv(csv, cells)) {
+      std::fprintf(stderr, "cannot write %s\n", csv_path.c_str());
+      return 1;
+    }
+    std::printf("\nwrote %zu cells to %s\n", cells.size(), csv_path.c_str());
   }
   // The replay must have measured something in every cell (a test runs --quick).
   for (const Cell& x : cells) {
