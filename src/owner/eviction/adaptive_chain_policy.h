@@ -49,6 +49,9 @@
 //      exactly wrong (the least recently used conversation is the next to return);
 //    - recency: the least recently used chain (LRU on chains, tail first) — right when popularity
 //      is skewed and periods are noisy, and after a shift of the hot set.
+//    A chain on probation has no period yet: prediction places its next access after the larger
+//    of the mean period and the reuse gap of pages that came back after eviction (an EWMA kept
+//    from the ghosts, which remember their chain's last access).
 //    Where they disagree, each chooses its weight's share of the victims, deterministically
 //    (smooth weighted round robin on running credits, no random numbers) — except while the
 //    chains' periods lie close together (PeriodsRegular: round-barrier traffic, where every
@@ -132,7 +135,13 @@ class AdaptiveChainPolicy {
 
   void Insert(uint64_t id, uint64_t after, uint64_t now, bool refresh, uint64_t fingerprint = 0,
               uint64_t weight = 1) {
-    const bool ghost_hit = fingerprint != 0 && GhostHit(fingerprint, /*penalize=*/refresh);
+    const std::optional<uint64_t> ghost_last_request =
+        fingerprint != 0 ? GhostHit(fingerprint, /*penalize=*/refresh) : std::nullopt;
+    const bool ghost_hit = ghost_last_request.has_value();
+    // A page back after its eviction: the gap since its chain's last access is a reuse gap that
+    // no chain's period shows (the chain is gone). + 1: this put's request (counted below when
+    // the put continues nothing).
+    if (ghost_hit && refresh) NoteReturnedGap(requests_ + 1 - *ghost_last_request);
     victim_verified_ = false;
     Chain* c = nullptr;
     // `after`'s chain and position: the cohort inserted last (the next page of one put: no
@@ -237,7 +246,7 @@ class AdaptiveChainPolicy {
         tag |= kProbationBit;
         ++probation_ghosts_;
       }
-      ghost_.push_back({fp, ++evictions_, tag});
+      ghost_.push_back({fp, ++evictions_, tag, chain->last_request});
       ghost_index_[fp] = evictions_;
       const uint64_t bound = std::max<uint64_t>(high_water_, 1);
       while (ghost_.size() > bound) {
@@ -333,6 +342,8 @@ class AdaptiveChainPolicy {
   // Probation's target share of the resident weight (ARC's p, as a fraction).
   double probation_target() const { return target_; }
   size_t ghost_size() const { return ghost_.size(); }
+  // The reuse gap of pages that came back after eviction (requests; 0: none yet).
+  double returned_gap() const { return returned_gap_; }
   size_t ghost_index_size() const { return ghost_index_.size(); }
   size_t chains() const { return chains_.size(); }
   size_t cohorts() const { return members_.size(); }
@@ -430,6 +441,10 @@ class AdaptiveChainPolicy {
   // 0.3 to 0.6 all gained there, 0.4 most without a family losing cells; docs/perf.md).
   static constexpr double kRegularSpread = 0.4;
   static constexpr uint64_t kRegularMinChains = 8;
+  // returned_gap_'s EWMA rate, per page back from a ghost: chosen on the generalisation suite's
+  // tuning half (0.01-0.05 all gained there) with the acceptance tables (bench_eviction_policy)
+  // kept at or above the baselines (0.02 and 0.04 each put one cell below; docs/perf.md).
+  static constexpr double kReturnedGapRate = 0.03;
   static constexpr uint8_t kProbationBit = 4;  // ghost tag: evicted while on probation
 
   struct Chain {
@@ -488,7 +503,8 @@ class AdaptiveChainPolicy {
   struct Ghost {
     uint64_t fingerprint;
     uint64_t seq;
-    uint8_t tag;  // bit e: expert e chose this victim; kProbationBit: it was on probation
+    uint8_t tag;            // bit e: expert e chose this victim; kProbationBit: it was on probation
+    uint64_t last_request;  // its chain's request count at its last access
   };
   struct PredKey {
     double pred;
@@ -721,9 +737,17 @@ class AdaptiveChainPolicy {
               ? no_period_.upper_bound(
                     {now - kRecentTicks, std::numeric_limits<uint64_t>::max(), nullptr})
               : no_period_.begin();
+      // Its next access is predicted a period after its put, the period unknown: the larger of
+      // the mean period and the reuse gap of pages that came back after eviction. The mean is
+      // over the chains read again while resident, so it leans to the short periods (the
+      // survivors': a shared prefix read by every request, the popular conversations); a chain
+      // on probation has not been read again, and the pages that came back after eviction
+      // measure the longer gaps. (Generalisation suite, tuning half: 756 -> 790 cells at or
+      // above the best baseline, most of it barrier traffic at 25 % of the working set and Zipf
+      // at 5-10 %; docs/perf.md.)
       if (first_recent != no_period_.begin()) {
         Chain* c = std::prev(first_recent)->chain;
-        consider(static_cast<double>(c->last_request) + mean, c);
+        consider(static_cast<double>(c->last_request) + std::max(mean, returned_gap_), c);
       }
     }
     return best != nullptr ? best : fallback;
@@ -798,16 +822,17 @@ class AdaptiveChainPolicy {
     return best;
   }
 
-  // A page admitted again while its ghost is kept: it was evicted, then missed. Returns whether
-  // it was a ghost.
-  bool GhostHit(uint64_t fingerprint, bool penalize) {
+  // A page admitted again while its ghost is kept: it was evicted, then missed. Returns its
+  // chain's request count at its last access when it was a ghost.
+  std::optional<uint64_t> GhostHit(uint64_t fingerprint, bool penalize) {
     auto g = ghost_index_.find(fingerprint);
-    if (g == ghost_index_.end()) return false;
+    if (g == ghost_index_.end()) return std::nullopt;
     const uint64_t seq = g->second;
     ghost_index_.erase(g);
-    if (ghost_.empty() || seq < ghost_.front().seq) return false;  // it left the FIFO
-    if (!penalize) return true;
+    if (ghost_.empty() || seq < ghost_.front().seq) return std::nullopt;  // it left the FIFO
     const Ghost& entry = ghost_[seq - ghost_.front().seq];
+    const uint64_t last_request = entry.last_request;
+    if (!penalize) return last_request;
     // ARC: a page that left probation and came back says probation was too small, one that left
     // the main part says the opposite; the step grows with the other population's size.
     const double b1 = std::max<double>(static_cast<double>(probation_ghosts_), 1);
@@ -817,7 +842,7 @@ class AdaptiveChainPolicy {
     } else {
       target_ = std::max(target_ - kTargetStep * std::max(b1 / b2, 1.0), 0.0);
     }
-    if ((entry.tag & ((1 << kExperts) - 1)) == 0) return true;
+    if ((entry.tag & ((1 << kExperts) - 1)) == 0) return last_request;
     // LeCaR: regret discounted to 0.005 over the ghost's length.
     const double n = static_cast<double>(std::max<size_t>(ghost_.size(), 1));
     const double regret = std::pow(0.005, static_cast<double>(evictions_ - seq) / n);
@@ -828,7 +853,13 @@ class AdaptiveChainPolicy {
     }
     const double sum = weight_[0] + weight_[1];
     for (double& w : weight_) w = std::clamp(w / sum, kMinWeight, 1.0 - kMinWeight);
-    return true;
+    return last_request;
+  }
+
+  void NoteReturnedGap(uint64_t gap) {
+    const double g = static_cast<double>(gap);
+    returned_gap_ =
+        returned_gap_ == 0 ? g : (1 - kReturnedGapRate) * returned_gap_ + kReturnedGapRate * g;
   }
 
   Mode mode_;
@@ -866,6 +897,10 @@ class AdaptiveChainPolicy {
   uint64_t requests_ = 0;
   uint64_t last_touch_front_ = 0;
   uint64_t high_water_ = 0;  // the most cohorts ever resident: bounds the ghost FIFO
+  // The reuse gap, in requests, of pages that came back after their eviction (an EWMA; 0: none
+  // yet): the stand-in for a probation chain's period when it exceeds the mean (see
+  // PredictionVictim).
+  double returned_gap_ = 0;
   // The cohort inserted last while it is its chain's tail and no cohort has moved since (0:
   // none), and its chain: the next page of the same put continues it without a lookup.
   uint64_t last_inserted_ = 0;
