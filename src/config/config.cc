@@ -970,8 +970,23 @@ template <typename Kind, typename T>
 void Emit(YAML::Emitter& out, const char* key, const Kind&, const T& v) {
   out << YAML::Key << key << YAML::Value << v;
 }
+// A string with a control character in it is written double-quoted, where each one is escaped:
+// written plain, a carriage return reads back as a line break.
+void EmitString(YAML::Emitter& out, const char* key, const std::string& v) {
+  const bool control = std::any_of(v.begin(), v.end(), [](char ch) {
+    const auto u = static_cast<unsigned char>(ch);
+    return u < 0x20 || u == 0x7f;
+  });
+  out << YAML::Key << key << YAML::Value;
+  if (control) out << YAML::DoubleQuoted;
+  out << v;
+}
+template <typename Kind>
+void Emit(YAML::Emitter& out, const char* key, const Kind&, const std::string& v) {
+  EmitString(out, key, v);
+}
 void EmitUnlessEmpty(YAML::Emitter& out, const char* key, const std::string& v) {
-  if (!v.empty()) out << YAML::Key << key << YAML::Value << v;
+  if (!v.empty()) EmitString(out, key, v);
 }
 void Emit(YAML::Emitter& out, const char* key, config_internal::NonEmptyText,
           const std::string& v) {

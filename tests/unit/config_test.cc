@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "fluxon/units.h"
 
 namespace fluxon {
@@ -485,6 +486,32 @@ TEST(ConfigRejects, SocketPathTooLong) {
               HasSubstr("client.socket_path: must not be empty"));
   EXPECT_THAT(Reject("owner: {socket_path: ''}"),
               HasSubstr("owner.socket_path: must not be empty"));
+}
+
+// Every control character in a string setting survives the dump (ParseConfig -> DumpConfig ->
+// ParseConfig gives the same value and the same dump): a carriage return written plain read back
+// as a line break.
+TEST(ConfigDump, ControlCharactersInStringsRoundTrip) {
+  for (int ch = 1; ch < 0x80; ++ch) {
+    if (ch >= 0x20 && ch != 0x7f) continue;
+    const std::string value = "/tmp/a" + std::string(1, static_cast<char>(ch)) + "b";
+    const std::string yaml = absl::StrFormat("owner:\n  socket_path: \"/tmp/a\\x%02xb\"\n", ch);
+    absl::StatusOr<Config> c = ParseConfig(yaml, kBigMachine);
+    ASSERT_TRUE(c.ok()) << ch << ": " << c.status();
+    ASSERT_EQ(c->owner->socket_path, value) << ch;
+    const std::string dump = DumpConfig(*c);
+    absl::StatusOr<Config> again = ParseConfig(dump, kBigMachine);
+    ASSERT_TRUE(again.ok()) << ch << ": " << again.status() << "\n" << dump;
+    EXPECT_EQ(again->owner->socket_path, value) << ch;
+    EXPECT_EQ(DumpConfig(*again), dump) << ch;
+  }
+  // The fuzzer's input: two carriage returns at the end of a plain scalar.
+  absl::StatusOr<Config> c = ParseConfig("owner:\n  socket_path: /\r\r ", kBigMachine);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Config> again = ParseConfig(DumpConfig(*c), kBigMachine);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->owner->socket_path, c->owner->socket_path);
+  EXPECT_EQ(DumpConfig(*again), DumpConfig(*c));
 }
 
 TEST(Config, AcceptsListenAddresses) {
