@@ -42,7 +42,11 @@
 //    probation chain comes back and the target stays high; where once-seen chains do not come
 //    back, only the main part's victims return and the target falls. A new chain whose first page
 //    is a ghost (evicted, then missed) skips probation, as a ghost hit goes to S3-FIFO's main
-//    queue.
+//    queue. A put whose pages change between ghosts and pages not seen recently starts a new
+//    chain (a branch) at each change: a miss that puts back an evicted shared prefix (a system
+//    prompt) and a new conversation after it makes two chains, the prefix off probation and the
+//    conversation on it, each with its own statistics; as one chain the prefix was emptied with
+//    the conversation's tail.
 // 3. Two experts rank the evictable (leaf) chains when probation is within its target:
 //    - prediction: the chain whose next access is predicted last (each chain learns its reuse
 //      period; overdue chains first) — Belady-like on cyclic multi-turn traffic, where recency is
@@ -95,9 +99,10 @@
 //    choice is within a factor of 2 of the largest weight times age at a cost of one comparison
 //    per class.
 // Parameters: the learning rate 0.45 and the regret discount come from LeCaR, the target's rule
-// from ARC; kRepeatFraction and kRecentTicks are ReusePredictionPolicy's (a probe then a read is
-// one access; chains being served now are not victims). The mode lets the bench run each expert
-// alone (no probation).
+// from ARC; kRepeatFraction is ReusePredictionPolicy's (a probe then a read is one access);
+// kRecentTicks (chains accessed at the current tick, the access being served, are not victims)
+// is 1 where ReusePredictionPolicy has 4. The mode lets the bench run each expert alone (no
+// probation).
 #pragma once
 
 #include <algorithm>
@@ -161,8 +166,13 @@ class AdaptiveChainPolicy {
     // a stored cohort belongs to the request that restored it.
     if (refresh && p == nullptr) ++requests_;
     last_touch_front_ = 0;
+    // The next page of one put that is a ghost where the page before was not, or the reverse:
+    // a new chain from here (see 2: returning and new content get their own statistics).
+    const bool ghost_boundary =
+        refresh && p != nullptr && after == last_inserted_ && ghost_hit != last_inserted_ghost_;
+    last_inserted_ghost_ = ghost_hit;
     if (p != nullptr) {
-      if (pos + 1 == p->cohorts.size() && p->tail_children == 0) {
+      if (pos + 1 == p->cohorts.size() && p->tail_children == 0 && !ghost_boundary) {
         c = p;  // continues its chain
       } else {
         if (pos + 1 != p->cohorts.size()) Split(p, pos);
@@ -425,7 +435,12 @@ class AdaptiveChainPolicy {
   }
 
  private:
-  static constexpr uint64_t kRecentTicks = 4;
+  // Prediction passes over the chains accessed in the last kRecentTicks ticks: the access being
+  // served. ReusePredictionPolicy's 4 also covered the request before (a hit is three ticks:
+  // probe, read, put), whose conversation is, on round-barrier traffic, the one that returns
+  // last (the generalisation suite's tuning half: 1 gained 44 barrier cells, 2 fewer;
+  // docs/perf.md).
+  static constexpr uint64_t kRecentTicks = 1;
   static constexpr double kRepeatFraction = 0.25;
   // The overdue rule for chains without a period needs a period for at least one indexed chain
   // in kMinPeriodShare + 1 (PredictionVictim).
@@ -905,6 +920,7 @@ class AdaptiveChainPolicy {
   // none), and its chain: the next page of the same put continues it without a lookup.
   uint64_t last_inserted_ = 0;
   Chain* last_inserted_chain_ = nullptr;
+  bool last_inserted_ghost_ = false;  // whether the cohort inserted last was a ghost hit
   // StillChosen's cache: true while the victim was chosen or confirmed by its stage and nothing
   // that stage reads has changed since, except that the victim chain lost its tail (an eviction
   // from the victim keeps its index keys; see Evict), at the logical time victim_verified_now_.
