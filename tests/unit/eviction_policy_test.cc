@@ -408,6 +408,56 @@ TEST(AdaptiveChainPolicyTest, ProbationChainIsPredictedAfterTheReturnedGapNotThe
   EXPECT_EQ(p.CheckInvariants(), "");
 }
 
+// The finished rule's slack: a page evicted as finished (overdue by more than 1 + slack periods)
+// that comes back within 2.5 periods of its chain's last access was late, not finished, and
+// raises the slack; each page evicted as finished lowers it; one back later than that moves
+// nothing.
+TEST(AdaptiveChainPolicyTest, AFinishedChainBackLateRaisesTheSlack) {
+  PredictionOnly p;
+  uint64_t now = 0;
+  // Chain 1 read every 10 requests, chain 4 every 100 (predicted later than any other, so it is
+  // the victim until a chain is finished), chains 2 and 3 in every other request.
+  for (uint64_t id = 1; id <= 4; ++id) p.Insert(id, 0, ++now, /*refresh=*/true, 100 + id, 1);
+  uint64_t step = 0, filler = 0;
+  bool one_read = true;
+  auto next_request = [&] {
+    ++step;
+    if (step % 100 == 95) {
+      p.Touch({4}, ++now);
+    } else if (one_read && step % 10 == 0) {
+      p.Touch({1}, ++now);
+    } else {
+      p.Touch({2 + filler++ % 2}, ++now);
+    }
+  };
+  while (step < 300) next_request();
+  // Chain 1 stops being read: overdue by more than two periods (20 requests), it is finished.
+  one_read = false;
+  for (int i = 0; i < 20; ++i) {
+    next_request();
+    ASSERT_EQ(p.Coldest(now + 5), std::optional<uint64_t>(4)) << i;
+  }
+  next_request();
+  ASSERT_EQ(p.Coldest(now + 5), std::optional<uint64_t>(1));
+  p.Evict(1);
+  EXPECT_EQ(p.finished_slack(), 0.0) << "never below 0";
+  // Its page is put again 23 requests after its last read: within 2.5 periods, late.
+  next_request();
+  p.Insert(10, 0, ++now, true, 101, 1);
+  EXPECT_DOUBLE_EQ(p.finished_slack(), 0.02);
+  // Back as a ghost hit with the mean period; finished in time, and its page lowers the slack.
+  int waited = 0;
+  while (p.Coldest(now + 5) != std::optional<uint64_t>(10) && waited++ < 200) next_request();
+  ASSERT_LT(waited, 200);
+  p.Evict(10);
+  EXPECT_DOUBLE_EQ(p.finished_slack(), 0.01);
+  // Back 90 requests after its last access, more than 2.5 periods: no evidence either way.
+  for (int i = 0; i < 90; ++i) next_request();
+  p.Insert(11, 0, ++now, true, 101, 1);
+  EXPECT_DOUBLE_EQ(p.finished_slack(), 0.01);
+  EXPECT_EQ(p.CheckInvariants(), "");
+}
+
 TEST(AdaptiveChainPolicyTest, MetadataIsBoundedByTheCapacity) {
   const Trace trace = ZipfMultiTurn(1.1);  // 4,000 accesses, every key new after a restart
   const uint64_t cap = trace.distinct / 10;

@@ -56,6 +56,14 @@
 //    A chain on probation has no period yet: prediction places its next access after the larger
 //    of the mean period and the reuse gap of pages that came back after eviction (an EWMA kept
 //    from the ghosts, which remember their chain's last access).
+//    A chain overdue by more than (1 + slack) of its periods is finished (a conversation that
+//    ended) and goes first. The slack adapts on the ghosts, as the probation target does: a page
+//    evicted as finished that comes back within kLateReturn periods of its chain's last access
+//    was late, not finished, and raises it by kSlackUp (to at most kMaxSlack); each page evicted
+//    as finished lowers it by kSlackDown. On round-barrier traffic every conversation comes back
+//    within two rounds, however late the shuffled order puts it, and the slack rises until the
+//    rule stops taking conversations that are merely late; where chains do end (a Zipf
+//    conversation that restarts), their pages do not come back and it stays near 0.
 //    Where they disagree, each chooses its weight's share of the victims, deterministically
 //    (smooth weighted round robin on running credits, no random numbers) — except while the
 //    chains' periods lie close together (PeriodsRegular: round-barrier traffic, where every
@@ -256,7 +264,14 @@ class AdaptiveChainPolicy {
         tag |= kProbationBit;
         ++probation_ghosts_;
       }
-      ghost_.push_back({fp, ++evictions_, tag, chain->last_request});
+      if (chain == victim_ && victim_source_ == kByPrediction && Finished(*chain)) {
+        tag |= kFinishedBit;
+        slack_ = std::max(slack_ - kSlackDown, 0.0);
+        // A lower slack may make another chain finished: the stage is asked again.
+        victim_verified_ = false;
+      }
+      ghost_.push_back(
+          {fp, ++evictions_, tag, static_cast<float>(chain->period), chain->last_request});
       ghost_index_[fp] = evictions_;
       const uint64_t bound = std::max<uint64_t>(high_water_, 1);
       while (ghost_.size() > bound) {
@@ -354,6 +369,8 @@ class AdaptiveChainPolicy {
   size_t ghost_size() const { return ghost_.size(); }
   // The reuse gap of pages that came back after eviction (requests; 0: none yet).
   double returned_gap() const { return returned_gap_; }
+  // The finished rule's slack, in periods (see 3).
+  double finished_slack() const { return slack_; }
   size_t ghost_index_size() const { return ghost_index_.size(); }
   size_t chains() const { return chains_.size(); }
   size_t cohorts() const { return members_.size(); }
@@ -461,6 +478,14 @@ class AdaptiveChainPolicy {
   // kept at or above the baselines (0.02 and 0.04 each put one cell below; docs/perf.md).
   static constexpr double kReturnedGapRate = 0.03;
   static constexpr uint8_t kProbationBit = 4;  // ghost tag: evicted while on probation
+  static constexpr uint8_t kFinishedBit = 8;   // ghost tag: evicted as finished (overdue)
+  // The finished rule's slack (see 3): chosen on the generalisation suite's tuning half
+  // (docs/perf.md). kLateReturn bounds what counts as a late return: a page back after more
+  // periods than that is a chain that restarted or a long tail, no evidence either way.
+  static constexpr double kSlackUp = 0.02;
+  static constexpr double kSlackDown = 0.01;
+  static constexpr double kMaxSlack = 4;
+  static constexpr double kLateReturn = 2.5;
 
   struct Chain {
     uint64_t id = 0;                // newer chains: larger ids (ties in the indexes)
@@ -518,7 +543,9 @@ class AdaptiveChainPolicy {
   struct Ghost {
     uint64_t fingerprint;
     uint64_t seq;
-    uint8_t tag;            // bit e: expert e chose this victim; kProbationBit: it was on probation
+    uint8_t tag;   // bit e: expert e chose this victim; kProbationBit: it was on probation;
+                   // kFinishedBit: evicted as finished
+    float period;  // its chain's period (0: none)
     uint64_t last_request;  // its chain's request count at its last access
   };
   struct PredKey {
@@ -704,14 +731,20 @@ class AdaptiveChainPolicy {
     class_mask_ |= uint64_t{1} << k;
   }
 
+  // Whether an indexed chain with a period is overdue by more than (1 + slack_) periods.
+  bool Finished(const Chain& c) const {
+    return c.indexed && c.has_period &&
+           static_cast<double>(requests_) > c.indexed_pred + c.indexed_period * (1 + slack_);
+  }
+
   // ReusePredictionPolicy's choice among the leaf chains.
   Chain* PredictionVictim(uint64_t now) const {
     if (by_pred_.empty() && no_period_.empty()) return nullptr;
     const double mean = period_count_ > 0 ? period_sum_ / static_cast<double>(period_count_) : 0;
     const double t = static_cast<double>(requests_);
-    if (!by_pred_.empty()) {  // finished chains first: overdue by more than a period
+    if (!by_pred_.empty()) {  // finished chains first: overdue by more than (1 + slack) periods
       const PredKey& k = *by_pred_.begin();
-      if (t > k.pred + k.chain->indexed_period) return k.chain;
+      if (Finished(*k.chain)) return k.chain;
     }
     // A chain put once and not read for twice the mean period is finished too, but only while
     // the mean rests on enough chains (a fifth of those it judges): early in a round of
@@ -848,6 +881,12 @@ class AdaptiveChainPolicy {
     const Ghost& entry = ghost_[seq - ghost_.front().seq];
     const uint64_t last_request = entry.last_request;
     if (!penalize) return last_request;
+    // A page evicted as finished, back within kLateReturn periods: the rule was too quick.
+    // (+ 1: this put's request, counted after.)
+    if ((entry.tag & kFinishedBit) &&
+        static_cast<double>(requests_ + 1 - last_request) <= kLateReturn * entry.period) {
+      slack_ = std::min(slack_ + kSlackUp, kMaxSlack);
+    }
     // ARC: a page that left probation and came back says probation was too small, one that left
     // the main part says the opposite; the step grows with the other population's size.
     const double b1 = std::max<double>(static_cast<double>(probation_ghosts_), 1);
@@ -905,6 +944,8 @@ class AdaptiveChainPolicy {
   std::deque<Ghost> ghost_;
   absl::flat_hash_map<uint64_t, uint64_t> ghost_index_;
   uint64_t probation_ghosts_ = 0;  // ghosts tagged kProbationBit (ARC's |B1|)
+  // The finished rule's slack, in periods (see 3).
+  double slack_ = 0;
   uint64_t evictions_ = 0;
   // The request clock that periods are measured on: one tick per request (a restore, or a put
   // that continues nothing stored), not per call, so a period does not depend on how many calls
