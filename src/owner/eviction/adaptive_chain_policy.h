@@ -94,7 +94,9 @@
 // 5. Bounds. Metadata per live cohort and chain, plus a ghost FIFO of at most as many entries as
 //    the most cohorts ever resident (so bounded by the capacity) and its index, which drops the
 //    entries of ghosts that left the FIFO in one pass when it holds twice that; nothing else is
-//    kept per key that left both. No state outlives its cohort except the ghost entry.
+//    kept per key that left both. No state outlives its cohort except the ghost entry and the
+//    chain pool's free slots (as many slots as chains were ever live at once, each keeping at
+//    most a small vector's storage for the next chain).
 // 6. Cost (per access, amortised; no allocation per page but the ghost's): a restored prefix costs
 //    one hash lookup per chain, not per page (its pages are matched against the chain's vector);
 //    each touched chain moves to the front of an intrusive recency list (O(1)) and is re-keyed in
@@ -128,7 +130,6 @@
 
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/node_hash_map.h"
 #include "common/check.h"
 
 namespace fluxon {
@@ -302,7 +303,7 @@ class AdaptiveChainPolicy {
   }
 
   std::optional<uint64_t> Coldest(uint64_t now) {
-    if (chains_.empty()) return std::nullopt;
+    if (chains_.live() == 0) return std::nullopt;
     // The current victim chain stays the victim until it is accessed again.
     if (victim_ != nullptr && victim_->indexed && victim_->last == victim_last_ &&
         VictimStillChosen(now)) {
@@ -372,7 +373,7 @@ class AdaptiveChainPolicy {
   // The finished rule's slack, in periods (see 3).
   double finished_slack() const { return slack_; }
   size_t ghost_index_size() const { return ghost_index_.size(); }
-  size_t chains() const { return chains_.size(); }
+  size_t chains() const { return chains_.live(); }
   size_t cohorts() const { return members_.size(); }
 
   // The structure's invariants, checked in full (tests): empty when they hold, else the first
@@ -381,11 +382,7 @@ class AdaptiveChainPolicy {
   // tail has no branches, in the index its period says; the class mask names the non-empty
   // classes; the victim, if any, is a live chain.
   std::string CheckInvariants() const {
-    auto live = [&](const Chain* c) {
-      if (c == nullptr) return false;
-      auto it = chains_.find(c->id);
-      return it != chains_.end() && &it->second == c;
-    };
+    auto live = [&](const Chain* c) { return c != nullptr && c->alive; };
     uint64_t weight = 0, probation = 0, periods = 0;
     for (const auto& [id, m] : members_) {
       if (!live(m.chain)) return "member " + std::to_string(id) + " names a dead chain";
@@ -398,11 +395,13 @@ class AdaptiveChainPolicy {
     size_t listed = 0;
     for (const Chain* c = lru_head_; c != nullptr; c = c->older) {
       if (!live(c)) return "a dead chain on the recency list";
-      if (++listed > chains_.size()) return "the recency list loops";
+      if (++listed > chains_.live()) return "the recency list loops";
       if (c->older == nullptr && c != lru_tail_) return "the recency list's tail is wrong";
     }
-    if (listed != chains_.size()) return "the recency list misses chains";
-    for (const auto& [id, c] : chains_) {
+    if (listed != chains_.live()) return "the recency list misses chains";
+    for (const Chain& c : chains_.slots()) {
+      if (!c.alive) continue;
+      const uint64_t id = c.id;
       if (c.cohorts.empty()) return "chain " + std::to_string(id) + " is empty";
       uint64_t w = 0;
       for (uint64_t m : c.cohorts) {
@@ -505,6 +504,49 @@ class AdaptiveChainPolicy {
     int indexed_class = 0;   // on probation: its weight class (by_class_)
     Chain* newer = nullptr;  // recency list, every chain
     Chain* older = nullptr;
+    bool alive = false;  // in use (ChainPool): a freed slot is kept for the next chain
+  };
+  // The chains, at stable addresses, their slots reused. A chain is made for every put that
+  // continues nothing, every branch and every split, and dropped when it empties; a hash-map
+  // node per chain cost a malloc and a free each time, and its vector another. The pool has as many
+  // slots as chains were ever live at once (each chain holds a cohort, so at most the most cohorts
+  // ever resident); a freed slot keeps its vector's storage up to kKeptCapacity ids, so the storage
+  // kept is bounded by that many per slot.
+  class ChainPool {
+   public:
+    Chain* New(uint64_t id) {
+      Chain* c;
+      if (free_.empty()) {
+        c = &slots_.emplace_back();
+      } else {
+        c = free_.back();
+        free_.pop_back();
+        std::vector<uint64_t> storage = std::move(c->cohorts);
+        *c = Chain{};
+        c->cohorts = std::move(storage);
+      }
+      c->id = id;
+      c->alive = true;
+      ++live_;
+      return c;
+    }
+    void Free(Chain* c) {
+      FLUXON_DCHECK(c->alive, "a chain freed twice");
+      c->alive = false;
+      c->cohorts.clear();
+      if (c->cohorts.capacity() > kKeptCapacity) std::vector<uint64_t>().swap(c->cohorts);
+      free_.push_back(c);
+      --live_;
+    }
+    size_t live() const { return live_; }
+    // Every slot, live or free (alive tells): for the invariant checks.
+    const std::deque<Chain>& slots() const { return slots_; }
+
+   private:
+    static constexpr size_t kKeptCapacity = 16;
+    std::deque<Chain> slots_;  // a deque: growing it moves no chain
+    std::vector<Chain*> free_;
+    size_t live_ = 0;
   };
   struct Member {
     Chain* chain;
@@ -592,8 +634,7 @@ class AdaptiveChainPolicy {
 
   Chain* NewChain(uint64_t parent, uint64_t now) {
     const uint64_t id = ++last_chain_id_;
-    Chain& c = chains_[id];
-    c.id = id;
+    Chain& c = *chains_.New(id);
     c.parent = parent;
     c.last = now;
     c.last_request = requests_;
@@ -617,7 +658,7 @@ class AdaptiveChainPolicy {
           Reindex(pc);
       }
     }
-    chains_.erase(c->id);
+    chains_.Free(c);
   }
 
   // Moves the cohorts after position `at` into a new chain branching off it, with the same
@@ -626,8 +667,7 @@ class AdaptiveChainPolicy {
     last_inserted_ = 0;  // it may move to the new chain
     Unindex(c);
     const uint64_t tail_id = ++last_chain_id_;
-    Chain& t = chains_[tail_id];
-    t.id = tail_id;
+    Chain& t = *chains_.New(tail_id);
     t.parent = c->cohorts[at];
     t.last = c->last;
     t.last_request = c->last_request;
@@ -917,7 +957,7 @@ class AdaptiveChainPolicy {
   }
 
   Mode mode_;
-  absl::node_hash_map<uint64_t, Chain> chains_;  // stable addresses
+  ChainPool chains_;
   uint64_t last_chain_id_ = 0;
   absl::flat_hash_map<uint64_t, Member> members_;
   Chain* lru_head_ = nullptr;  // most recently used
