@@ -1,6 +1,7 @@
 """Fixtures: a real fluxond process per test (module) on a private socket."""
 
 import os
+import random
 import re
 import socket
 import subprocess
@@ -18,8 +19,48 @@ FLUXOND = os.environ.get("FLUXOND", str(ROOT / "build" / "src" / "fluxond"))
 READY_LINE = re.compile(r"^fluxond \S+ ready$", re.MULTILINE)
 
 
-def free_port() -> int:
+def _ephemeral_port_range():
+    """The kernel's range for ports it picks itself (connect(), bind to port 0)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_PORTS_HANDED_OUT = set()
+
+
+def port_is_free(port: int) -> bool:
+    """Nothing listens on `port` (a connection lingering in TIME_WAIT does not count: fluxond and
+    etcd bind with SO_REUSEADDR too)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 for a daemon to listen on, chosen below the kernel's ephemeral range.
+
+    A port the kernel picked (a bind to port 0) is free only until the next outgoing connection:
+    between this check and the daemon's bind, any client connection (an owner reconnecting to a
+    restarted master, say) may take it as its local port, and the daemon then fails with "address
+    in use". Ports below the ephemeral range are never handed out that way. Each port is handed out
+    once per test process; the choice is random so that concurrent test processes rarely meet."""
+    low, _ = _ephemeral_port_range()
+    first = max(1024, low - 20000)
+    if low - first >= 1000:
+        choose = random.SystemRandom()
+        for _ in range(500):
+            port = choose.randrange(first, low)
+            if port not in _PORTS_HANDED_OUT and port_is_free(port):
+                _PORTS_HANDED_OUT.add(port)
+                return port
+    with socket.socket() as s:  # no room below the ephemeral range: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

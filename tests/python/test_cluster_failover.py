@@ -9,7 +9,6 @@ baseline. docs/ha.md has the rules these check."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import fluxon
-from conftest import free_port, owner_config
+from conftest import free_port, owner_config, port_is_free
 from etcd_proc import Etcd, etcd_binary
 from test_cluster_remote_get import (FLUXONCTL, Cluster, expect_pages, get_pages, keys_of,  # noqa: F401
                                      put_pages, wait_baseline)
@@ -379,24 +378,12 @@ HA_EXAMPLE_PORTS = (2379, 2380, 50251, 50252, 50260, 50261, 50262, 50263, 9480, 
                     50271, 50272)
 
 
-def port_free(port):
-    """Nothing listens on `port` (connections lingering in TIME_WAIT do not count: the daemons
-    and etcd bind with SO_REUSEADDR too)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
 def test_the_readme_example_starts_and_fails_over(daemon_factory, tmp):
     """The README's standby-masters example: etcd on 127.0.0.1:2379 and configs/ha/ verbatim."""
     if not HA_EXAMPLE.exists():
         pytest.skip("configs/ is not beside these tests (the installed-wheel run copies only "
                     "tests/python; the run from the tree covers this)")
-    busy = [p for p in HA_EXAMPLE_PORTS if not port_free(p)]
+    busy = [p for p in HA_EXAMPLE_PORTS if not port_is_free(p)]
     if busy:
         pytest.skip(f"the example's ports are in use here: {busy}")
     etcd = subprocess.Popen(
