@@ -343,6 +343,62 @@ TEST(AdaptiveChainPolicyTest, AReturningPrefixAndTheNewPagesAfterItAreTwoChains)
   EXPECT_EQ(p.CheckInvariants(), "");
 }
 
+// While the periods are regular (round-barrier traffic), a chain that has been a shared prefix
+// (a system prompt a conversation branched off) stays a chain of its own: when its branches are
+// gone and a later request reads it and puts new pages after it, they are a branch on
+// probation, not the prompt's tail with the prompt's period (a victim emptying that tail went
+// on into the prompt). Without regular periods the new pages continue the prompt's chain.
+TEST(AdaptiveChainPolicyTest, NewPagesAfterASharedPrefixAreABranchOfTheirOwn) {
+  for (const bool regular : {true, false}) {
+    SCOPED_TRACE(regular ? "regular periods" : "no periods but the prompt's");
+    AdaptiveChainPolicy p;
+    uint64_t now = 0;
+    if (regular) {
+      // 16 one-page chains, each read by the request after its put: 16 periods of 1, as the
+      // prompt's below.
+      for (uint64_t i = 0; i < 16; ++i) {
+        p.Insert(1000 + i, 0, ++now, true, 5000 + i, 1);
+        p.Touch({1000 + i}, ++now);
+      }
+    }
+    // The prompt (ids 1-3), read, then a conversation after it (ids 4-5) and another (6-7).
+    for (uint64_t i = 1; i <= 3; ++i) p.Insert(i, i - 1, ++now, /*refresh=*/true, 100 + i, 1);
+    p.Touch({3, 2, 1}, ++now);
+    p.Insert(4, 3, ++now, true, 104, 1);
+    p.Insert(5, 4, now, true, 105, 1);
+    p.Touch({3, 2, 1}, ++now);
+    p.Insert(6, 3, ++now, true, 106, 1);
+    p.Insert(7, 6, now, true, 107, 1);
+    const size_t others = regular ? 16 : 0;
+    ASSERT_EQ(p.chains(), others + 3);
+    // Both conversations leave: the prompt's tail has no branch left.
+    for (uint64_t v : {5, 4, 7, 6}) p.Erase(v);
+    ASSERT_EQ(p.chains(), others + 1);
+    ASSERT_EQ(p.probation_weight(), 0u);
+    ASSERT_EQ(p.PeriodsRegular(), regular);
+    // A third request reads the prompt and puts its conversation (ids 8-9) after it.
+    p.Touch({3, 2, 1}, ++now);
+    p.Insert(8, 3, ++now, true, 108, 1);
+    p.Insert(9, 8, now, true, 109, 1);
+    EXPECT_EQ(p.Predecessor(8), 3u);
+    EXPECT_EQ(p.CheckInvariants(), "");
+    if (!regular) {
+      EXPECT_EQ(p.chains(), 1u) << "the conversation continues the prompt's chain";
+      EXPECT_EQ(p.probation_weight(), 0u);
+      continue;
+    }
+    EXPECT_EQ(p.chains(), others + 2) << "the conversation is a branch, not the prompt's tail";
+    EXPECT_EQ(p.probation_weight(), 2u) << "the new pages are on probation";
+    // The conversation's next turn (ids 10-11), a later request after reading it, continues its
+    // chain: only a prefix that has been shared starts branches.
+    p.Touch({9, 8, 3, 2, 1}, ++now);
+    p.Insert(10, 9, ++now, true, 110, 1);
+    p.Insert(11, 10, now, true, 111, 1);
+    EXPECT_EQ(p.chains(), others + 2);
+    EXPECT_EQ(p.CheckInvariants(), "");
+  }
+}
+
 TEST(AdaptiveChainPolicyTest, CyclicTrafficKeepsProbationOpen) {
   // Every chain of the cyclic trace comes back, so its probation is no filter: the target stays
   // at (or near) 1 and the hit rate is the prediction expert's.

@@ -22,6 +22,13 @@
 //    parent-key hint), and chains form a tree: a batch whose parent is in the middle of a chain
 //    (a shared system prompt, a forked conversation) splits that chain there, so the shared prefix
 //    becomes its own chain with its own access statistics (one chain per radix-tree edge).
+//    While the chains' periods are regular (PeriodsRegular: round-barrier traffic), a chain that
+//    has been such a prefix stays one: a later put after its tail starts a branch even when no
+//    branch is left (the conversations that hung off a system prompt were evicted), so the new
+//    pages are a chain on probation of their own, not the tail of the prompt's chain with the
+//    prompt's period, which a victim emptying it would follow into the prompt. A conversation's
+//    own turns still continue its chain. (Under Zipf popularity the same rule put too many
+//    first turns on probation: the acceptance mix at 10 % fell below ARC; docs/perf.md.)
 //    Invariants: E1 only a leaf chain's tail is ever a victim, so a prefix is never evicted while
 //    a longer prompt built on it is kept (design §7: a miss at page i makes every later page
 //    useless); E2 a cohort (atomic group) is one entry and is never split; E3 only a chain's tail
@@ -181,10 +188,17 @@ class AdaptiveChainPolicy {
         refresh && p != nullptr && after == last_inserted_ && ghost_hit != last_inserted_ghost_;
     last_inserted_ghost_ = ghost_hit;
     if (p != nullptr) {
-      if (pos + 1 == p->cohorts.size() && p->tail_children == 0 && !ghost_boundary) {
+      // While the periods are regular (round-barrier traffic), a later put after a shared prefix
+      // (see 1: a chain that has had a branch) is a branch even when the prefix's tail has none
+      // left: the new pages get their own chain on probation rather than the prefix's period,
+      // and a victim emptying them stops at the prefix.
+      const bool extends_shared = refresh && p->shared && p->last != now && PeriodsRegular();
+      if (pos + 1 == p->cohorts.size() && p->tail_children == 0 && !ghost_boundary &&
+          !extends_shared) {
         c = p;  // continues its chain
       } else {
         if (pos + 1 != p->cohorts.size()) Split(p, pos);
+        p->shared = true;
         c = NewChain(after, now);  // a branch off `after`
       }
     } else {
@@ -505,6 +519,9 @@ class AdaptiveChainPolicy {
     Chain* newer = nullptr;  // recency list, every chain
     Chain* older = nullptr;
     bool alive = false;  // in use (ChainPool): a freed slot is kept for the next chain
+    // A prefix: a chain has branched off its tail (or it was split) at some time. A later put
+    // after it starts a branch even when no branch is left (see 1).
+    bool shared = false;
   };
   // The chains, at stable addresses, their slots reused. A chain is made for every put that
   // continues nothing, every branch and every split, and dropped when it empties; a hash-map
@@ -674,6 +691,8 @@ class AdaptiveChainPolicy {
     t.period = c->period;
     t.has_period = c->has_period;
     t.tail_children = c->tail_children;
+    t.shared = c->shared;
+    c->shared = true;
     t.cohorts.assign(c->cohorts.begin() + at + 1, c->cohorts.end());
     c->cohorts.resize(at + 1);
     c->tail_children = 1;
