@@ -343,17 +343,31 @@ TEST(AdaptiveChainPolicyTest, AReturningPrefixAndTheNewPagesAfterItAreTwoChains)
   EXPECT_EQ(p.CheckInvariants(), "");
 }
 
-// While the periods are regular (round-barrier traffic), a chain that has been a shared prefix
-// (a system prompt a conversation branched off) stays a chain of its own: when its branches are
-// gone and a later request reads it and puts new pages after it, they are a branch on
-// probation, not the prompt's tail with the prompt's period (a victim emptying that tail went
-// on into the prompt). Without regular periods the new pages continue the prompt's chain.
+// While the periods are regular (round-barrier traffic) or the probation target is low, a chain
+// that has been a shared prefix (a system prompt a conversation branched off) stays a chain of
+// its own: when its branches are gone and a later request reads it and puts new pages after it,
+// they are a branch on probation, not the prompt's tail with the prompt's period (a victim
+// emptying that tail went on into the prompt). Otherwise the new pages continue the prompt's
+// chain.
 TEST(AdaptiveChainPolicyTest, NewPagesAfterASharedPrefixAreABranchOfTheirOwn) {
-  for (const bool regular : {true, false}) {
-    SCOPED_TRACE(regular ? "regular periods" : "no periods but the prompt's");
+  enum Case { kRegular, kLowTarget, kNeither };
+  for (const Case k : {kRegular, kLowTarget, kNeither}) {
+    SCOPED_TRACE(k == kRegular ? "regular periods" : k == kLowTarget ? "low target" : "neither");
+    const bool branches = k != kNeither;
     AdaptiveChainPolicy p;
     uint64_t now = 0;
-    if (regular) {
+    if (k == kLowTarget) {
+      // A page off probation evicted and put back, 150 times: every ghost hit lowers the target.
+      uint64_t id = 2000;
+      p.Insert(++id, 0, ++now, true, 7000, 1);
+      for (int i = 0; i < 150; ++i) {
+        p.Evict(id);
+        p.Insert(++id, 0, ++now, true, 7000, 1);
+      }
+      p.Erase(id);
+      ASSERT_LT(p.probation_target(), 0.2);
+    }
+    if (k == kRegular) {
       // 16 one-page chains, each read by the request after its put: 16 periods of 1, as the
       // prompt's below.
       for (uint64_t i = 0; i < 16; ++i) {
@@ -369,20 +383,20 @@ TEST(AdaptiveChainPolicyTest, NewPagesAfterASharedPrefixAreABranchOfTheirOwn) {
     p.Touch({3, 2, 1}, ++now);
     p.Insert(6, 3, ++now, true, 106, 1);
     p.Insert(7, 6, now, true, 107, 1);
-    const size_t others = regular ? 16 : 0;
+    const size_t others = k == kRegular ? 16 : 0;
     ASSERT_EQ(p.chains(), others + 3);
     // Both conversations leave: the prompt's tail has no branch left.
     for (uint64_t v : {5, 4, 7, 6}) p.Erase(v);
     ASSERT_EQ(p.chains(), others + 1);
     ASSERT_EQ(p.probation_weight(), 0u);
-    ASSERT_EQ(p.PeriodsRegular(), regular);
+    ASSERT_EQ(p.PeriodsRegular(), k == kRegular);
     // A third request reads the prompt and puts its conversation (ids 8-9) after it.
     p.Touch({3, 2, 1}, ++now);
     p.Insert(8, 3, ++now, true, 108, 1);
     p.Insert(9, 8, now, true, 109, 1);
     EXPECT_EQ(p.Predecessor(8), 3u);
     EXPECT_EQ(p.CheckInvariants(), "");
-    if (!regular) {
+    if (!branches) {
       EXPECT_EQ(p.chains(), 1u) << "the conversation continues the prompt's chain";
       EXPECT_EQ(p.probation_weight(), 0u);
       continue;

@@ -22,13 +22,14 @@
 //    parent-key hint), and chains form a tree: a batch whose parent is in the middle of a chain
 //    (a shared system prompt, a forked conversation) splits that chain there, so the shared prefix
 //    becomes its own chain with its own access statistics (one chain per radix-tree edge).
-//    While the chains' periods are regular (PeriodsRegular: round-barrier traffic), a chain that
-//    has been such a prefix stays one: a later put after its tail starts a branch even when no
+//    While the chains' periods are regular (PeriodsRegular: round-barrier traffic) or the
+//    probation target is low (see 2: pages put once seldom come back), a chain that has been
+//    such a prefix stays one: a later put after its tail starts a branch even when no
 //    branch is left (the conversations that hung off a system prompt were evicted), so the new
 //    pages are a chain on probation of their own, not the tail of the prompt's chain with the
 //    prompt's period, which a victim emptying it would follow into the prompt. A conversation's
-//    own turns still continue its chain. (Under Zipf popularity the same rule put too many
-//    first turns on probation: the acceptance mix at 10 % fell below ARC; docs/perf.md.)
+//    own turns still continue its chain. (Always on, the rule put too many first turns of
+//    popular Zipf conversations on probation: the acceptance mix at 10 % fell below ARC.)
 //    Invariants: E1 only a leaf chain's tail is ever a victim, so a prefix is never evicted while
 //    a longer prompt built on it is kept (design §7: a miss at page i makes every later page
 //    useless); E2 a cohort (atomic group) is one entry and is never split; E3 only a chain's tail
@@ -188,11 +189,13 @@ class AdaptiveChainPolicy {
         refresh && p != nullptr && after == last_inserted_ && ghost_hit != last_inserted_ghost_;
     last_inserted_ghost_ = ghost_hit;
     if (p != nullptr) {
-      // While the periods are regular (round-barrier traffic), a later put after a shared prefix
-      // (see 1: a chain that has had a branch) is a branch even when the prefix's tail has none
-      // left: the new pages get their own chain on probation rather than the prefix's period,
-      // and a victim emptying them stops at the prefix.
-      const bool extends_shared = refresh && p->shared && p->last != now && PeriodsRegular();
+      // While the periods are regular (round-barrier traffic) or probation is small (pages put
+      // once do not come back), a later put after a shared prefix (see 1: a chain that has had a
+      // branch) is a branch even when the prefix's tail has none left: the new pages get their
+      // own chain on probation rather than the prefix's period, and a victim emptying them
+      // stops at the prefix.
+      const bool extends_shared = refresh && p->shared && p->last != now &&
+                                  (PeriodsRegular() || target_ < kBranchBelowTarget);
       if (pos + 1 == p->cohorts.size() && p->tail_children == 0 && !ghost_boundary &&
           !extends_shared) {
         c = p;  // continues its chain
@@ -479,6 +482,11 @@ class AdaptiveChainPolicy {
   // The probation target moves by this share of the resident weight per ghost hit (times ARC's
   // ratio of the two ghost populations), between 0 and 1 (probation unlimited: the start).
   static constexpr double kTargetStep = 0.01;
+  // Below this probation target, new pages after a shared prefix are a branch (see 1): chosen
+  // on the generalisation suite's tuning half (0.2: 849 -> 851 cells at or above the best
+  // baseline, 165 -> 155 more than 0.5 below; 0.5 put the acceptance mix at 10 % below ARC;
+  // docs/perf.md).
+  static constexpr double kBranchBelowTarget = 0.2;
   // EXP3's importance weighting: regret is divided by the chooser's weight (at least this), so
   // an expert that is rarely chosen is not favoured for being rarely caught.
   static constexpr double kRegretFloor = 0.01;
