@@ -343,6 +343,19 @@ TEST(AdaptiveChainPolicyTest, AReturningPrefixAndTheNewPagesAfterItAreTwoChains)
   EXPECT_EQ(p.CheckInvariants(), "");
 }
 
+// Drives the probation target below 0.2: one page off probation evicted and put back 150 times
+// (ids from `first_id`; every ghost hit lowers the target), then erased. Returns the next free id.
+uint64_t LowerProbationTarget(AdaptiveChainPolicy& p, uint64_t& now, uint64_t first_id) {
+  uint64_t id = first_id;
+  p.Insert(id, 0, ++now, /*refresh=*/true, /*fingerprint=*/7000, 1);
+  for (int i = 0; i < 150; ++i) {
+    p.Evict(id);
+    p.Insert(++id, 0, ++now, true, 7000, 1);
+  }
+  p.Erase(id);
+  return id + 1;
+}
+
 // While the periods are regular (round-barrier traffic) or the probation target is low, a chain
 // that has been a shared prefix (a system prompt a conversation branched off) stays a chain of
 // its own: when its branches are gone and a later request reads it and puts new pages after it,
@@ -357,14 +370,7 @@ TEST(AdaptiveChainPolicyTest, NewPagesAfterASharedPrefixAreABranchOfTheirOwn) {
     AdaptiveChainPolicy p;
     uint64_t now = 0;
     if (k == kLowTarget) {
-      // A page off probation evicted and put back, 150 times: every ghost hit lowers the target.
-      uint64_t id = 2000;
-      p.Insert(++id, 0, ++now, true, 7000, 1);
-      for (int i = 0; i < 150; ++i) {
-        p.Evict(id);
-        p.Insert(++id, 0, ++now, true, 7000, 1);
-      }
-      p.Erase(id);
+      LowerProbationTarget(p, now, 2000);
       ASSERT_LT(p.probation_target(), 0.2);
     }
     if (k == kRegular) {
@@ -663,12 +669,15 @@ TEST(TraceSuiteTest, EveryBarrierTurnExtendsItsConversation) {
 // they were), cohorts taken and readmitted under the same id (a partial drop), cohorts erased —
 // keep every structural invariant after every step.
 TEST(AdaptiveChainPolicyStress, RandomOperationsKeepEveryInvariant) {
-  for (uint64_t seed = 1; seed <= 12; ++seed) {
+  for (uint64_t seed = 1; seed <= 18; ++seed) {
     std::mt19937_64 rng(seed);
     AdaptiveChainPolicy p;
     std::vector<uint64_t> resident, gone;
     std::map<uint64_t, std::pair<uint64_t, uint64_t>> held;  // id -> (weight, fingerprint)
     uint64_t next = 1, now = 0;
+    // Seeds 13-18 start with a low probation target, so puts after shared prefixes branch (the
+    // rule is seldom on from the start's target of 1).
+    if (seed > 12) next = LowerProbationTarget(p, now, next);
     auto pick = [&](const std::vector<uint64_t>& v) -> uint64_t {
       return v.empty() ? 0 : v[rng() % v.size()];
     };

@@ -189,11 +189,8 @@ class AdaptiveChainPolicy {
         refresh && p != nullptr && after == last_inserted_ && ghost_hit != last_inserted_ghost_;
     last_inserted_ghost_ = ghost_hit;
     if (p != nullptr) {
-      // While the periods are regular (round-barrier traffic) or probation is small (pages put
-      // once do not come back), a later put after a shared prefix (see 1: a chain that has had a
-      // branch) is a branch even when the prefix's tail has none left: the new pages get their
-      // own chain on probation rather than the prefix's period, and a victim emptying them
-      // stops at the prefix.
+      // A later put after a chain that has been a shared prefix starts a branch while the
+      // periods are regular or the probation target is low (see 1).
       const bool extends_shared = refresh && p->shared && p->last != now &&
                                   (PeriodsRegular() || target_ < kBranchBelowTarget);
       if (pos + 1 == p->cohorts.size() && p->tail_children == 0 && !ghost_boundary &&
