@@ -419,6 +419,37 @@ TEST(AdaptiveChainPolicyTest, NewPagesAfterASharedPrefixAreABranchOfTheirOwn) {
   }
 }
 
+// While the periods are regular, prediction chooses every victim: the probation filter does not
+// go first either (on round-barrier traffic a conversation put and not yet read again is one its
+// next round will read; prediction ranks it with the others). Otherwise the filter goes first.
+TEST(AdaptiveChainPolicyTest, WhileThePeriodsAreRegularTheFilterDoesNotGoFirst) {
+  for (const bool regular : {true, false}) {
+    SCOPED_TRACE(regular ? "regular periods" : "too few periods");
+    AdaptiveChainPolicy p;
+    uint64_t now = 0;
+    LowerProbationTarget(p, now, 2000);
+    // One-page chains, each read by the request after its put: periods of 1.
+    const uint64_t with_period = regular ? 16 : 4;
+    for (uint64_t i = 0; i < with_period; ++i) {
+      p.Insert(1000 + i, 0, ++now, true, 5000 + i, 1);
+      p.Touch({1000 + i}, ++now);
+    }
+    // A chain put and not read since (ids 1-4): on probation, over the target.
+    for (uint64_t i = 1; i <= 4; ++i) p.Insert(i, i - 1, ++now, /*refresh=*/true, 100 + i, 1);
+    ASSERT_EQ(p.PeriodsRegular(), regular);
+    ASSERT_EQ(p.probation_weight(), 4u);
+    ASSERT_GT(4.0 / static_cast<double>(with_period + 4), p.probation_target());
+    const std::optional<uint64_t> victim = p.Coldest(++now);
+    ASSERT_TRUE(victim.has_value());
+    if (regular) {
+      EXPECT_GE(*victim, 1000u) << "prediction's victim, a chain with a period";
+    } else {
+      EXPECT_EQ(*victim, 4u) << "the filter's victim: the probation chain's tail";
+    }
+    EXPECT_EQ(p.CheckInvariants(), "");
+  }
+}
+
 TEST(AdaptiveChainPolicyTest, CyclicTrafficKeepsProbationOpen) {
   // Every chain of the cyclic trace comes back, so its probation is no filter: the target stays
   // at (or near) 1 and the hit rate is the prediction expert's.

@@ -75,7 +75,9 @@
 //    Where they disagree, each chooses its weight's share of the victims, deterministically
 //    (smooth weighted round robin on running credits, no random numbers) — except while the
 //    chains' periods lie close together (PeriodsRegular: round-barrier traffic, where every
-//    conversation returns once a round), when prediction chooses, untagged.
+//    conversation returns once a round), when prediction chooses, untagged; the probation filter
+//    (2) does not go first then either: a chain put and not yet read again is a conversation its
+//    next round reads, and prediction places it with the others.
 // 4. Regret (LeCaR). Every victim's fingerprint goes to a ghost FIFO, tagged with whether it was
 //    on probation and, while the experts disagreed, with the expert that chose it. When a tagged
 //    page is admitted again, that expert pays regret d^age (age in evictions since, d chosen so
@@ -324,8 +326,9 @@ class AdaptiveChainPolicy {
       return victim_->cohorts.back();
     }
     victim_verified_ = false;
-    // The filter first: probation over its target share gives up its oldest chain.
-    if (mode_ == Mode::kAdaptive) {
+    // The filter first: probation over its target share gives up its oldest chain. Not while the
+    // periods are regular: prediction chooses every victim then (see 3).
+    if (mode_ == Mode::kAdaptive && !PeriodsRegular()) {
       if (Chain* c = FilterVictim(); c != nullptr) return SetVictim(c, 0, kByFilter);
     }
     Chain* cand[kExperts] = {nullptr, nullptr};
