@@ -450,6 +450,26 @@ TEST(AdaptiveChainPolicyTest, WhileThePeriodsAreRegularTheFilterDoesNotGoFirst) 
   }
 }
 
+// With fewer than 8 chains holding a period, the regularity read last over at least 16 stands:
+// a small cache on round-barrier traffic holds few conversations long enough to learn a period.
+// A reading over fewer (8: enough to decide, not to remember) is not kept.
+TEST(AdaptiveChainPolicyTest, ARegularReadingOverManyChainsStandsWhileFewHaveAPeriod) {
+  for (const uint64_t chains : {16, 8}) {
+    SCOPED_TRACE(chains);
+    AdaptiveChainPolicy p;
+    uint64_t now = 0;
+    // One-page chains, each read by the request after its put: periods of 1.
+    for (uint64_t i = 0; i < chains; ++i) {
+      p.Insert(1000 + i, 0, ++now, true, 5000 + i, 1);
+      p.Touch({1000 + i}, ++now);
+    }
+    ASSERT_TRUE(p.PeriodsRegular());
+    for (uint64_t i = 4; i < chains; ++i) p.Erase(1000 + i);  // 4 chains with a period left
+    EXPECT_EQ(p.PeriodsRegular(), chains == 16);
+    EXPECT_EQ(p.CheckInvariants(), "");
+  }
+}
+
 TEST(AdaptiveChainPolicyTest, CyclicTrafficKeepsProbationOpen) {
   // Every chain of the cyclic trace comes back, so its probation is no filter: the target stays
   // at (or near) 1 and the hit rate is the prediction expert's.
