@@ -18,8 +18,8 @@ import csv
 import random
 import sys
 
-EPS = 1e-9
-RATES = ["lru", "s3fifo", "arc", "previous", "adaptive", "belady"]
+from eviction_suite_bounds import EPS, RATES, best_baseline
+
 COUNTS = [
     ("at or above the best baseline", lambda r: r["adaptive"] >= best_baseline(r) - EPS),
     ("more than 0.5 below", lambda r: r["adaptive"] < best_baseline(r) - 0.5 - EPS),
@@ -29,10 +29,6 @@ COUNTS = [
      lambda r: r["family"] == "barrier" and r["capacity_pct"] == "50"
      and r["adaptive"] >= r["belady"] - 3 - EPS),
 ]
-
-
-def best_baseline(r):
-    return max(r["lru"], r["s3fifo"], r["arc"])
 
 
 def load(path):

@@ -356,6 +356,15 @@ uint64_t LowerProbationTarget(AdaptiveChainPolicy& p, uint64_t& now, uint64_t fi
   return id + 1;
 }
 
+// Puts `n` one-page chains (ids 1000 + i), each read by the request after its put: n periods of
+// 1, so the periods are regular once there are enough of them.
+void AddChainsWithPeriodOne(AdaptiveChainPolicy& p, uint64_t& now, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    p.Insert(1000 + i, 0, ++now, /*refresh=*/true, /*fingerprint=*/5000 + i, 1);
+    p.Touch({1000 + i}, ++now);
+  }
+}
+
 // While the periods are regular (round-barrier traffic) or the probation target is low, a chain
 // that has been a shared prefix (a system prompt a conversation branched off) stays a chain of
 // its own: when its branches are gone and a later request reads it and puts new pages after it,
@@ -374,12 +383,7 @@ TEST(AdaptiveChainPolicyTest, NewPagesAfterASharedPrefixAreABranchOfTheirOwn) {
       ASSERT_LT(p.probation_target(), 0.2);
     }
     if (k == kRegular) {
-      // 16 one-page chains, each read by the request after its put: 16 periods of 1, as the
-      // prompt's below.
-      for (uint64_t i = 0; i < 16; ++i) {
-        p.Insert(1000 + i, 0, ++now, true, 5000 + i, 1);
-        p.Touch({1000 + i}, ++now);
-      }
+      AddChainsWithPeriodOne(p, now, 16);  // periods of 1, as the prompt's below
     }
     // The prompt (ids 1-3), read, then a conversation after it (ids 4-5) and another (6-7).
     for (uint64_t i = 1; i <= 3; ++i) p.Insert(i, i - 1, ++now, /*refresh=*/true, 100 + i, 1);
@@ -428,12 +432,8 @@ TEST(AdaptiveChainPolicyTest, WhileThePeriodsAreRegularTheFilterDoesNotGoFirst) 
     AdaptiveChainPolicy p;
     uint64_t now = 0;
     LowerProbationTarget(p, now, 2000);
-    // One-page chains, each read by the request after its put: periods of 1.
     const uint64_t with_period = regular ? 16 : 4;
-    for (uint64_t i = 0; i < with_period; ++i) {
-      p.Insert(1000 + i, 0, ++now, true, 5000 + i, 1);
-      p.Touch({1000 + i}, ++now);
-    }
+    AddChainsWithPeriodOne(p, now, with_period);
     // A chain put and not read since (ids 1-4): on probation, over the target.
     for (uint64_t i = 1; i <= 4; ++i) p.Insert(i, i - 1, ++now, /*refresh=*/true, 100 + i, 1);
     ASSERT_EQ(p.PeriodsRegular(), regular);
@@ -458,11 +458,7 @@ TEST(AdaptiveChainPolicyTest, ARegularReadingOverManyChainsStandsWhileFewHaveAPe
     SCOPED_TRACE(chains);
     AdaptiveChainPolicy p;
     uint64_t now = 0;
-    // One-page chains, each read by the request after its put: periods of 1.
-    for (uint64_t i = 0; i < chains; ++i) {
-      p.Insert(1000 + i, 0, ++now, true, 5000 + i, 1);
-      p.Touch({1000 + i}, ++now);
-    }
+    AddChainsWithPeriodOne(p, now, chains);
     ASSERT_TRUE(p.PeriodsRegular());
     for (uint64_t i = 4; i < chains; ++i) p.Erase(1000 + i);  // 4 chains with a period left
     EXPECT_EQ(p.PeriodsRegular(), chains == 16);
